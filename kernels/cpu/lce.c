@@ -42,6 +42,9 @@
  */
 enum { MR = 4, NR = 4, BLOCK_ROWS = 32, BLOCK_VOCAB = 128 };
 
+/* Below this many multiply-adds a logits pass is done by the calling thread: waking a team costs more. */
+#define PARALLEL_MIN_MACS (1 << 20)
+
 typedef struct lce_run {
     const gk_lce *p;
     int64_t N, D, V;
@@ -58,6 +61,7 @@ typedef struct lce_run {
     double *dC_acc;      /* V rounded up to MR, x Dp */
     double *dbias_acc;   /* V */
     double *scratch;     /* per thread: logits tile and gradient tile */
+    int parallel;        /* large enough for OpenMP threads */
 } lce_run;
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -294,11 +298,11 @@ static int inputs_load(lce_run *run, const gk_tensor *E, const gk_tensor *C, con
         return gk_fail(err, GK_ENOMEM, "lce: no memory for the fp64 copy of C");
     if (bias != NULL && (run->bias = doubles_alloc(V, 1)) == NULL)
         return gk_fail(err, GK_ENOMEM, "lce: no memory for the bias");
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (run->parallel)
     for (int64_t i = 0; i < N; i++)
         for (int64_t k = 0; k < D; k++)
             run->Ed[i * Dp + k] = elem_load(E, i * D + k);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (run->parallel)
     for (int64_t v = 0; v < V; v++)
         for (int64_t k = 0; k < D; k++) {
             double c = elem_load(C, v * D + k);
@@ -372,9 +376,9 @@ static double loss_reduce(lce_run *run)
 }
 
 static void grad_store(const gk_tensor *out, const double *acc, int64_t rows, int64_t cols,
-                       int64_t stride)
+                       int64_t stride, int parallel)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel)
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++)
             elem_store(out, r * cols + c, acc[r * stride + c]);
@@ -396,6 +400,7 @@ int gk_cpu_lce(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk
         .V = C->shape[0],
         .Dp = round_up(E->shape[1], NR),
     };
+    run.parallel = run.N * run.V * run.D >= PARALLEL_MIN_MACS;
     rc = run_prepare(&run, E, C, gk_tensor_present(bias) ? bias : NULL, targets, want_dE, want_dC,
                      want_dbias, err);
     if (rc != GK_OK) {
@@ -405,7 +410,7 @@ int gk_cpu_lce(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk
     const int64_t row_blocks = (run.N + BLOCK_ROWS - 1) / BLOCK_ROWS;
     const int64_t vocab_blocks = (run.V + BLOCK_VOCAB - 1) / BLOCK_VOCAB;
 
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (run.parallel)
     for (int64_t b = 0; b < row_blocks; b++)
         forward_block(&run, b * BLOCK_ROWS,
                       run.scratch + (int64_t)omp_get_thread_num() * 2 * BLOCK_ROWS * BLOCK_VOCAB);
@@ -422,23 +427,23 @@ int gk_cpu_lce(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk
             ((float *)lse->data)[i] = (float)run.lse[i];
 
     if (want_dE) {
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (run.parallel)
         for (int64_t b = 0; b < row_blocks; b++) {
             double *z = run.scratch + (int64_t)omp_get_thread_num() * 2 * BLOCK_ROWS * BLOCK_VOCAB;
             dE_block(&run, b * BLOCK_ROWS, z, z + BLOCK_ROWS * BLOCK_VOCAB);
         }
-        grad_store(dE, run.dE_acc, run.N, run.D, run.Dp);
+        grad_store(dE, run.dE_acc, run.N, run.D, run.Dp, run.parallel);
     }
     if (want_dC || want_dbias) {
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (run.parallel)
         for (int64_t b = 0; b < vocab_blocks; b++) {
             double *z = run.scratch + (int64_t)omp_get_thread_num() * 2 * BLOCK_ROWS * BLOCK_VOCAB;
             dC_block(&run, b * BLOCK_VOCAB, want_dC, want_dbias, z, z + BLOCK_ROWS * BLOCK_VOCAB);
         }
         if (want_dC)
-            grad_store(dC, run.dC_acc, run.V, run.D, run.Dp);
+            grad_store(dC, run.dC_acc, run.V, run.D, run.Dp, run.parallel);
         if (want_dbias)
-            grad_store(dbias, run.dbias_acc, run.V, 1, 1);
+            grad_store(dbias, run.dbias_acc, run.V, 1, 1, run.parallel);
     }
     run_free(&run);
     return GK_OK;
