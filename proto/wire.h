@@ -33,8 +33,8 @@ static inline uint64_t wire_align_up(uint64_t n)
 }
 
 /*
- * Splits a received message.  On success *header/*header_len point at the
- * protobuf bytes and *payload/*payload_len at the payload (inside buf).
+ * Splits a received message.  On success *header and *header_len point at the
+ * protobuf bytes and *payload and *payload_len at the payload (inside buf).
  * Returns 0, or -1 with a static reason in *why.
  */
 int wire_split(const void *buf, size_t len, const uint8_t **header, size_t *header_len,
