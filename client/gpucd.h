@@ -171,9 +171,9 @@ GPUCD_EXPORT int gpucd_default_url(char *buf, size_t len);
  */
 GPUCD_EXPORT int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out);
 
-/* Closes the connection; calls in flight fail with GPUCD_ECLOSED.  Regions
- * still open must be destroyed first (gpucd_region_destroy) or they leak
- * their mapping.  NULL is a no-op. */
+/* Closes the connection and frees the client.  No other thread may still be
+ * using it.  Regions must be destroyed first (gpucd_region_destroy): a region
+ * left open keeps its mapping until the process exits.  NULL is a no-op. */
 GPUCD_EXPORT void gpucd_close(gpucd_client *client);
 
 /* The calling thread's last error message ("" when none).  Thread-local, so

@@ -1,0 +1,234 @@
+/* client.c - the connection: options, default URL, connect/close, the context pool. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/util/platform.h>
+
+const char *gpucd_version_string(void)
+{
+    return GPUCDC_STR(GPUCD_VERSION_MAJOR) "." GPUCDC_STR(GPUCD_VERSION_MINOR) "." GPUCDC_STR(
+        GPUCD_VERSION_PATCH);
+}
+
+void gpucd_options_init(gpucd_options *opts)
+{
+    memset(opts, 0, sizeof *opts);
+    opts->timeout_ms = GPUCDC_DEFAULT_TIMEOUT_MS;
+}
+
+int gpucd_default_url(char *buf, size_t len)
+{
+    if (buf == NULL)
+        return gpucdc_fail(GPUCD_EINVAL, "gpucd_default_url: buf is NULL");
+    /* The XDG spec says to ignore a relative XDG_RUNTIME_DIR. */
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    int n;
+    if (xdg != NULL && xdg[0] == '/')
+        n = snprintf(buf, len, "ipc://%s/gpucd.sock", xdg);
+    else
+        n = snprintf(buf, len, "ipc:///tmp/gpucd-%lu/gpucd.sock", (unsigned long)getuid());
+    if (n < 0 || (size_t)n >= len)
+        return gpucdc_fail(GPUCD_EINVAL, "gpucd_default_url: %zu bytes do not hold the URL", len);
+    return 0;
+}
+
+/*
+ * A dropped connection fails the calls waiting on it.  REQ would otherwise
+ * send their requests again once it reconnects (a restarted daemon would run
+ * them twice, with regions it never saw), or leave them waiting out the timeout.
+ */
+static void client_pipe_removed(nng_pipe pipe, nng_pipe_ev ev, void *arg)
+{
+    gpucd_client *c = arg;
+    (void)pipe;
+    (void)ev;
+    pthread_mutex_lock(&c->lock);
+    for (gpucdc_slot *s = c->all_slots; s != NULL; s = s->next_all) {
+        if (s->busy)
+            nng_aio_abort(s->aio, NNG_ECONNRESET);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+static void slot_destroy(gpucdc_slot *s)
+{
+    nng_ctx_close(s->ctx);
+    nng_aio_free(s->aio);
+    free(s);
+}
+
+void gpucd_close(gpucd_client *c)
+{
+    if (c == NULL)
+        return;
+    nng_close(c->sock); /* fails anything pending and waits out the pipe callbacks */
+    gpucdc_slot *s = c->all_slots;
+    while (s != NULL) {
+        gpucdc_slot *next = s->next_all;
+        slot_destroy(s);
+        s = next;
+    }
+    pthread_mutex_destroy(&c->lock);
+    free(c->client_name);
+    free(c);
+}
+
+int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out)
+{
+    if (out == NULL)
+        return gpucdc_fail(GPUCD_EINVAL, "gpucd_connect: out is NULL");
+    *out = NULL;
+    gpucd_options defaults;
+    if (opts == NULL) {
+        gpucd_options_init(&defaults);
+        opts = &defaults;
+    }
+    char default_url[512];
+    if (url == NULL) {
+        int rv = gpucd_default_url(default_url, sizeof default_url);
+        if (rv < 0)
+            return rv;
+        url = default_url;
+    }
+    if (strncmp(url, "ipc://", 6) != 0 && strncmp(url, "tcp://", 6) != 0 &&
+        strncmp(url, "inproc://", 9) != 0)
+        return gpucdc_fail(GPUCD_EADDRESS, "gpucd_connect: '%s': the URL must start with ipc:// or tcp://",
+                           url);
+
+    gpucd_client *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return gpucdc_fail(GPUCD_ENOMEM, "gpucd_connect: out of memory");
+    c->timeout_ms = opts->timeout_ms == 0  ? GPUCDC_DEFAULT_TIMEOUT_MS
+                    : opts->timeout_ms < 0 ? NNG_DURATION_INFINITE
+                                           : opts->timeout_ms;
+    c->client_name = strdup(opts->client_name != NULL ? opts->client_name : "libgpucd");
+    atomic_init(&c->next_id, 1);
+    pthread_mutex_init(&c->lock, NULL);
+    if (c->client_name == NULL) {
+        pthread_mutex_destroy(&c->lock);
+        free(c);
+        return gpucdc_fail(GPUCD_ENOMEM, "gpucd_connect: out of memory");
+    }
+
+    int rv = nng_req0_open(&c->sock);
+    if (rv != 0) {
+        pthread_mutex_destroy(&c->lock);
+        free(c->client_name);
+        free(c);
+        return gpucdc_fail_nng(rv, "gpucd_connect: opening the socket");
+    }
+    const char *what = "setting socket options";
+    /* Requests are not idempotent: never resend one. */
+    if ((rv = nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) != 0 ||
+        (rv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, opts->max_reply_bytes)) != 0 ||
+        (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, client_pipe_removed, c)) != 0)
+        goto fail;
+    what = url;
+    if ((rv = nng_dialer_create(&c->dialer, c->sock, url)) != 0)
+        goto fail;
+    /* Synchronous: a missing daemon is reported now, not at the first call. */
+    if ((rv = nng_dialer_start(c->dialer, 0)) != 0)
+        goto fail;
+    *out = c;
+    return 0;
+
+fail:;
+    char where[600];
+    snprintf(where, sizeof where, "gpucd_connect: %s", what);
+    int code = gpucdc_fail_nng(rv, where);
+    gpucd_close(c);
+    return code;
+}
+
+/* Takes a free context, opening a new one when every context is in use. */
+static int slot_acquire(gpucd_client *c, gpucdc_slot **out)
+{
+    pthread_mutex_lock(&c->lock);
+    gpucdc_slot *s = c->free_slots;
+    if (s != NULL) {
+        c->free_slots = s->next_free;
+        s->busy = true;
+        pthread_mutex_unlock(&c->lock);
+        *out = s;
+        return 0;
+    }
+    pthread_mutex_unlock(&c->lock);
+
+    s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return gpucdc_fail(GPUCD_ENOMEM, "out of memory for a context");
+    int rv = nng_ctx_open(&s->ctx, c->sock);
+    if (rv != 0) {
+        free(s);
+        return gpucdc_fail_nng(rv, "opening a context");
+    }
+    /* Contexts copy the resend time at creation; set it here too to be sure. */
+    if ((rv = nng_ctx_set_ms(s->ctx, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) != 0 ||
+        (rv = nng_aio_alloc(&s->aio, NULL, NULL)) != 0) {
+        nng_ctx_close(s->ctx);
+        free(s);
+        return gpucdc_fail_nng(rv, "setting up a context");
+    }
+    s->busy = true;
+    pthread_mutex_lock(&c->lock);
+    s->next_all = c->all_slots;
+    c->all_slots = s;
+    pthread_mutex_unlock(&c->lock);
+    *out = s;
+    return 0;
+}
+
+static void slot_release(gpucd_client *c, gpucdc_slot *s)
+{
+    pthread_mutex_lock(&c->lock);
+    s->busy = false;
+    s->next_free = c->free_slots;
+    c->free_slots = s;
+    pthread_mutex_unlock(&c->lock);
+}
+
+static nng_duration remaining_ms(nng_duration timeout, nng_time start)
+{
+    if (timeout == NNG_DURATION_INFINITE)
+        return timeout;
+    nng_duration left = timeout - (nng_duration)(nng_clock() - start);
+    return left > 0 ? left : 1;
+}
+
+int gpucdc_client_exchange(gpucd_client *c, nng_msg *request, nng_msg **reply)
+{
+    gpucdc_slot *s = NULL;
+    int rv = slot_acquire(c, &s);
+    if (rv < 0) {
+        nng_msg_free(request);
+        return rv;
+    }
+    nng_time start = nng_clock();
+    nng_aio_set_timeout(s->aio, c->timeout_ms);
+    nng_aio_set_msg(s->aio, request);
+    nng_ctx_send(s->ctx, s->aio);
+    nng_aio_wait(s->aio);
+    if ((rv = nng_aio_result(s->aio)) != 0) {
+        nng_msg *unsent = nng_aio_get_msg(s->aio); /* a failed send hands it back */
+        if (unsent != NULL)
+            nng_msg_free(unsent);
+        nng_aio_set_msg(s->aio, NULL);
+        slot_release(c, s);
+        return gpucdc_fail_nng(rv, "sending the request");
+    }
+    nng_aio_set_timeout(s->aio, remaining_ms(c->timeout_ms, start));
+    nng_ctx_recv(s->ctx, s->aio);
+    nng_aio_wait(s->aio);
+    rv = nng_aio_result(s->aio);
+    *reply = rv == 0 ? nng_aio_get_msg(s->aio) : NULL;
+    nng_aio_set_msg(s->aio, NULL);
+    slot_release(c, s);
+    if (rv != 0)
+        return gpucdc_fail_nng(rv, "waiting for the reply");
+    return 0;
+}

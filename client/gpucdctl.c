@@ -1,0 +1,207 @@
+/*
+ * gpucdctl - asks a running gpucd daemon what it is and how it is doing.
+ *
+ *   gpucdctl [--url URL] [--timeout-ms N] COMMAND
+ *
+ * Each command is one entry of the table below: a name, a one-line summary
+ * and a function that prints what the daemon reports and returns an exit code.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpucd.h"
+
+typedef struct ctl_command {
+    const char *name;
+    const char *summary;
+    int (*run)(gpucd_client *client, int argc, char **argv);
+} ctl_command;
+
+/* Prints why the call failed and gives the exit status. */
+static int ctl_fail(const char *what, int code)
+{
+    const char *msg = gpucd_errmsg(NULL);
+    if (msg[0] != '\0')
+        fprintf(stderr, "gpucdctl: %s: %s (%s)\n", what, msg, gpucd_strerror(code));
+    else
+        fprintf(stderr, "gpucdctl: %s: %s\n", what, gpucd_strerror(code));
+    return 1;
+}
+
+static void print_bytes(const char *label, uint64_t bytes)
+{
+    if (bytes >= (1ull << 30))
+        printf("%-20s %.2f GiB (%llu bytes)\n", label, (double)bytes / (1ull << 30),
+               (unsigned long long)bytes);
+    else if (bytes >= (1ull << 20))
+        printf("%-20s %.2f MiB (%llu bytes)\n", label, (double)bytes / (1ull << 20),
+               (unsigned long long)bytes);
+    else
+        printf("%-20s %llu bytes\n", label, (unsigned long long)bytes);
+}
+
+static int cmd_info(gpucd_client *client, int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    gpucd_info info;
+    int rv = gpucd_info_get(client, &info);
+    if (rv < 0)
+        return ctl_fail("info", rv);
+    printf("%-20s %u (this gpucdctl speaks %d)\n", "protocol", info.protocol_version,
+           GPUCD_PROTOCOL_VERSION);
+    printf("%-20s %s\n", "server version", info.server_version);
+    printf("%-20s %s\n", "backend", info.backend);
+    printf("%-20s %s\n", "device", info.device_name);
+    printf("%-20s %u\n", "SM count", info.sm_count);
+    print_bytes("device memory", info.device_memory_bytes);
+    printf("%-20s %s\n", "ready", info.ready ? "yes" : "no");
+    printf("%-20s %llu\n", "device allocations", (unsigned long long)info.device_allocations);
+    print_bytes("max message", info.max_message_bytes);
+    printf("%-20s %u\n", "max in flight", info.max_inflight);
+    print_bytes("workspace", info.workspace_bytes);
+    printf("%-20s %u\n", "max dims", info.max_dims);
+    print_bytes("max region", info.max_region_bytes);
+    printf("%-20s", "operations");
+    for (int i = 0; i < info.operation_count; i++)
+        printf(" %s", info.operations[i]);
+    printf("\n");
+    return 0;
+}
+
+static int cmd_ping(gpucd_client *client, int argc, char **argv)
+{
+    int count = 1;
+    if (argc > 1) {
+        char *end;
+        long n = strtol(argv[1], &end, 10);
+        if (*end != '\0' || n < 1 || n > 1000000) {
+            fprintf(stderr, "gpucdctl: ping: COUNT '%s' is not a number in 1..1000000\n", argv[1]);
+            return 2;
+        }
+        count = (int)n;
+    }
+    for (int i = 0; i < count; i++) {
+        gpucd_timings t;
+        int rv = gpucd_ping(client, &t);
+        if (rv < 0)
+            return ctl_fail("ping", rv);
+        printf("ping %d: round trip %llu us (daemon: total %llu us, queue %llu us)\n", i + 1,
+               (unsigned long long)t.round_trip_us, (unsigned long long)t.total_us,
+               (unsigned long long)t.queue_us);
+    }
+    return 0;
+}
+
+static int cmd_regions(gpucd_client *client, int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    gpucd_region_info *list;
+    size_t n;
+    int rv = gpucd_regions_list(client, &list, &n);
+    if (rv < 0)
+        return ctl_fail("regions", rv);
+    /* Region ids are per connection: a fresh gpucdctl connection sees its own (none). */
+    printf("%zu region%s\n", n, n == 1 ? "" : "s");
+    if (n > 0)
+        printf("%-10s %-16s %-6s %s\n", "id", "size", "users", "name");
+    for (size_t i = 0; i < n; i++)
+        printf("%-10llu %-16llu %-6u %s\n", (unsigned long long)list[i].id,
+               (unsigned long long)list[i].size, list[i].users, list[i].name);
+    free(list);
+    return 0;
+}
+
+static const ctl_command ctl_commands[] = {
+    {"info", "the daemon's version, backend, device, limits and operations", cmd_info},
+    {"ping", "[COUNT] round trips through the daemon, with timings", cmd_ping},
+    {"regions", "the shared-memory regions registered on this connection", cmd_regions},
+};
+
+static void usage(FILE *out)
+{
+    char url[512];
+    if (gpucd_default_url(url, sizeof url) < 0)
+        snprintf(url, sizeof url, "(none: %s)", gpucd_errmsg(NULL));
+    fprintf(out,
+            "usage: gpucdctl [--url URL] [--timeout-ms N] COMMAND [ARGS]\n"
+            "\n"
+            "Asks a running gpucd daemon what it reports.\n"
+            "\n"
+            "options:\n"
+            "  --url URL         the daemon's address, ipc://PATH or tcp://HOST:PORT\n"
+            "                    (default %s)\n"
+            "  --timeout-ms N    how long to wait for each reply (default 30000)\n"
+            "  -h, --help        this help\n"
+            "\n"
+            "commands:\n",
+            url);
+    for (size_t i = 0; i < sizeof ctl_commands / sizeof ctl_commands[0]; i++)
+        fprintf(out, "  %-16s  %s\n", ctl_commands[i].name, ctl_commands[i].summary);
+    fprintf(out, "\nExit status: 0 on success, 1 when the daemon cannot be reached or refuses, "
+                 "2 on a usage error.\n");
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"url", required_argument, NULL, 'u'},
+        {"timeout-ms", required_argument, NULL, 't'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *url = NULL;
+    gpucd_options opts;
+    gpucd_options_init(&opts);
+    opts.client_name = "gpucdctl";
+    int c;
+    /* "+": stop at the command, whose own arguments follow it */
+    while ((c = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'u':
+            url = optarg;
+            break;
+        case 't': {
+            char *end;
+            long ms = strtol(optarg, &end, 10);
+            if (*end != '\0' || ms < 1 || ms > 86400000) {
+                fprintf(stderr, "gpucdctl: --timeout-ms '%s' is not a number in 1..86400000\n",
+                        optarg);
+                return 2;
+            }
+            opts.timeout_ms = (int)ms;
+            break;
+        }
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind >= argc) {
+        fprintf(stderr, "gpucdctl: no command given\n\n");
+        usage(stderr);
+        return 2;
+    }
+    const ctl_command *cmd = NULL;
+    for (size_t i = 0; i < sizeof ctl_commands / sizeof ctl_commands[0]; i++) {
+        if (strcmp(argv[optind], ctl_commands[i].name) == 0)
+            cmd = &ctl_commands[i];
+    }
+    if (cmd == NULL) {
+        fprintf(stderr, "gpucdctl: unknown command '%s' (see gpucdctl --help)\n", argv[optind]);
+        return 2;
+    }
+    gpucd_client *client;
+    int rv = gpucd_connect(url, &opts, &client);
+    if (rv < 0)
+        return ctl_fail("connect", rv);
+    int status = cmd->run(client, argc - optind, argv + optind);
+    gpucd_close(client);
+    return status;
+}

@@ -1,0 +1,142 @@
+/*
+ * internal.h - what the client library's files share; never installed.
+ * Internal names carry the gpucdc_ prefix.
+ */
+#ifndef GPUCDC_INTERNAL_H
+#define GPUCDC_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include <nng/nng.h>
+
+#include "gpucd.h"
+#include "wire.h"
+
+#define GPUCDC_DEFAULT_TIMEOUT_MS 30000
+#define GPUCDC_XSTR(x) #x
+#define GPUCDC_STR(x) GPUCDC_XSTR(x)
+
+/* ---- errors (error.c) ---------------------------------------------------------- */
+
+/* Formats the calling thread's error message and returns code. */
+int gpucdc_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Maps an nng error to a gpucd code, with a message naming what failed. */
+int gpucdc_fail_nng(int nng_rv, const char *what);
+/* Maps a daemon status (gpucd.v1.Status) to a code; 0 for OK. */
+int gpucdc_status_code(int status);
+
+/* ---- the connection (client.c) -------------------------------------------------- */
+
+/* One nng context and its aio, used by one call at a time. */
+typedef struct gpucdc_slot {
+    nng_ctx ctx;
+    nng_aio *aio;
+    bool busy;
+    struct gpucdc_slot *next_free;
+    struct gpucdc_slot *next_all;
+} gpucdc_slot;
+
+struct gpucd_client {
+    nng_socket sock;
+    nng_dialer dialer;
+    nng_duration timeout_ms;
+    char *client_name;
+    atomic_uint_fast64_t next_id;
+    pthread_mutex_t lock; /* guards the slot lists; never held while waiting */
+    gpucdc_slot *free_slots;
+    gpucdc_slot *all_slots;
+};
+
+/* ---- regions (region.c) ---------------------------------------------------------- */
+
+struct gpucd_region {
+    gpucd_client *client; /* region ids are per connection */
+    void *data;
+    size_t size;
+    uint64_t id;
+};
+
+/* ---- requests (request.c) ------------------------------------------------------- */
+
+/* The most tensors an operation names (nmmo3 backward: 7 + obs + dout + 7). */
+enum { GPUCDC_MAX_REFS = 20 };
+
+/*
+ * A request being built.  Every protobuf sub-message lives inside this struct,
+ * so a request costs no allocation until it is packed into an nng message.
+ */
+typedef struct gpucdc_request {
+    gpucd_client *client;
+    const char *op;          /* operation name, for error messages */
+    Gpucd__V1__Request msg;
+    Gpucd__V1__TensorRef refs[GPUCDC_MAX_REFS];
+    Gpucd__V1__RegionSlice region_slices[GPUCDC_MAX_REFS];
+    Gpucd__V1__InlineSlice inline_slices[GPUCDC_MAX_REFS];
+    int64_t shapes[GPUCDC_MAX_REFS][GPUCD_MAX_DIMS];
+    int nrefs;
+    /* Host inputs, copied into the payload at their offsets when packed. */
+    struct {
+        const void *data;
+        uint64_t offset;
+        uint64_t bytes;
+    } inputs[GPUCDC_MAX_REFS];
+    int ninputs;
+    uint64_t payload_bytes;
+    /* Outputs in the order the reply lists them. */
+    struct {
+        gpucd_tensor *tensor;
+        uint64_t bytes;
+    } outputs[GPUCDC_MAX_REFS];
+    int noutputs;
+} gpucdc_request;
+
+void gpucdc_request_init(gpucdc_request *req, gpucd_client *client, const char *op);
+
+/*
+ * Validates t and encodes it as an input (into *slot) or an output (appended
+ * to the outputs the reply must describe).  t NULL: absent, which is an
+ * error when required.  name names the argument in error messages.
+ */
+int gpucdc_request_input(gpucdc_request *req, const char *name, const gpucd_tensor *t,
+                         bool required, Gpucd__V1__TensorRef **slot);
+int gpucdc_request_output(gpucdc_request *req, const char *name, gpucd_tensor *t,
+                          bool required, Gpucd__V1__TensorRef **slot);
+
+/* Checks t on its own: location, dtype, ndim, dims and byte size (in *bytes). */
+int gpucdc_tensor_check(const char *op, const char *name, const gpucd_tensor *t,
+                        uint64_t *bytes);
+
+/* Sets version and id and packs the request and its host inputs into *out. */
+int gpucdc_request_pack(gpucdc_request *req, nng_msg **out);
+
+/* ---- calls (call.c) ---------------------------------------------------------------- */
+
+/* A decoded reply; payload points into msg. */
+typedef struct gpucdc_reply {
+    nng_msg *msg;
+    Gpucd__V1__Reply *reply;
+    const uint8_t *payload;
+    size_t payload_len;
+} gpucdc_reply;
+
+/*
+ * Sends req and waits for its reply within the client's timeout.  On success
+ * the reply's status was OK, its outputs were delivered to the request's
+ * output tensors, t (optional) holds the timings, and *out (optional) holds
+ * the reply for the caller to read and gpucdc_reply_free.
+ */
+int gpucdc_call(gpucdc_request *req, gpucd_timings *t, gpucdc_reply *out);
+void gpucdc_reply_free(gpucdc_reply *r);
+
+/*
+ * Checks a decoded reply against its request (id, status, outputs) and
+ * copies host outputs to their tensors; exposed for the unit tests.
+ */
+int gpucdc_reply_accept(gpucdc_request *req, const gpucdc_reply *r);
+
+/* Exchanges one message on a free context of the client (client.c). */
+int gpucdc_client_exchange(gpucd_client *c, nng_msg *request, nng_msg **reply);
+
+#endif /* GPUCDC_INTERNAL_H */

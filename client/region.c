@@ -1,0 +1,176 @@
+/* region.c - shared-memory regions: create, register, unregister, list. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* "/gpucd-<pid>-<128 random bits in hex>": unguessable, so no other user can pre-create it. */
+static int region_name(char *buf, size_t len)
+{
+    uint8_t bits[16];
+    size_t got = 0;
+    while (got < sizeof bits) {
+        ssize_t n = getrandom(bits + got, sizeof bits - got, 0);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return gpucdc_fail(GPUCD_ESYSTEM, "region_create: getrandom: %s", strerror(errno));
+        }
+        got += (size_t)n;
+    }
+    int n = snprintf(buf, len, "/gpucd-%ld-", (long)getpid());
+    for (size_t i = 0; i < sizeof bits; i++)
+        n += snprintf(buf + n, len - (size_t)n, "%02x", bits[i]);
+    return 0;
+}
+
+static int region_register(gpucd_client *client, const char *name, size_t size, uint64_t *id)
+{
+    gpucdc_request req;
+    gpucdc_request_init(&req, client, "region_register");
+    Gpucd__V1__RegionRegister reg = GPUCD__V1__REGION_REGISTER__INIT;
+    reg.name = (char *)name;
+    reg.size = size;
+    req.msg.op_case = GPUCD__V1__REQUEST__OP_REGION_REGISTER;
+    req.msg.region_register = &reg;
+    gpucdc_reply r;
+    int rv = gpucdc_call(&req, NULL, &r);
+    if (rv < 0)
+        return rv;
+    if (r.reply->result_case != GPUCD__V1__REPLY__RESULT_REGION_ID)
+        rv = gpucdc_fail(GPUCD_EPROTO, "region_register: the reply carries no region id");
+    else
+        *id = r.reply->region_id;
+    gpucdc_reply_free(&r);
+    return rv;
+}
+
+int gpucd_region_create(gpucd_client *client, size_t size, gpucd_region **out)
+{
+    if (client == NULL || out == NULL)
+        return gpucdc_fail(GPUCD_EINVAL, "region_create: %s is NULL",
+                           client == NULL ? "client" : "out");
+    *out = NULL;
+    if (size == 0 || size > (size_t)INT64_MAX)
+        return gpucdc_fail(GPUCD_EINVAL, "region_create: size %zu outside 1..2^63-1", size);
+    char name[64];
+    int rv = region_name(name, sizeof name);
+    if (rv < 0)
+        return rv;
+    gpucd_region *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return gpucdc_fail(GPUCD_ENOMEM, "region_create: out of memory");
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+        rv = gpucdc_fail(GPUCD_ESYSTEM, "region_create: shm_open %s: %s", name, strerror(errno));
+        free(r);
+        return rv;
+    }
+    void *data = MAP_FAILED;
+    if (ftruncate(fd, (off_t)size) != 0) {
+        rv = gpucdc_fail(GPUCD_ESYSTEM, "region_create: ftruncate to %zu bytes: %s", size,
+                         strerror(errno));
+        goto out;
+    }
+    data = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (data == MAP_FAILED) {
+        rv = gpucdc_fail(GPUCD_ESYSTEM, "region_create: mmap of %zu bytes: %s", size,
+                         strerror(errno));
+        goto out;
+    }
+    r->client = client;
+    r->data = data;
+    r->size = size;
+    rv = region_register(client, name, size, &r->id);
+
+out:
+    /* The daemon mapped it by now (or never will): the name has done its job. */
+    shm_unlink(name);
+    close(fd);
+    if (rv < 0) {
+        if (data != MAP_FAILED)
+            munmap(data, size);
+        free(r);
+        return rv;
+    }
+    *out = r;
+    return 0;
+}
+
+int gpucd_region_destroy(gpucd_region *region)
+{
+    if (region == NULL)
+        return 0;
+    gpucdc_request req;
+    gpucdc_request_init(&req, region->client, "region_unregister");
+    Gpucd__V1__RegionUnregister un = GPUCD__V1__REGION_UNREGISTER__INIT;
+    un.region_id = region->id;
+    req.msg.op_case = GPUCD__V1__REQUEST__OP_REGION_UNREGISTER;
+    req.msg.region_unregister = &un;
+    int rv = gpucdc_call(&req, NULL, NULL);
+    munmap(region->data, region->size);
+    free(region);
+    return rv;
+}
+
+void *gpucd_region_data(const gpucd_region *region)
+{
+    return region == NULL ? NULL : region->data;
+}
+
+size_t gpucd_region_size(const gpucd_region *region)
+{
+    return region == NULL ? 0 : region->size;
+}
+
+uint64_t gpucd_region_id(const gpucd_region *region)
+{
+    return region == NULL ? 0 : region->id;
+}
+
+int gpucd_regions_list(gpucd_client *client, gpucd_region_info **list, size_t *count)
+{
+    if (client == NULL || list == NULL || count == NULL)
+        return gpucdc_fail(GPUCD_EINVAL, "regions_list: %s is NULL",
+                           client == NULL ? "client" : list == NULL ? "list" : "count");
+    *list = NULL;
+    *count = 0;
+    gpucdc_request req;
+    gpucdc_request_init(&req, client, "region_list");
+    Gpucd__V1__RegionList rl = GPUCD__V1__REGION_LIST__INIT;
+    req.msg.op_case = GPUCD__V1__REQUEST__OP_REGION_LIST;
+    req.msg.region_list = &rl;
+    gpucdc_reply r;
+    int rv = gpucdc_call(&req, NULL, &r);
+    if (rv < 0)
+        return rv;
+    const Gpucd__V1__Reply *rep = r.reply;
+    if (rep->result_case != GPUCD__V1__REPLY__RESULT_REGION_LIST || rep->region_list == NULL) {
+        gpucdc_reply_free(&r);
+        return gpucdc_fail(GPUCD_EPROTO, "region_list: the reply carries no region list");
+    }
+    size_t n = rep->region_list->n_regions;
+    /* calloc(0) may return NULL: allocate at least one entry so success means non-NULL */
+    gpucd_region_info *items = calloc(n > 0 ? n : 1, sizeof *items);
+    if (items == NULL) {
+        gpucdc_reply_free(&r);
+        return gpucdc_fail(GPUCD_ENOMEM, "region_list: out of memory for %zu entries", n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const Gpucd__V1__RegionInfo *ri = rep->region_list->regions[i];
+        items[i].id = ri->region_id;
+        snprintf(items[i].name, sizeof items[i].name, "%s", ri->name != NULL ? ri->name : "");
+        items[i].size = ri->size;
+        items[i].users = ri->users;
+    }
+    gpucdc_reply_free(&r);
+    *list = items;
+    *count = n;
+    return 0;
+}
