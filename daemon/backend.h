@@ -1,0 +1,57 @@
+/*
+ * backend.h - the pluggable compute backends, as an ops table.
+ *
+ * A backend owns its device: resident tensor storage, workspace, streams.
+ * The daemon calls run() from its worker threads, possibly several at once.
+ */
+#ifndef GCD_BACKEND_H
+#define GCD_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "ops.h"
+
+typedef struct gcd_backend gcd_backend;
+
+typedef struct gcd_device_info {
+    char name[128];
+    uint32_t sm_count;
+    uint64_t memory_bytes;
+    uint64_t workspace_bytes;
+} gcd_device_info;
+
+/* Microseconds spent in each phase of one run. */
+typedef struct gcd_run_timing {
+    uint64_t copy_in_us, compute_us, copy_out_us;
+} gcd_run_timing;
+
+typedef struct gcd_backend_ops {
+    const char *name;
+    /* Opens the backend: allocates buffers and warms kernels; 0 or -1 with err. */
+    int (*open)(const gcd_config *cfg, gcd_backend **out, gk_err *err);
+    void (*close)(gcd_backend *b);
+    void (*describe)(gcd_backend *b, gcd_device_info *out);
+    /* Resident tensor storage; alloc returns NULL with err set when out of room. */
+    void *(*tensor_alloc)(gcd_backend *b, size_t bytes, gk_err *err);
+    void (*tensor_free)(gcd_backend *b, void *storage);
+    int (*tensor_write)(gcd_backend *b, void *storage, const void *host, size_t bytes, gk_err *err);
+    int (*tensor_read)(gcd_backend *b, void *host, const void *storage, size_t bytes, gk_err *err);
+    /* Pins a registered region's pages for fast copies (NULL: nothing to do). */
+    int (*host_register)(gcd_backend *b, void *base, size_t bytes, gk_err *err);
+    void (*host_unregister)(gcd_backend *b, void *base);
+    /* Runs a checked op; returns 0 or a negative gk_code with err set. */
+    int (*run)(gcd_backend *b, gcd_op *op, gcd_run_timing *timing, gk_err *err);
+    /* Allocations of device memory since open (constant after warm-up: never on the request path). */
+    uint64_t (*allocations)(gcd_backend *b);
+} gcd_backend_ops;
+
+extern const gcd_backend_ops gcd_backend_cpu;
+/* NULL when the daemon was built without CUDA. */
+extern const gcd_backend_ops *const gcd_backend_cuda;
+
+/* Reports whether a CUDA device is usable (for --backend auto). */
+int gcd_backend_cuda_usable(int device);
+
+#endif

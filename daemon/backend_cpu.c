@@ -1,0 +1,134 @@
+/*
+ * backend_cpu.c - the CPU backend: the portable kernels of kernels/cpu/ on host
+ * memory.  Every tensor is already in host memory, so there is nothing to copy:
+ * copy in and copy out are always zero.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "clock.h"
+
+struct gcd_backend {
+    int unused; /* the CPU backend keeps no state; the struct gives the handle a type */
+};
+
+static int cpu_open(const gcd_config *cfg, gcd_backend **out, gk_err *err)
+{
+    gcd_backend *b = calloc(1, sizeof *b);
+    if (b == NULL)
+        return gk_fail(err, GK_ENOMEM, "cannot allocate the CPU backend");
+    *out = b;
+    return 0;
+}
+
+static void cpu_close(gcd_backend *b) { free(b); }
+
+static void cpu_describe(gcd_backend *b, gcd_device_info *out)
+{
+    memset(out, 0, sizeof *out);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    snprintf(out->name, sizeof out->name, "cpu (%ld cores)", cores);
+    out->sm_count = cores > 0 ? (uint32_t)cores : 0;
+    out->memory_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+}
+
+static void *cpu_tensor_alloc(gcd_backend *b, size_t bytes, gk_err *err)
+{
+    /* 64-byte aligned like every other tensor the kernels see; never 0 bytes. */
+    size_t n = (bytes + 63) / 64 * 64;
+    void *p = aligned_alloc(64, n ? n : 64);
+    if (p == NULL)
+        gk_fail(err, GK_ENOMEM, "cannot allocate %zu bytes of resident tensor memory", bytes);
+    return p;
+}
+
+static void cpu_tensor_free(gcd_backend *b, void *storage) { free(storage); }
+
+static int cpu_tensor_write(gcd_backend *b, void *storage, const void *host, size_t bytes,
+                            gk_err *err)
+{
+    memcpy(storage, host, bytes);
+    return 0;
+}
+
+static int cpu_tensor_read(gcd_backend *b, void *host, const void *storage, size_t bytes,
+                           gk_err *err)
+{
+    memcpy(host, storage, bytes);
+    return 0;
+}
+
+static const gk_tensor *arg(const gcd_op *op, int i) { return &op->args[i].t; }
+
+static int cpu_run(gcd_backend *b, gcd_op *op, gcd_run_timing *timing, gk_err *err)
+{
+    uint64_t t0 = gcd_now_us();
+    int rc;
+    switch (op->kind) {
+    case GCD_OP_CONV2D_FORWARD:
+        rc = gk_cpu_conv2d_forward(&op->p.conv, arg(op, CONV_FWD_X), arg(op, CONV_FWD_W),
+                                   arg(op, CONV_FWD_B), arg(op, CONV_FWD_Y), err);
+        break;
+    case GCD_OP_CONV2D_BACKWARD:
+        rc = gk_cpu_conv2d_backward(&op->p.conv, arg(op, CONV_BWD_X), arg(op, CONV_BWD_W),
+                                    arg(op, CONV_BWD_Y), arg(op, CONV_BWD_DY),
+                                    arg(op, CONV_BWD_DX), arg(op, CONV_BWD_DW),
+                                    arg(op, CONV_BWD_DB), err);
+        break;
+    case GCD_OP_MULTIHOT_ENCODE:
+        rc = gk_cpu_multihot_encode(&op->p.multihot, arg(op, MULTIHOT_OBS),
+                                    arg(op, MULTIHOT_OUT), err);
+        break;
+    case GCD_OP_EMBEDDING_FORWARD:
+        rc = gk_cpu_embedding_forward(arg(op, EMB_FWD_IDX), arg(op, EMB_FWD_TABLE),
+                                      arg(op, EMB_FWD_OUT), err);
+        break;
+    case GCD_OP_EMBEDDING_BACKWARD:
+        rc = gk_cpu_embedding_backward(arg(op, EMB_BWD_IDX), arg(op, EMB_BWD_DOUT),
+                                       arg(op, EMB_BWD_DTABLE), err);
+        break;
+    case GCD_OP_LINEAR_CROSS_ENTROPY:
+        rc = gk_cpu_lce(&op->p.lce, arg(op, LCE_E), arg(op, LCE_C), arg(op, LCE_BIAS),
+                        arg(op, LCE_TARGETS), arg(op, LCE_LOSS), arg(op, LCE_LSE),
+                        arg(op, LCE_DE), arg(op, LCE_DC), arg(op, LCE_DBIAS), err);
+        break;
+    case GCD_OP_NMMO3_FORWARD: {
+        gk_nmmo3_weights w = gcd_op_nmmo3_weights(op, NMMO3_W0);
+        rc = gk_cpu_nmmo3_forward(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_FWD_FEATURES),
+                                  arg(op, NMMO3_FWD_HIDDEN), err);
+        break;
+    }
+    case GCD_OP_NMMO3_BACKWARD: {
+        gk_nmmo3_weights w = gcd_op_nmmo3_weights(op, NMMO3_W0);
+        gk_nmmo3_weights g = gcd_op_nmmo3_weights(op, NMMO3_BWD_G0);
+        rc = gk_cpu_nmmo3_backward(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_BWD_DOUT), &g, err);
+        break;
+    }
+    default:
+        rc = gk_fail(err, GK_EINVAL, "operation %d is not served by the CPU backend", op->kind);
+        break;
+    }
+    timing->copy_in_us = 0;
+    timing->compute_us = gcd_now_us() - t0;
+    timing->copy_out_us = 0;
+    return rc;
+}
+
+static uint64_t cpu_allocations(gcd_backend *b) { return 0; }
+
+const gcd_backend_ops gcd_backend_cpu = {
+    .name = "cpu",
+    .open = cpu_open,
+    .close = cpu_close,
+    .describe = cpu_describe,
+    .tensor_alloc = cpu_tensor_alloc,
+    .tensor_free = cpu_tensor_free,
+    .tensor_write = cpu_tensor_write,
+    .tensor_read = cpu_tensor_read,
+    .run = cpu_run,
+    .allocations = cpu_allocations,
+};

@@ -1,0 +1,292 @@
+/* bind.c - see bind.h. */
+#include "bind.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static gk_dtype dtype_from_wire(Gpucd__V1__DType d)
+{
+    switch (d) {
+    case GPUCD__V1__DTYPE__F32: return GK_F32;
+    case GPUCD__V1__DTYPE__BF16: return GK_BF16;
+    case GPUCD__V1__DTYPE__F16: return GK_F16;
+    case GPUCD__V1__DTYPE__U8: return GK_U8;
+    case GPUCD__V1__DTYPE__I32: return GK_I32;
+    case GPUCD__V1__DTYPE__I64: return GK_I64;
+    default: return GK_DTYPE_INVALID;
+    }
+}
+
+static int same_shape(const gk_tensor *a, const gk_tensor *b)
+{
+    if (a->dtype != b->dtype || a->ndim != b->ndim)
+        return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i])
+            return 0;
+    return 1;
+}
+
+/* Binds one reference; fills b and the view t (data set). */
+static gcd_status bind_one(const gcd_bind_ctx *ctx, const gcd_ref *ref, int output,
+                           const char *name, gcd_binding *b, gk_tensor *t, char *why,
+                           size_t whylen)
+{
+    gcd_daemon *d = ctx->daemon;
+    memset(t, 0, sizeof *t);
+    b->ref = ref;
+    b->write = output;
+    t->dtype = dtype_from_wire(ref->dtype);
+    if (t->dtype == GK_DTYPE_INVALID) {
+        snprintf(why, whylen, "%s: dtype %d is not one of f32, bf16, f16, u8, i32, i64", name,
+                 (int)ref->dtype);
+        return GCD_INVALID_ARGUMENT;
+    }
+    if (ref->n_shape > GK_MAX_DIMS) {
+        snprintf(why, whylen, "%s: %zu dimensions, at most %d", name, ref->n_shape, GK_MAX_DIMS);
+        return GCD_INVALID_ARGUMENT;
+    }
+    t->ndim = (int)ref->n_shape;
+    for (size_t i = 0; i < ref->n_shape; i++) {
+        if (ref->shape[i] < 0) {
+            snprintf(why, whylen, "%s: dimension %zu is negative (%lld)", name, i,
+                     (long long)ref->shape[i]);
+            return GCD_INVALID_ARGUMENT;
+        }
+        t->shape[i] = ref->shape[i];
+    }
+    int64_t bytes = gk_tensor_bytes(t);
+    if (bytes < 0) {
+        snprintf(why, whylen, "%s: the size of the shape overflows 64 bits", name);
+        return GCD_INVALID_ARGUMENT;
+    }
+    uint64_t n = (uint64_t)bytes;
+    size_t esz = gk_dtype_size(t->dtype);
+
+    switch (ref->where_case) {
+    case GPUCD__V1__TENSOR_REF__WHERE_REGION: {
+        if (ctx->uid == GCD_UID_REMOTE) {
+            snprintf(why, whylen, "%s: shared-memory regions are for local (ipc://) clients; "
+                                  "send the tensor inline", name);
+            return GCD_PERMISSION_DENIED;
+        }
+        const Gpucd__V1__RegionSlice *rsl = ref->region;
+        uint64_t off = rsl->offset;
+        gcd_status st = gcd_regions_acquire(d->regions, ctx->pipe, rsl->region_id, &b->region,
+                                            why, whylen);
+        if (st != GCD_OK)
+            return st;
+        size_t size = b->region->size;
+        if (off > size || n > size - off) {
+            snprintf(why, whylen, "%s: bytes [%llu, +%llu) lie outside region %llu of %zu bytes",
+                     name, (unsigned long long)off, (unsigned long long)n,
+                     (unsigned long long)rsl->region_id, size);
+            return GCD_OUT_OF_RANGE;
+        }
+        if (off % esz != 0) {
+            snprintf(why, whylen, "%s: offset %llu is not a multiple of the %s element size %zu",
+                     name, (unsigned long long)off, gk_dtype_name(t->dtype), esz);
+            return GCD_INVALID_ARGUMENT;
+        }
+        b->lo = off;
+        b->hi = off + n;
+        t->data = b->region->base + off;
+        return GCD_OK;
+    }
+    case GPUCD__V1__TENSOR_REF__WHERE_PAYLOAD: {
+        if (output) {
+            b->to_payload = 1; /* placed when the reply payload is laid out */
+            return GCD_OK;
+        }
+        uint64_t off = ref->payload->offset;
+        if (off % WIRE_ALIGN != 0) {
+            snprintf(why, whylen, "%s: payload offset %llu is not a multiple of %d", name,
+                     (unsigned long long)off, WIRE_ALIGN);
+            return GCD_INVALID_ARGUMENT;
+        }
+        if (off > ctx->payload_len || n > ctx->payload_len - off) {
+            snprintf(why, whylen, "%s: bytes [%llu, +%llu) lie outside the %zu-byte payload",
+                     name, (unsigned long long)off, (unsigned long long)n, ctx->payload_len);
+            return GCD_OUT_OF_RANGE;
+        }
+        t->data = (void *)(ctx->payload + off);
+        return GCD_OK;
+    }
+    case GPUCD__V1__TENSOR_REF__WHERE_RESIDENT: {
+        gcd_status st = gcd_residents_acquire(d->residents, ctx->pipe, ctx->uid, ref->resident,
+                                              &b->resident, why, whylen);
+        if (st != GCD_OK)
+            return st;
+        if (!same_shape(t, &b->resident->t)) {
+            snprintf(why, whylen, "%s: dtype or shape differs from resident tensor %llu's", name,
+                     (unsigned long long)ref->resident);
+            return GCD_INVALID_ARGUMENT;
+        }
+        b->lo = 0;
+        b->hi = n;
+        t->data = b->resident->t.data;
+        return GCD_OK;
+    }
+    case GPUCD__V1__TENSOR_REF__WHERE_NEW_RESIDENT:
+        if (!output || !ref->new_resident) {
+            snprintf(why, whylen, "%s: new_resident is only for outputs", name);
+            return GCD_INVALID_ARGUMENT;
+        }
+        {
+            gcd_status st = gcd_residents_create(d->residents, ctx->pipe, ctx->uid, t,
+                                                 &b->resident, why, whylen);
+            if (st != GCD_OK)
+                return st;
+        }
+        b->new_resident = 1;
+        b->hi = n;
+        t->data = b->resident->t.data;
+        return GCD_OK;
+    default:
+        snprintf(why, whylen, "%s: says neither region, payload nor resident", name);
+        return GCD_INVALID_ARGUMENT;
+    }
+}
+
+static int ranges_meet(const gcd_binding *a, const gcd_binding *b)
+{
+    int same = (a->region != NULL && a->region == b->region) ||
+               (a->resident != NULL && a->resident == b->resident);
+    return same && a->lo < b->hi && b->lo < a->hi;
+}
+
+static int by_resident_id(const void *x, const void *y)
+{
+    const gcd_binding *a = *(const gcd_binding *const *)x, *b = *(const gcd_binding *const *)y;
+    return a->resident->id < b->resident->id ? -1 : a->resident->id > b->resident->id;
+}
+
+/* Locks each resident tensor once, in id order (a write lock if any use writes). */
+static void lock_residents(gcd_bound *bound)
+{
+    gcd_binding *order[GCD_OP_MAX_ARGS];
+    int n = 0;
+    for (int i = 0; i < bound->n; i++)
+        if (bound->b[i].resident != NULL)
+            order[n++] = &bound->b[i];
+    qsort(order, (size_t)n, sizeof order[0], by_resident_id);
+    for (int i = 0; i < n; i++) {
+        if (i > 0 && order[i]->resident == order[i - 1]->resident)
+            continue; /* inputs only: outputs never share a tensor (checked) */
+        if (order[i]->write)
+            pthread_rwlock_wrlock(&order[i]->resident->use);
+        else
+            pthread_rwlock_rdlock(&order[i]->resident->use);
+        order[i]->locked = 1;
+    }
+}
+
+gcd_status gcd_bind(const gcd_bind_ctx *ctx, gcd_op *op, const gcd_ref *const refs[],
+                    const char *const names[], gcd_bound *bound, char *why, size_t whylen)
+{
+    memset(bound, 0, sizeof *bound);
+    bound->n = op->nargs;
+    gcd_status st = GCD_OK;
+    for (int i = 0; i < op->nargs && st == GCD_OK; i++) {
+        if (refs[i] == NULL)
+            continue;
+        st = bind_one(ctx, refs[i], op->args[i].output, names[i], &bound->b[i], &op->args[i].t,
+                      why, whylen);
+        op->args[i].resident = bound->b[i].resident != NULL;
+    }
+    for (int i = 0; i < op->nargs && st == GCD_OK; i++) {
+        if (!op->args[i].output || refs[i] == NULL)
+            continue;
+        for (int j = 0; j < op->nargs; j++) {
+            if (j != i && refs[j] != NULL && ranges_meet(&bound->b[i], &bound->b[j])) {
+                snprintf(why, whylen, "output %s overlaps %s %s", names[i],
+                         op->args[j].output ? "output" : "input", names[j]);
+                st = GCD_INVALID_ARGUMENT;
+                break;
+            }
+        }
+    }
+    if (st == GCD_OK) {
+        size_t total = 0;
+        for (int i = 0; i < op->nargs; i++) {
+            if (!bound->b[i].to_payload)
+                continue;
+            bound->b[i].payload_offset = total;
+            total += (size_t)wire_align_up((uint64_t)gk_tensor_bytes(&op->args[i].t));
+        }
+        uint64_t limit = ctx->daemon->cfg.max_message_mb << 20;
+        if (total > limit) {
+            snprintf(why, whylen, "inline outputs of %zu bytes exceed the %llu-byte message "
+                                  "limit; use a region or a resident tensor",
+                     total, (unsigned long long)limit);
+            st = GCD_MESSAGE_TOO_LARGE;
+        } else if (total > 0) {
+            bound->out_payload = aligned_alloc(WIRE_ALIGN, total);
+            if (bound->out_payload == NULL) {
+                snprintf(why, whylen, "out of memory for %zu bytes of inline outputs", total);
+                st = GCD_RESOURCE_EXHAUSTED;
+            } else {
+                bound->out_payload_len = total;
+                for (int i = 0; i < op->nargs; i++)
+                    if (bound->b[i].to_payload)
+                        op->args[i].t.data = bound->out_payload + bound->b[i].payload_offset;
+            }
+        }
+    }
+    if (st != GCD_OK) {
+        gcd_unbind(ctx, bound, 0);
+        return st;
+    }
+    lock_residents(bound);
+    return GCD_OK;
+}
+
+void gcd_unbind(const gcd_bind_ctx *ctx, gcd_bound *bound, int success)
+{
+    gcd_daemon *d = ctx->daemon;
+    for (int i = 0; i < bound->n; i++) {
+        gcd_binding *b = &bound->b[i];
+        if (b->locked)
+            pthread_rwlock_unlock(&b->resident->use);
+        if (b->resident != NULL) {
+            if (b->new_resident && !success)
+                gcd_residents_free(d->residents, ctx->pipe, b->resident->id, NULL, 0);
+            gcd_residents_release(d->residents, b->resident);
+        }
+        if (b->region != NULL)
+            gcd_regions_release(d->regions, b->region);
+        memset(b, 0, sizeof *b);
+    }
+    free(bound->out_payload);
+    bound->out_payload = NULL;
+    bound->out_payload_len = 0;
+}
+
+void gcd_bound_describe(const gcd_bound *bound, int i, const gk_tensor *t,
+                        Gpucd__V1__TensorRef *out, Gpucd__V1__RegionSlice *region,
+                        Gpucd__V1__InlineSlice *inl, int64_t *shape)
+{
+    const gcd_binding *b = &bound->b[i];
+    gpucd__v1__tensor_ref__init(out);
+    out->dtype = b->ref->dtype;
+    for (int k = 0; k < t->ndim; k++)
+        shape[k] = t->shape[k];
+    out->n_shape = (size_t)t->ndim;
+    out->shape = shape;
+    if (b->region != NULL) {
+        gpucd__v1__region_slice__init(region);
+        region->region_id = b->region->id;
+        region->offset = b->lo;
+        out->where_case = GPUCD__V1__TENSOR_REF__WHERE_REGION;
+        out->region = region;
+    } else if (b->to_payload) {
+        gpucd__v1__inline_slice__init(inl);
+        inl->offset = b->payload_offset;
+        out->where_case = GPUCD__V1__TENSOR_REF__WHERE_PAYLOAD;
+        out->payload = inl;
+    } else {
+        out->where_case = GPUCD__V1__TENSOR_REF__WHERE_RESIDENT;
+        out->resident = b->resident->id;
+    }
+}

@@ -1,0 +1,64 @@
+/*
+ * bind.h - turns the wire's tensor references into memory a backend can use,
+ * after validating every one: dtype, shape, size overflow, the byte range
+ * inside its region or payload, alignment, ownership, and that no output
+ * overlaps another tensor of the same request.
+ */
+#ifndef GCD_BIND_H
+#define GCD_BIND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon.h"
+#include "gpucd.pb-c.h"
+#include "wire.h"
+
+typedef Gpucd__V1__TensorRef gcd_ref;
+
+/* What one request may reach. */
+typedef struct gcd_bind_ctx {
+    gcd_daemon *daemon;
+    uint32_t pipe; /* the caller's connection */
+    uint32_t uid;  /* the caller's uid, GCD_UID_REMOTE over tcp */
+    const uint8_t *payload;
+    size_t payload_len;
+} gcd_bind_ctx;
+
+typedef struct gcd_binding {
+    const gcd_ref *ref;
+    gcd_region *region;
+    gcd_resident *resident;
+    int write;
+    int locked;
+    int new_resident;
+    int to_payload;          /* an output returned in the reply payload */
+    uint64_t payload_offset; /* its offset there */
+    uint64_t lo, hi;         /* byte range in the region or resident */
+} gcd_binding;
+
+typedef struct gcd_bound {
+    gcd_binding b[GCD_OP_MAX_ARGS];
+    int n;
+    uint8_t *out_payload; /* the reply payload, 64-byte aligned */
+    size_t out_payload_len;
+} gcd_bound;
+
+/*
+ * Binds every present slot of op (refs from gcd_decode_compute, or built by the
+ * caller for single-tensor operations), allocates the reply payload and new
+ * resident tensors, and locks the resident tensors used (in id order).  On
+ * failure everything taken is released.
+ */
+gcd_status gcd_bind(const gcd_bind_ctx *ctx, gcd_op *op, const gcd_ref *const refs[],
+                    const char *const names[], gcd_bound *bound, char *why, size_t whylen);
+
+/* Unlocks and releases; new resident tensors are kept only when success. */
+void gcd_unbind(const gcd_bind_ctx *ctx, gcd_bound *bound, int success);
+
+/* Fills the reply's description of slot i's output (where its bytes went). */
+void gcd_bound_describe(const gcd_bound *bound, int i, const gk_tensor *t,
+                        Gpucd__V1__TensorRef *out, Gpucd__V1__RegionSlice *region,
+                        Gpucd__V1__InlineSlice *inl, int64_t *shape);
+
+#endif

@@ -1,0 +1,47 @@
+/* config.h - the daemon's settings, from flags and from a config file with the same keys. */
+#ifndef GCD_CONFIG_H
+#define GCD_CONFIG_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdint.h>
+
+#include "log.h"
+
+enum { GCD_MAX_LISTEN = 8, GCD_URL_MAX = 256 };
+
+typedef enum gcd_backend_choice {
+    GCD_BACKEND_AUTO = 0,
+    GCD_BACKEND_CPU,
+    GCD_BACKEND_CUDA,
+} gcd_backend_choice;
+
+typedef struct gcd_config {
+    char listen[GCD_MAX_LISTEN][GCD_URL_MAX];
+    int nlisten;
+    gcd_backend_choice backend;
+    int device;
+    uint64_t workspace_mb;
+    uint64_t resident_mb;
+    uint64_t max_message_mb;
+    uint32_t max_inflight;
+    gcd_log_level log_level;
+    char stats_listen[GCD_URL_MAX]; /* "none" disables the HTTP stats endpoint */
+} gcd_config;
+
+void gcd_config_defaults(gcd_config *cfg);
+
+/*
+ * Applies argv (flags; "--config FILE" reads a file of "key = value" lines in
+ * place).  Returns 0, 1 when --help was printed (exit 0), or -1 with a message
+ * in err.  A listen URL given on the command line or in a file replaces the
+ * default rather than adding to it.
+ */
+int gcd_config_parse_args(gcd_config *cfg, int argc, char **argv, char *err, size_t errlen);
+
+/* Fills the default listen URL when none was given (creating its directory, mode 0700). */
+int gcd_config_finish(gcd_config *cfg, char *err, size_t errlen);
+
+void gcd_config_usage(FILE *out);
+
+#endif

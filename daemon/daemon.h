@@ -1,0 +1,25 @@
+/* daemon.h - the state of one running daemon, shared by its subsystems. */
+#ifndef GCD_DAEMON_H
+#define GCD_DAEMON_H
+
+#include <stdatomic.h>
+
+#include "backend.h"
+#include "config.h"
+#include "region.h"
+#include "resident.h"
+#include "stats.h"
+
+typedef struct gcd_daemon {
+    gcd_config cfg;
+    const gcd_backend_ops *ops;
+    gcd_backend *backend;
+    gcd_device_info device;
+    gcd_regions *regions;
+    gcd_residents *residents;
+    gcd_stats stats;
+    atomic_int ready;    /* kernels warm, buffers allocated, not draining */
+    atomic_int draining; /* refusing new work */
+} gcd_daemon;
+
+#endif

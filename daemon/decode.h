@@ -1,0 +1,23 @@
+/* decode.h - a decoded wire compute request turned into a gcd_op and its tensor references. */
+#ifndef GCD_DECODE_H
+#define GCD_DECODE_H
+
+#include <stddef.h>
+
+#include "gpucd.pb-c.h"
+#include "ops.h"
+#include "status.h"
+
+/*
+ * Fills op (kind, parameters, slot count and output flags) and refs (one per
+ * slot, NULL where the request left a tensor out) from a compute request.
+ * Returns GCD_OK, or an error status with a reason naming the bad field.
+ */
+gcd_status gcd_decode_compute(const Gpucd__V1__Request *req, gcd_op *op,
+                              const Gpucd__V1__TensorRef *refs[GCD_OP_MAX_ARGS], char *why,
+                              size_t whylen);
+
+/* True when the request carries a compute operation. */
+int gcd_decode_is_compute(const Gpucd__V1__Request *req);
+
+#endif

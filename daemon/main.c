@@ -1,0 +1,135 @@
+/*
+ * main.c - gpucd: parse the configuration, open the backend (kernels warm,
+ * buffers allocated), serve until SIGINT/SIGTERM, drain, exit 0.  A second
+ * signal exits at once.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "daemon.h"
+#include "log.h"
+#include "server.h"
+
+typedef struct gcd_main {
+    gcd_daemon d;
+    uv_loop_t loop;
+    uv_signal_t sigint, sigterm;
+    gcd_server *server;
+    int signals;
+} gcd_main;
+
+static void drained(void *arg)
+{
+    gcd_main *m = arg;
+    uv_stop(&m->loop);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    gcd_main *m = h->data;
+    if (m->signals++ > 0) {
+        gcd_log_warn("second signal (%s): exiting now", strsignal(signum));
+        _exit(128 + signum);
+    }
+    gcd_log_info("%s: draining (a second signal exits at once)", strsignal(signum));
+    atomic_store(&m->d.ready, 0);
+    atomic_store(&m->d.draining, 1);
+    gcd_server_drain(m->server, drained, m);
+}
+
+static const gcd_backend_ops *backend_choose(const gcd_config *cfg, char *err, size_t errlen)
+{
+    int cuda = gcd_backend_cuda != NULL && gcd_backend_cuda_usable(cfg->device);
+    switch (cfg->backend) {
+    case GCD_BACKEND_CPU:
+        return &gcd_backend_cpu;
+    case GCD_BACKEND_CUDA:
+        if (!cuda) {
+            snprintf(err, errlen, "--backend cuda: %s",
+                     gcd_backend_cuda == NULL ? "this build has no CUDA backend"
+                                              : "no usable CUDA device");
+            return NULL;
+        }
+        return gcd_backend_cuda;
+    default:
+        gcd_log_info("backend auto: %s", cuda ? "a CUDA device is usable, using cuda"
+                                              : "no usable CUDA device, using cpu");
+        return cuda ? gcd_backend_cuda : &gcd_backend_cpu;
+    }
+}
+
+/* libuv's pool runs the requests; size it for the work in flight unless the user did. */
+static void threadpool_size(uint32_t max_inflight)
+{
+    if (getenv("UV_THREADPOOL_SIZE") != NULL)
+        return;
+    char n[16];
+    snprintf(n, sizeof n, "%u", max_inflight < 16 ? max_inflight : 16);
+    setenv("UV_THREADPOOL_SIZE", n, 1);
+}
+
+int main(int argc, char **argv)
+{
+    static gcd_main m; /* large (the stats), so not on the stack */
+    gcd_daemon *d = &m.d;
+    char err[512];
+    gcd_config_defaults(&d->cfg);
+    int rc = gcd_config_parse_args(&d->cfg, argc, argv, err, sizeof err);
+    if (rc == 1)
+        return 0;
+    if (rc != 0 || gcd_config_finish(&d->cfg, err, sizeof err) != 0) {
+        fprintf(stderr, "gpucd: %s\n", err);
+        return 2;
+    }
+    gcd_log_set_level(d->cfg.log_level);
+    gcd_stats_init(&d->stats);
+    signal(SIGPIPE, SIG_IGN);
+    threadpool_size(d->cfg.max_inflight);
+
+    d->ops = backend_choose(&d->cfg, err, sizeof err);
+    if (d->ops == NULL) {
+        gcd_log_error("%s", err);
+        return 1;
+    }
+    gk_err kerr = {{0}};
+    if (d->ops->open(&d->cfg, &d->backend, &kerr) != 0) {
+        gcd_log_error("cannot open the %s backend: %s", d->ops->name, kerr.msg);
+        return 1;
+    }
+    d->ops->describe(d->backend, &d->device);
+    if (gcd_regions_init(&d->regions, d->backend, d->ops) != 0 ||
+        gcd_residents_init(&d->residents, d->backend, d->ops, d->cfg.resident_mb << 20) != 0) {
+        gcd_log_error("out of memory");
+        return 1;
+    }
+
+    uv_loop_init(&m.loop);
+    if (gcd_server_start(&m.server, d, &m.loop, err, sizeof err) != 0) {
+        gcd_log_error("%s", err);
+        return 1;
+    }
+    uv_signal_init(&m.loop, &m.sigint);
+    uv_signal_init(&m.loop, &m.sigterm);
+    m.sigint.data = m.sigterm.data = &m;
+    uv_signal_start(&m.sigint, on_signal, SIGINT);
+    uv_signal_start(&m.sigterm, on_signal, SIGTERM);
+    atomic_store(&d->ready, 1);
+    gcd_log_info("ready: backend %s on %s, %u contexts", d->ops->name, d->device.name,
+                 d->cfg.max_inflight);
+
+    uv_run(&m.loop, UV_RUN_DEFAULT); /* until drained() stops it */
+    uv_close((uv_handle_t *)&m.sigint, NULL);
+    uv_close((uv_handle_t *)&m.sigterm, NULL);
+    gcd_server_free(m.server);
+    uv_run(&m.loop, UV_RUN_DEFAULT);
+    uv_loop_close(&m.loop);
+    gcd_residents_fini(d->residents);
+    gcd_regions_fini(d->regions);
+    d->ops->close(d->backend);
+    gcd_log_info("stopped");
+    return 0;
+}

@@ -1,0 +1,83 @@
+/*
+ * ops.h - a compute request as the daemon runs it, independent of the wire.
+ *
+ * Each operation has fixed argument slots (see the GCD_*_ARGS lists in ops.c);
+ * a slot is an input or an output, present or absent.  By the time a backend
+ * sees an op, every present slot's shape has been checked by the kernels'
+ * gk_*_check and its bytes are reachable at arg.t.data: host memory (a mapped
+ * region, the request payload or a reply buffer) unless arg.resident, in which
+ * case data is the backend's own storage for a resident tensor.
+ */
+#ifndef GCD_OPS_H
+#define GCD_OPS_H
+
+#include <stdint.h>
+
+#include "gk.h"
+
+typedef enum gcd_op_kind {
+    GCD_OP_CONV2D_FORWARD,
+    GCD_OP_CONV2D_BACKWARD,
+    GCD_OP_MULTIHOT_ENCODE,
+    GCD_OP_EMBEDDING_FORWARD,
+    GCD_OP_EMBEDDING_BACKWARD,
+    GCD_OP_LINEAR_CROSS_ENTROPY,
+    GCD_OP_NMMO3_FORWARD,
+    GCD_OP_NMMO3_BACKWARD,
+    GCD_OP_COUNT,
+} gcd_op_kind;
+
+enum { GCD_OP_MAX_ARGS = 17 };
+
+typedef struct gcd_arg {
+    gk_tensor t;  /* t.data == NULL: absent */
+    int output;   /* written by the op */
+    int resident; /* t.data is backend storage of a resident tensor */
+} gcd_arg;
+
+typedef struct gcd_op {
+    gcd_op_kind kind;
+    union {
+        gk_conv2d conv;
+        gk_multihot_layout multihot;
+        gk_lce lce;
+    } p;
+    int nargs;
+    gcd_arg args[GCD_OP_MAX_ARGS];
+} gcd_op;
+
+/* The slot indices of each operation, in the order of the wire messages' fields. */
+enum { CONV_FWD_X, CONV_FWD_W, CONV_FWD_B, CONV_FWD_Y, CONV_FWD_NARGS };
+enum { CONV_BWD_X, CONV_BWD_W, CONV_BWD_Y, CONV_BWD_DY, CONV_BWD_DX, CONV_BWD_DW, CONV_BWD_DB,
+       CONV_BWD_NARGS };
+enum { MULTIHOT_OBS, MULTIHOT_OUT, MULTIHOT_NARGS };
+enum { EMB_FWD_IDX, EMB_FWD_TABLE, EMB_FWD_OUT, EMB_FWD_NARGS };
+enum { EMB_BWD_IDX, EMB_BWD_DOUT, EMB_BWD_DTABLE, EMB_BWD_NARGS };
+enum { LCE_E, LCE_C, LCE_BIAS, LCE_TARGETS, LCE_LOSS, LCE_LSE, LCE_DE, LCE_DC, LCE_DBIAS,
+       LCE_NARGS };
+/* NMMO3: the obs, then the 7 weights (gk_nmmo3_weights order), then the op's own. */
+enum { NMMO3_OBS, NMMO3_W0, NMMO3_NWEIGHTS = 7,
+       NMMO3_FWD_FEATURES = NMMO3_W0 + NMMO3_NWEIGHTS, NMMO3_FWD_HIDDEN, NMMO3_FWD_NARGS,
+       NMMO3_BWD_DOUT = NMMO3_W0 + NMMO3_NWEIGHTS, NMMO3_BWD_G0, NMMO3_BWD_NARGS =
+           NMMO3_BWD_G0 + NMMO3_NWEIGHTS };
+
+/* What an operation takes: its slots' names, which are outputs, which are required. */
+typedef struct gcd_op_desc {
+    const char *name;
+    int nargs;
+    const char *const *arg_names;
+    uint32_t outputs;  /* bit i: slot i is an output */
+    uint32_t required; /* bit i: slot i must be present */
+} gcd_op_desc;
+
+extern const gcd_op_desc gcd_op_descs[GCD_OP_COUNT];
+
+const char *gcd_op_name(gcd_op_kind kind);
+
+/* Runs the shape checks of kernels/ for op; 0 or a gk_code with err set. */
+int gcd_op_check(const gcd_op *op, gk_err *err);
+
+/* Views slots [first, first+7) as NMMO3 weights. */
+gk_nmmo3_weights gcd_op_nmmo3_weights(const gcd_op *op, int first);
+
+#endif

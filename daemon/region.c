@@ -1,0 +1,292 @@
+/* region.c - the registry of shared-memory regions; see region.h. */
+#include "region.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+
+struct gcd_regions {
+    pthread_mutex_t lock;
+    pthread_cond_t released; /* signalled when a region's last request lets go */
+    gcd_region **items;      /* listed regions */
+    size_t count, cap;
+    uint64_t next_id;
+    uint64_t mapped_count, mapped_bytes; /* including unlisted ones still in use */
+    gcd_backend *backend;
+    const gcd_backend_ops *ops;
+};
+
+int gcd_regions_init(gcd_regions **out, gcd_backend *backend, const gcd_backend_ops *ops)
+{
+    gcd_regions *rs = calloc(1, sizeof *rs);
+    if (rs == NULL)
+        return -1;
+    pthread_mutex_init(&rs->lock, NULL);
+    pthread_cond_init(&rs->released, NULL);
+    rs->next_id = 1;
+    rs->backend = backend;
+    rs->ops = ops;
+    *out = rs;
+    return 0;
+}
+
+static void region_unmap(gcd_regions *rs, gcd_region *r)
+{
+    if (rs->ops->host_unregister != NULL)
+        rs->ops->host_unregister(rs->backend, r->base);
+    munmap(r->base, r->size);
+    free(r);
+}
+
+void gcd_regions_fini(gcd_regions *rs)
+{
+    for (size_t i = 0; i < rs->count; i++)
+        region_unmap(rs, rs->items[i]);
+    free(rs->items);
+    pthread_cond_destroy(&rs->released);
+    pthread_mutex_destroy(&rs->lock);
+    free(rs);
+}
+
+/* Names are "/gpucd-" and then letters, digits, '-', '_' or '.': no path tricks. */
+static int region_name_valid(const char *name)
+{
+    size_t n = strnlen(name, GCD_REGION_NAME_MAX + 1);
+    if (n > GCD_REGION_NAME_MAX || n <= 7 || strncmp(name, "/gpucd-", 7) != 0)
+        return 0;
+    for (size_t i = 7; i < n; i++) {
+        char c = name[i];
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 c == '-' || c == '_' || c == '.';
+        if (!ok)
+            return 0;
+    }
+    return 1;
+}
+
+gcd_status gcd_regions_register(gcd_regions *rs, uint32_t owner, uid_t uid, const char *name,
+                                uint64_t size, uint64_t *id, char *why, size_t whylen)
+{
+    if (!region_name_valid(name)) {
+        snprintf(why, whylen, "region name must be '/gpucd-' then at most %d letters, digits, "
+                              "'-', '_' or '.'", GCD_REGION_NAME_MAX - 7);
+        return GCD_INVALID_ARGUMENT;
+    }
+    if (size == 0 || size > (uint64_t)SIZE_MAX / 2) {
+        snprintf(why, whylen, "region size %llu is out of range", (unsigned long long)size);
+        return GCD_INVALID_ARGUMENT;
+    }
+    int fd = shm_open(name, O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(why, whylen, "cannot open region %s: %s", name, strerror(errno));
+        return errno == ENOENT ? GCD_NOT_FOUND : GCD_PERMISSION_DENIED;
+    }
+    struct stat st;
+    gcd_status status = GCD_OK;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(why, whylen, "region %s is not a shared-memory object", name);
+        status = GCD_INVALID_ARGUMENT;
+    } else if (st.st_uid != uid) {
+        snprintf(why, whylen, "region %s is owned by uid %u, not by the caller (uid %u)", name,
+                 (unsigned)st.st_uid, (unsigned)uid);
+        status = GCD_PERMISSION_DENIED;
+    } else if ((st.st_mode & 077) != 0) {
+        snprintf(why, whylen, "region %s has mode %03o: group and others must have no access",
+                 name, (unsigned)(st.st_mode & 0777));
+        status = GCD_PERMISSION_DENIED;
+    } else if ((uint64_t)st.st_size != size) {
+        snprintf(why, whylen, "region %s is %lld bytes, not the %llu registered", name,
+                 (long long)st.st_size, (unsigned long long)size);
+        status = GCD_INVALID_ARGUMENT;
+    }
+    if (status != GCD_OK) {
+        close(fd);
+        return status;
+    }
+    void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) {
+        snprintf(why, whylen, "cannot map region %s: %s", name, strerror(errno));
+        return GCD_RESOURCE_EXHAUSTED;
+    }
+    gk_err err = {{0}};
+    if (rs->ops->host_register != NULL &&
+        rs->ops->host_register(rs->backend, base, size, &err) != 0) {
+        munmap(base, size);
+        snprintf(why, whylen, "cannot pin region %s: %s", name, err.msg);
+        return GCD_RESOURCE_EXHAUSTED;
+    }
+    gcd_region *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        if (rs->ops->host_unregister != NULL)
+            rs->ops->host_unregister(rs->backend, base);
+        munmap(base, size);
+        snprintf(why, whylen, "out of memory");
+        return GCD_RESOURCE_EXHAUSTED;
+    }
+    snprintf(r->name, sizeof r->name, "%s", name);
+    r->owner = owner;
+    r->base = base;
+    r->size = size;
+    r->refs = 1;
+    r->listed = 1;
+
+    pthread_mutex_lock(&rs->lock);
+    size_t mine = 0;
+    for (size_t i = 0; i < rs->count; i++)
+        mine += rs->items[i]->owner == owner;
+    if (mine >= GCD_REGIONS_PER_CLIENT) {
+        status = GCD_RESOURCE_EXHAUSTED;
+        snprintf(why, whylen, "at most %d regions per client", GCD_REGIONS_PER_CLIENT);
+    } else if (rs->count == rs->cap) {
+        size_t cap = rs->cap ? rs->cap * 2 : 16;
+        gcd_region **items = realloc(rs->items, cap * sizeof *items);
+        if (items == NULL) {
+            status = GCD_RESOURCE_EXHAUSTED;
+            snprintf(why, whylen, "out of memory");
+        } else {
+            rs->items = items;
+            rs->cap = cap;
+        }
+    }
+    if (status == GCD_OK) {
+        r->id = rs->next_id++;
+        rs->items[rs->count++] = r;
+        rs->mapped_count++;
+        rs->mapped_bytes += size;
+        *id = r->id;
+    }
+    pthread_mutex_unlock(&rs->lock);
+    if (status != GCD_OK)
+        region_unmap(rs, r);
+    else
+        gcd_log_debug("region %llu registered: %s, %zu bytes", (unsigned long long)r->id, name,
+                      r->size);
+    return status;
+}
+
+/* Removes items[i] from the table; the caller holds the lock. */
+static void region_unlist(gcd_regions *rs, size_t i)
+{
+    rs->items[i]->listed = 0;
+    rs->items[i] = rs->items[--rs->count];
+}
+
+/* Drops one reference; unmaps at zero.  The caller holds the lock. */
+static void region_unref_locked(gcd_regions *rs, gcd_region *r)
+{
+    if (--r->refs == 0) {
+        rs->mapped_count--;
+        rs->mapped_bytes -= r->size;
+        region_unmap(rs, r);
+        pthread_cond_broadcast(&rs->released);
+    }
+}
+
+static gcd_status region_find(gcd_regions *rs, uint32_t owner, uint64_t id, size_t *index,
+                              char *why, size_t whylen)
+{
+    for (size_t i = 0; i < rs->count; i++) {
+        if (rs->items[i]->id != id)
+            continue;
+        if (rs->items[i]->owner != owner) {
+            snprintf(why, whylen, "region %llu belongs to another client",
+                     (unsigned long long)id);
+            return GCD_PERMISSION_DENIED;
+        }
+        *index = i;
+        return GCD_OK;
+    }
+    snprintf(why, whylen, "no region %llu", (unsigned long long)id);
+    return GCD_NOT_FOUND;
+}
+
+gcd_status gcd_regions_unregister(gcd_regions *rs, uint32_t owner, uint64_t id, char *why,
+                                  size_t whylen)
+{
+    pthread_mutex_lock(&rs->lock);
+    size_t i;
+    gcd_status status = region_find(rs, owner, id, &i, why, whylen);
+    if (status == GCD_OK) {
+        gcd_region *r = rs->items[i];
+        region_unlist(rs, i);
+        /* Wait for the requests using it: the caller may free the memory after this reply. */
+        while (r->refs > 1)
+            pthread_cond_wait(&rs->released, &rs->lock);
+        region_unref_locked(rs, r);
+    }
+    pthread_mutex_unlock(&rs->lock);
+    return status;
+}
+
+gcd_status gcd_regions_acquire(gcd_regions *rs, uint32_t owner, uint64_t id, gcd_region **out,
+                               char *why, size_t whylen)
+{
+    pthread_mutex_lock(&rs->lock);
+    size_t i;
+    gcd_status status = region_find(rs, owner, id, &i, why, whylen);
+    if (status == GCD_OK) {
+        rs->items[i]->refs++;
+        *out = rs->items[i];
+    }
+    pthread_mutex_unlock(&rs->lock);
+    return status;
+}
+
+void gcd_regions_release(gcd_regions *rs, gcd_region *r)
+{
+    pthread_mutex_lock(&rs->lock);
+    region_unref_locked(rs, r);
+    pthread_mutex_unlock(&rs->lock);
+}
+
+void gcd_regions_drop_owner(gcd_regions *rs, uint32_t owner)
+{
+    pthread_mutex_lock(&rs->lock);
+    for (size_t i = 0; i < rs->count;) {
+        gcd_region *r = rs->items[i];
+        if (r->owner == owner) {
+            region_unlist(rs, i);
+            region_unref_locked(rs, r);
+        } else {
+            i++;
+        }
+    }
+    pthread_mutex_unlock(&rs->lock);
+}
+
+size_t gcd_regions_list(gcd_regions *rs, uint32_t owner, gcd_region_summary *out, size_t max)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&rs->lock);
+    for (size_t i = 0; i < rs->count; i++) {
+        const gcd_region *r = rs->items[i];
+        if (r->owner != owner)
+            continue;
+        if (n < max) {
+            out[n].id = r->id;
+            snprintf(out[n].name, sizeof out[n].name, "%s", r->name);
+            out[n].size = r->size;
+            out[n].users = (uint32_t)(r->refs - 1);
+        }
+        n++;
+    }
+    pthread_mutex_unlock(&rs->lock);
+    return n;
+}
+
+void gcd_regions_totals(gcd_regions *rs, uint64_t *count, uint64_t *bytes)
+{
+    pthread_mutex_lock(&rs->lock);
+    *count = rs->mapped_count;
+    *bytes = rs->mapped_bytes;
+    pthread_mutex_unlock(&rs->lock);
+}

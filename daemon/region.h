@@ -1,0 +1,66 @@
+/*
+ * region.h - shared-memory regions registered by local clients.
+ *
+ * A client creates a POSIX shared-memory object (mode 0600, unguessable name),
+ * registers it by name, and may unlink it at once: the daemon maps it once and
+ * keeps the mapping until the region is unregistered or its client goes away.
+ * Requests hold a reference while they use a region; the last reference of an
+ * unregistered region unmaps it, so a region never disappears under a request.
+ */
+#ifndef GCD_REGION_H
+#define GCD_REGION_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "backend.h"
+#include "status.h"
+
+enum { GCD_REGION_NAME_MAX = 200, GCD_REGIONS_PER_CLIENT = 4096 };
+
+typedef struct gcd_region {
+    uint64_t id;
+    uint32_t owner; /* nng pipe id of the registering connection */
+    char name[GCD_REGION_NAME_MAX + 1];
+    uint8_t *base;
+    size_t size;
+    int refs;      /* the table's own reference plus one per request using it */
+    int listed;    /* still in the table (not unregistered or dropped) */
+} gcd_region;
+
+typedef struct gcd_regions gcd_regions;
+
+int gcd_regions_init(gcd_regions **out, gcd_backend *backend, const gcd_backend_ops *ops);
+void gcd_regions_fini(gcd_regions *rs);
+
+/*
+ * Opens and maps the named object for the connection `owner` whose peer uid is
+ * `uid`; checks the name, that the object is a regular file owned by uid with
+ * no group/other access, and that its size equals `size`.
+ */
+gcd_status gcd_regions_register(gcd_regions *rs, uint32_t owner, uid_t uid, const char *name,
+                                uint64_t size, uint64_t *id, char *why, size_t whylen);
+/* Removes the region from the table; waits until requests using it are done, then unmaps. */
+gcd_status gcd_regions_unregister(gcd_regions *rs, uint32_t owner, uint64_t id, char *why,
+                                  size_t whylen);
+/* Takes a reference for a request of connection `owner`. */
+gcd_status gcd_regions_acquire(gcd_regions *rs, uint32_t owner, uint64_t id, gcd_region **out,
+                               char *why, size_t whylen);
+void gcd_regions_release(gcd_regions *rs, gcd_region *r);
+/* Drops every region of a connection that went away (never blocks). */
+void gcd_regions_drop_owner(gcd_regions *rs, uint32_t owner);
+
+typedef struct gcd_region_summary {
+    uint64_t id;
+    char name[GCD_REGION_NAME_MAX + 1];
+    uint64_t size;
+    uint32_t users;
+} gcd_region_summary;
+
+/* Copies up to max summaries of owner's regions; returns how many exist. */
+size_t gcd_regions_list(gcd_regions *rs, uint32_t owner, gcd_region_summary *out, size_t max);
+/* Count and bytes of all mapped regions, for stats. */
+void gcd_regions_totals(gcd_regions *rs, uint64_t *count, uint64_t *bytes);
+
+#endif

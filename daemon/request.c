@@ -1,0 +1,438 @@
+/*
+ * request.c - decodes a request, validates it, runs it and builds the reply.
+ * Every path out of here answers: a request that cannot be decoded still gets
+ * a BAD_MESSAGE reply (with id 0 when even the id is unknown).
+ */
+#include "request.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bind.h"
+#include "clock.h"
+#include "decode.h"
+#include "log.h"
+#include "wire.h"
+
+enum { WHY_MAX = 512, REGION_LIST_MAX = 1024 };
+
+/* Everything one request's reply is built from. */
+typedef struct reply_state {
+    Gpucd__V1__Reply rep;
+    Gpucd__V1__Timings timings;
+    gcd_req_kind kind;
+    char why[WHY_MAX];
+    /* outputs described in the reply */
+    Gpucd__V1__TensorRef out_refs[GCD_OP_MAX_ARGS];
+    Gpucd__V1__TensorRef *out_ptrs[GCD_OP_MAX_ARGS];
+    Gpucd__V1__RegionSlice out_regions[GCD_OP_MAX_ARGS];
+    Gpucd__V1__InlineSlice out_inline[GCD_OP_MAX_ARGS];
+    int64_t out_shapes[GCD_OP_MAX_ARGS][GK_MAX_DIMS];
+    /* result bodies */
+    Gpucd__V1__Info info;
+    Gpucd__V1__Limits limits;
+    char *op_names[GCD_OP_COUNT + GCD_REQ_KIND_COUNT];
+    Gpucd__V1__RegionListReply region_list;
+    Gpucd__V1__RegionInfo *region_infos;
+    Gpucd__V1__RegionInfo **region_ptrs;
+    gcd_region_summary *summaries;
+    Gpucd__V1__StatsReply stats;
+    char *stats_json;
+    /* the reply payload (inline outputs), owned by the bound request */
+    const uint8_t *payload;
+    size_t payload_len;
+} reply_state;
+
+static gcd_status fail(reply_state *rs, gcd_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static gcd_status fail(reply_state *rs, gcd_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rs->why, sizeof rs->why, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+static gcd_req_kind kind_of(const Gpucd__V1__Request *req)
+{
+    switch (req->op_case) {
+    case GPUCD__V1__REQUEST__OP_HELLO: return GCD_REQ_HELLO;
+    case GPUCD__V1__REQUEST__OP_PING: return GCD_REQ_PING;
+    case GPUCD__V1__REQUEST__OP_REGION_REGISTER: return GCD_REQ_REGION_REGISTER;
+    case GPUCD__V1__REQUEST__OP_REGION_UNREGISTER: return GCD_REQ_REGION_UNREGISTER;
+    case GPUCD__V1__REQUEST__OP_REGION_LIST: return GCD_REQ_REGION_LIST;
+    case GPUCD__V1__REQUEST__OP_TENSOR_PUT: return GCD_REQ_TENSOR_PUT;
+    case GPUCD__V1__REQUEST__OP_TENSOR_GET: return GCD_REQ_TENSOR_GET;
+    case GPUCD__V1__REQUEST__OP_TENSOR_FREE: return GCD_REQ_TENSOR_FREE;
+    case GPUCD__V1__REQUEST__OP_STATS: return GCD_REQ_STATS;
+    case GPUCD__V1__REQUEST__OP_CONV2D_FORWARD: return GCD_REQ_CONV2D_FORWARD;
+    case GPUCD__V1__REQUEST__OP_CONV2D_BACKWARD: return GCD_REQ_CONV2D_BACKWARD;
+    case GPUCD__V1__REQUEST__OP_MULTIHOT_ENCODE: return GCD_REQ_MULTIHOT_ENCODE;
+    case GPUCD__V1__REQUEST__OP_EMBEDDING_FORWARD: return GCD_REQ_EMBEDDING_FORWARD;
+    case GPUCD__V1__REQUEST__OP_EMBEDDING_BACKWARD: return GCD_REQ_EMBEDDING_BACKWARD;
+    case GPUCD__V1__REQUEST__OP_LINEAR_CROSS_ENTROPY: return GCD_REQ_LINEAR_CROSS_ENTROPY;
+    case GPUCD__V1__REQUEST__OP_NMMO3_ENCODE: return GCD_REQ_NMMO3_ENCODE;
+    default: return GCD_REQ_INVALID;
+    }
+}
+
+/* ---- control operations ------------------------------------------------------ */
+
+static gcd_status do_hello(gcd_daemon *d, reply_state *rs)
+{
+    Gpucd__V1__Info *info = &rs->info;
+    gpucd__v1__info__init(info);
+    gpucd__v1__limits__init(&rs->limits);
+    info->protocol_version = GPUCD__V1__VERSION__VERSION_CURRENT;
+    info->server_version = (char *)GPUCD_VERSION_STRING;
+    info->backend = (char *)d->ops->name;
+    info->device_name = d->device.name;
+    info->sm_count = d->device.sm_count;
+    info->device_memory_bytes = d->device.memory_bytes;
+    info->ready = atomic_load(&d->ready);
+    info->device_allocations = d->ops->allocations(d->backend);
+    rs->limits.max_message_bytes = d->cfg.max_message_mb << 20;
+    rs->limits.max_inflight = d->cfg.max_inflight;
+    rs->limits.workspace_bytes = d->device.workspace_bytes;
+    rs->limits.max_dims = GK_MAX_DIMS;
+    rs->limits.max_region_bytes = (uint64_t)SIZE_MAX / 2;
+    info->limits = &rs->limits;
+    size_t n = 0;
+    for (int k = 0; k < GCD_REQ_INVALID; k++)
+        rs->op_names[n++] = (char *)gcd_req_kind_name((gcd_req_kind)k);
+    info->n_operations = n;
+    info->operations = rs->op_names;
+    rs->rep.result_case = GPUCD__V1__REPLY__RESULT_INFO;
+    rs->rep.info = info;
+    return GCD_OK;
+}
+
+static gcd_status do_region_register(const gcd_bind_ctx *ctx, const Gpucd__V1__RegionRegister *m,
+                                     reply_state *rs)
+{
+    if (ctx->uid == GCD_UID_REMOTE)
+        return fail(rs, GCD_PERMISSION_DENIED,
+                    "shared-memory regions are for local (ipc://) clients only");
+    uint64_t id;
+    gcd_status st = gcd_regions_register(ctx->daemon->regions, ctx->pipe, ctx->uid,
+                                         m->name != NULL ? m->name : "", m->size, &id, rs->why,
+                                         sizeof rs->why);
+    if (st == GCD_OK) {
+        rs->rep.result_case = GPUCD__V1__REPLY__RESULT_REGION_ID;
+        rs->rep.region_id = id;
+    }
+    return st;
+}
+
+static gcd_status do_region_list(const gcd_bind_ctx *ctx, reply_state *rs)
+{
+    rs->summaries = calloc(REGION_LIST_MAX, sizeof *rs->summaries);
+    rs->region_infos = calloc(REGION_LIST_MAX, sizeof *rs->region_infos);
+    rs->region_ptrs = calloc(REGION_LIST_MAX, sizeof *rs->region_ptrs);
+    if (rs->summaries == NULL || rs->region_infos == NULL || rs->region_ptrs == NULL)
+        return fail(rs, GCD_RESOURCE_EXHAUSTED, "out of memory");
+    size_t n = gcd_regions_list(ctx->daemon->regions, ctx->pipe, rs->summaries, REGION_LIST_MAX);
+    if (n > REGION_LIST_MAX)
+        n = REGION_LIST_MAX;
+    gpucd__v1__region_list_reply__init(&rs->region_list);
+    for (size_t i = 0; i < n; i++) {
+        Gpucd__V1__RegionInfo *ri = &rs->region_infos[i];
+        gpucd__v1__region_info__init(ri);
+        ri->region_id = rs->summaries[i].id;
+        ri->name = rs->summaries[i].name;
+        ri->size = rs->summaries[i].size;
+        ri->users = rs->summaries[i].users;
+        rs->region_ptrs[i] = ri;
+    }
+    rs->region_list.n_regions = n;
+    rs->region_list.regions = rs->region_ptrs;
+    rs->rep.result_case = GPUCD__V1__REPLY__RESULT_REGION_LIST;
+    rs->rep.region_list = &rs->region_list;
+    return GCD_OK;
+}
+
+/* Records where output slot i of a bound op went, in the reply. */
+static void describe_output(reply_state *rs, const gcd_bound *bound, const gcd_op *op, int i)
+{
+    size_t k = rs->rep.n_outputs;
+    gcd_bound_describe(bound, i, &op->args[i].t, &rs->out_refs[k], &rs->out_regions[k],
+                       &rs->out_inline[k], rs->out_shapes[k]);
+    rs->out_ptrs[k] = &rs->out_refs[k];
+    rs->rep.outputs = rs->out_ptrs;
+    rs->rep.n_outputs = k + 1;
+}
+
+static gcd_status do_tensor_put(const gcd_bind_ctx *ctx, const Gpucd__V1__TensorPut *m,
+                                reply_state *rs, gcd_bound *bound)
+{
+    gcd_daemon *d = ctx->daemon;
+    if (m->src == NULL)
+        return fail(rs, GCD_INVALID_ARGUMENT, "tensor_put: src is required");
+    gcd_op op = {.nargs = 1};
+    const gcd_ref *refs[1] = {m->src};
+    static const char *const names[1] = {"src"};
+    gcd_status st = gcd_bind(ctx, &op, refs, names, bound, rs->why, sizeof rs->why);
+    if (st != GCD_OK)
+        return st;
+    if (gk_tensor_numel(&op.args[0].t) == 0)
+        return fail(rs, GCD_INVALID_ARGUMENT, "tensor_put: src has no elements");
+    gcd_resident *r;
+    st = gcd_residents_create(d->residents, ctx->pipe, ctx->uid, &op.args[0].t, &r, rs->why,
+                              sizeof rs->why);
+    if (st != GCD_OK)
+        return st;
+    gk_err err = {{0}};
+    uint64_t t0 = gcd_now_us();
+    if (d->ops->tensor_write(d->backend, r->t.data, op.args[0].t.data, r->bytes, &err) != 0) {
+        gcd_residents_free(d->residents, ctx->pipe, r->id, NULL, 0);
+        gcd_residents_release(d->residents, r);
+        return fail(rs, GCD_DEVICE_ERROR, "tensor_put: %s", err.msg);
+    }
+    rs->timings.copy_in_us = gcd_now_us() - t0;
+    rs->rep.result_case = GPUCD__V1__REPLY__RESULT_TENSOR_ID;
+    rs->rep.tensor_id = r->id;
+    gcd_residents_release(d->residents, r);
+    return GCD_OK;
+}
+
+static gcd_status do_tensor_get(const gcd_bind_ctx *ctx, const Gpucd__V1__TensorGet *m,
+                                reply_state *rs, gcd_bound *bound)
+{
+    gcd_daemon *d = ctx->daemon;
+    gcd_resident *r;
+    gcd_status st = gcd_residents_acquire(d->residents, ctx->pipe, ctx->uid, m->id, &r, rs->why,
+                                          sizeof rs->why);
+    if (st != GCD_OK)
+        return st;
+    /* The destination says where; by default the reply payload, with the tensor's own shape. */
+    Gpucd__V1__InlineSlice inl = GPUCD__V1__INLINE_SLICE__INIT;
+    Gpucd__V1__TensorRef dflt = GPUCD__V1__TENSOR_REF__INIT;
+    const gcd_ref *dst = m->dst;
+    if (dst == NULL || dst->where_case == GPUCD__V1__TENSOR_REF__WHERE__NOT_SET) {
+        dflt.dtype = (Gpucd__V1__DType)r->t.dtype;
+        dflt.n_shape = (size_t)r->t.ndim;
+        dflt.shape = r->t.shape;
+        dflt.where_case = GPUCD__V1__TENSOR_REF__WHERE_PAYLOAD;
+        dflt.payload = &inl;
+        dst = &dflt;
+    } else if (dst->where_case != GPUCD__V1__TENSOR_REF__WHERE_REGION &&
+               dst->where_case != GPUCD__V1__TENSOR_REF__WHERE_PAYLOAD) {
+        gcd_residents_release(d->residents, r);
+        return fail(rs, GCD_INVALID_ARGUMENT, "tensor_get: dst must be a region or the payload");
+    }
+    gcd_op op = {.nargs = 1, .args = {{.output = 1}}};
+    const gcd_ref *refs[1] = {dst};
+    static const char *const names[1] = {"dst"};
+    st = gcd_bind(ctx, &op, refs, names, bound, rs->why, sizeof rs->why);
+    if (st == GCD_OK && (op.args[0].t.dtype != r->t.dtype ||
+                         gk_tensor_bytes(&op.args[0].t) != (int64_t)r->bytes)) {
+        st = fail(rs, GCD_INVALID_ARGUMENT, "tensor_get: dst dtype or size differs from "
+                                            "resident tensor %" PRIu64 "'s",
+                  m->id);
+    }
+    if (st == GCD_OK) {
+        gk_err err = {{0}};
+        uint64_t t0 = gcd_now_us();
+        pthread_rwlock_rdlock(&r->use);
+        int rc = d->ops->tensor_read(d->backend, op.args[0].t.data, r->t.data, r->bytes, &err);
+        pthread_rwlock_unlock(&r->use);
+        rs->timings.copy_out_us = gcd_now_us() - t0;
+        if (rc != 0)
+            st = fail(rs, GCD_DEVICE_ERROR, "tensor_get: %s", err.msg);
+        else
+            describe_output(rs, bound, &op, 0);
+    }
+    gcd_residents_release(d->residents, r);
+    return st;
+}
+
+/* ---- compute operations ----------------------------------------------------- */
+
+static gcd_status do_compute(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *req,
+                             reply_state *rs, gcd_bound *bound)
+{
+    gcd_daemon *d = ctx->daemon;
+    gcd_op op;
+    const gcd_ref *refs[GCD_OP_MAX_ARGS];
+    gcd_status st = gcd_decode_compute(req, &op, refs, rs->why, sizeof rs->why);
+    if (st != GCD_OK)
+        return st;
+    const gcd_op_desc *desc = &gcd_op_descs[op.kind];
+    st = gcd_bind(ctx, &op, refs, desc->arg_names, bound, rs->why, sizeof rs->why);
+    if (st != GCD_OK)
+        return st;
+    gk_err err = {{0}};
+    int rc = gcd_op_check(&op, &err);
+    if (rc != 0)
+        return fail(rs, gcd_status_from_gk(rc), "%s: %s", desc->name, err.msg);
+    gcd_run_timing t = {0};
+    rc = d->ops->run(d->backend, &op, &t, &err);
+    rs->timings.copy_in_us = t.copy_in_us;
+    rs->timings.compute_us = t.compute_us;
+    rs->timings.copy_out_us = t.copy_out_us;
+    if (rc != 0)
+        return fail(rs, gcd_status_from_gk(rc), "%s: %s", desc->name, err.msg);
+    for (int i = 0; i < op.nargs; i++)
+        if (op.args[i].output && refs[i] != NULL)
+            describe_output(rs, bound, &op, i);
+    return GCD_OK;
+}
+
+/* ---- dispatch --------------------------------------------------------------- */
+
+static gcd_status dispatch(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *req,
+                           reply_state *rs, gcd_bound *bound)
+{
+    gcd_daemon *d = ctx->daemon;
+    switch (req->op_case) {
+    case GPUCD__V1__REQUEST__OP_HELLO:
+        return do_hello(d, rs);
+    case GPUCD__V1__REQUEST__OP_PING:
+        return GCD_OK;
+    case GPUCD__V1__REQUEST__OP_REGION_REGISTER:
+        return do_region_register(ctx, req->region_register, rs);
+    case GPUCD__V1__REQUEST__OP_REGION_UNREGISTER:
+        return gcd_regions_unregister(d->regions, ctx->pipe, req->region_unregister->region_id,
+                                      rs->why, sizeof rs->why);
+    case GPUCD__V1__REQUEST__OP_REGION_LIST:
+        return do_region_list(ctx, rs);
+    case GPUCD__V1__REQUEST__OP_TENSOR_PUT:
+        return do_tensor_put(ctx, req->tensor_put, rs, bound);
+    case GPUCD__V1__REQUEST__OP_TENSOR_GET:
+        return do_tensor_get(ctx, req->tensor_get, rs, bound);
+    case GPUCD__V1__REQUEST__OP_TENSOR_FREE:
+        return gcd_residents_free(d->residents, ctx->pipe, req->tensor_free->id, rs->why,
+                                  sizeof rs->why);
+    case GPUCD__V1__REQUEST__OP_STATS:
+        rs->stats_json = gcd_stats_json(d);
+        if (rs->stats_json == NULL)
+            return fail(rs, GCD_RESOURCE_EXHAUSTED, "out of memory");
+        gpucd__v1__stats_reply__init(&rs->stats);
+        rs->stats.json = rs->stats_json;
+        rs->rep.result_case = GPUCD__V1__REPLY__RESULT_STATS;
+        rs->rep.stats = &rs->stats;
+        return GCD_OK;
+    default:
+        if (gcd_decode_is_compute(req))
+            return do_compute(ctx, req, rs, bound);
+        return fail(rs, GCD_UNKNOWN_OPERATION, "request %" PRIu64 " names no operation this "
+                                               "daemon knows (op field %d)",
+                    req->id, (int)req->op_case);
+    }
+}
+
+static uint32_t peer_uid(nng_pipe p)
+{
+    uint64_t uid;
+    if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &uid) != 0 || uid > UINT32_MAX - 1)
+        return GCD_UID_REMOTE;
+    return (uint32_t)uid;
+}
+
+static nng_msg *reply_pack(reply_state *rs, const uint8_t *payload, size_t payload_len)
+{
+    size_t hlen = gpucd__v1__reply__get_packed_size(&rs->rep);
+    size_t off = wire_payload_offset(hlen);
+    nng_msg *msg;
+    if (nng_msg_alloc(&msg, off + payload_len) != 0)
+        return NULL;
+    uint8_t *body = nng_msg_body(msg);
+    wire_pack_header(body, &rs->rep.base, hlen);
+    if (payload_len > 0)
+        memcpy(body + off, payload, payload_len);
+    return msg;
+}
+
+static void reply_state_free(reply_state *rs)
+{
+    free(rs->summaries);
+    free(rs->region_infos);
+    free(rs->region_ptrs);
+    free(rs->stats_json);
+}
+
+nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int refuse)
+{
+    uint64_t t_start = gcd_now_us();
+    reply_state *rs = calloc(1, sizeof *rs);
+    if (rs == NULL) {
+        nng_msg_free(msg);
+        return NULL;
+    }
+    gpucd__v1__reply__init(&rs->rep);
+    gpucd__v1__timings__init(&rs->timings);
+    rs->kind = GCD_REQ_INVALID;
+    atomic_fetch_add_explicit(&d->stats.bytes_in, nng_msg_len(msg), memory_order_relaxed);
+
+    gcd_bind_ctx ctx = {.daemon = d};
+    nng_pipe pipe = nng_msg_get_pipe(msg);
+    ctx.pipe = (uint32_t)nng_pipe_id(pipe);
+    ctx.uid = peer_uid(pipe);
+    gcd_bound bound;
+    memset(&bound, 0, sizeof bound);
+
+    const uint8_t *header, *payload;
+    size_t header_len, payload_len;
+    const char *why = NULL;
+    Gpucd__V1__Request *req = NULL;
+    gcd_status st;
+    if (wire_split(nng_msg_body(msg), nng_msg_len(msg), &header, &header_len, &payload,
+                   &payload_len, &why) != 0) {
+        st = fail(rs, GCD_BAD_MESSAGE, "%s", why);
+    } else if ((req = gpucd__v1__request__unpack(NULL, header_len, header)) == NULL) {
+        st = fail(rs, GCD_BAD_MESSAGE, "the request header is not a valid gpucd.v1.Request");
+    } else {
+        rs->rep.id = req->id;
+        ctx.payload = payload;
+        ctx.payload_len = payload_len;
+        if (req->version != GPUCD__V1__VERSION__VERSION_CURRENT) {
+            st = fail(rs, GCD_VERSION_MISMATCH, "protocol version %d is not served; this "
+                                                "daemon speaks version %d",
+                      (int)req->version, (int)GPUCD__V1__VERSION__VERSION_CURRENT);
+        } else {
+            rs->kind = kind_of(req);
+            if (refuse)
+                st = fail(rs, GCD_UNAVAILABLE, "the daemon is shutting down");
+            else
+                st = dispatch(&ctx, req, rs, &bound);
+        }
+    }
+
+    rs->rep.status = st;
+    if (st != GCD_OK) {
+        rs->rep.message = rs->why;
+        rs->rep.n_outputs = 0;
+        rs->rep.result_case = GPUCD__V1__REPLY__RESULT__NOT_SET;
+        gcd_log_debug("request %" PRIu64 " (%s) failed: %s: %s", rs->rep.id,
+                      gcd_req_kind_name(rs->kind), gcd_status_name(st), rs->why);
+    }
+    uint64_t now = gcd_now_us();
+    rs->timings.queue_us = t_start - t_recv;
+    rs->timings.total_us = now - t_recv;
+    rs->rep.timings = &rs->timings;
+    nng_msg *rep = reply_pack(rs, st == GCD_OK ? bound.out_payload : NULL,
+                              st == GCD_OK ? bound.out_payload_len : 0);
+
+    gcd_unbind(&ctx, &bound, st == GCD_OK);
+    if (req != NULL)
+        gpucd__v1__request__free_unpacked(req, NULL);
+    nng_msg_free(msg);
+
+    gcd_stats *s = &d->stats;
+    gcd_stats_count(s, rs->kind, st);
+    gcd_stats_observe(s, rs->kind, GCD_PHASE_QUEUE, rs->timings.queue_us);
+    gcd_stats_observe(s, rs->kind, GCD_PHASE_COPY_IN, rs->timings.copy_in_us);
+    gcd_stats_observe(s, rs->kind, GCD_PHASE_COMPUTE, rs->timings.compute_us);
+    gcd_stats_observe(s, rs->kind, GCD_PHASE_COPY_OUT, rs->timings.copy_out_us);
+    gcd_stats_observe(s, rs->kind, GCD_PHASE_TOTAL, rs->timings.total_us);
+    if (rep != NULL)
+        atomic_fetch_add_explicit(&s->bytes_out, nng_msg_len(rep), memory_order_relaxed);
+    reply_state_free(rs);
+    free(rs);
+    return rep;
+}

@@ -1,0 +1,21 @@
+/* request.h - one request message in, one reply message out. */
+#ifndef GCD_REQUEST_H
+#define GCD_REQUEST_H
+
+#include <nng/nng.h>
+#include <stdint.h>
+
+#include "daemon.h"
+
+/*
+ * Handles req (consumed) and returns the reply, or NULL only when not even an
+ * error reply could be allocated.  t_recv is when the message arrived; the
+ * difference to now is the request's queue time.  When refuse is true the
+ * request is answered UNAVAILABLE without being run (the daemon is draining).
+ */
+nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *req, uint64_t t_recv, int refuse);
+
+/* Formats the daemon's counters as one JSON object; the caller frees it. */
+char *gcd_stats_json(gcd_daemon *d);
+
+#endif

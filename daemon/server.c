@@ -1,0 +1,265 @@
+/* server.c - see server.h. */
+#include "server.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "log.h"
+#include "request.h"
+
+typedef enum slot_state {
+    SLOT_RECV,    /* waiting in nng for a request */
+    SLOT_QUEUED,  /* handed to the loop, waiting for a worker */
+    SLOT_SEND,    /* reply handed to nng */
+    SLOT_STOPPED, /* the socket is closed */
+} slot_state;
+
+/* One nng context and the request it is serving. */
+typedef struct server_slot {
+    struct gcd_server *srv;
+    nng_ctx ctx;
+    nng_aio *aio;
+    uv_work_t work;
+    nng_msg *msg;
+    nng_msg *reply;
+    uint64_t t_recv;
+    slot_state state;
+    struct server_slot *next; /* in the inbox */
+} server_slot;
+
+struct gcd_server {
+    gcd_daemon *d;
+    uv_loop_t *loop;
+    nng_socket sock;
+    nng_listener listeners[GCD_MAX_LISTEN];
+    int nlisteners;
+    server_slot *slots;
+    uint32_t nslots;
+    pthread_mutex_t inbox_lock;
+    server_slot *inbox_head, *inbox_tail;
+    uv_async_t inbox_async;
+    atomic_int busy; /* slots between receiving a request and its reply going out */
+    atomic_int refuse;
+    uv_timer_t drain_timer;
+    void (*drain_done)(void *arg);
+    void *drain_arg;
+};
+
+static void slot_recv(server_slot *slot)
+{
+    slot->state = SLOT_RECV;
+    nng_ctx_recv(slot->ctx, slot->aio);
+}
+
+/* nng thread: a receive or a send finished.  Never blocks. */
+static void slot_aio_done(void *arg)
+{
+    server_slot *slot = arg;
+    gcd_server *srv = slot->srv;
+    int rv = nng_aio_result(slot->aio);
+    if (slot->state == SLOT_SEND) {
+        if (rv != 0) { /* the client went away: its reply has nowhere to go */
+            nng_msg_free(nng_aio_get_msg(slot->aio));
+            gcd_log_debug("reply not delivered: %s", nng_strerror(rv));
+        }
+        atomic_fetch_sub(&srv->busy, 1);
+        slot_recv(slot);
+        return;
+    }
+    if (rv == NNG_ECLOSED || rv == NNG_ECANCELED) {
+        slot->state = SLOT_STOPPED;
+        return;
+    }
+    if (rv != 0) {
+        gcd_log_warn("receive failed: %s", nng_strerror(rv));
+        slot_recv(slot);
+        return;
+    }
+    slot->msg = nng_aio_get_msg(slot->aio);
+    slot->t_recv = gcd_now_us();
+    slot->state = SLOT_QUEUED;
+    slot->next = NULL;
+    atomic_fetch_add(&srv->busy, 1);
+    atomic_fetch_add_explicit(&srv->d->stats.queued, 1, memory_order_relaxed);
+    pthread_mutex_lock(&srv->inbox_lock);
+    if (srv->inbox_tail != NULL)
+        srv->inbox_tail->next = slot;
+    else
+        srv->inbox_head = slot;
+    srv->inbox_tail = slot;
+    pthread_mutex_unlock(&srv->inbox_lock);
+    uv_async_send(&srv->inbox_async);
+}
+
+/* Worker thread: the request itself. */
+static void slot_work(uv_work_t *work)
+{
+    server_slot *slot = work->data;
+    gcd_server *srv = slot->srv;
+    gcd_stats *st = &srv->d->stats;
+    atomic_fetch_sub_explicit(&st->queued, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&st->inflight, 1, memory_order_relaxed);
+    slot->reply = gcd_request_handle(srv->d, slot->msg, slot->t_recv, atomic_load(&srv->refuse));
+    slot->msg = NULL;
+    atomic_fetch_sub_explicit(&st->inflight, 1, memory_order_relaxed);
+}
+
+/* Loop thread: send the reply. */
+static void slot_work_done(uv_work_t *work, int status)
+{
+    server_slot *slot = work->data;
+    if (slot->reply == NULL) { /* out of memory even for an error reply */
+        gcd_log_error("no memory for a reply; the client will time out");
+        atomic_fetch_sub(&slot->srv->busy, 1);
+        slot_recv(slot);
+        return;
+    }
+    slot->state = SLOT_SEND;
+    nng_aio_set_msg(slot->aio, slot->reply);
+    slot->reply = NULL;
+    nng_ctx_send(slot->ctx, slot->aio);
+}
+
+/* Loop thread: queue what arrived. */
+static void inbox_drain(uv_async_t *async)
+{
+    gcd_server *srv = async->data;
+    pthread_mutex_lock(&srv->inbox_lock);
+    server_slot *slot = srv->inbox_head;
+    srv->inbox_head = srv->inbox_tail = NULL;
+    pthread_mutex_unlock(&srv->inbox_lock);
+    while (slot != NULL) {
+        server_slot *next = slot->next;
+        slot->work.data = slot;
+        uv_queue_work(srv->loop, &slot->work, slot_work, slot_work_done);
+        slot = next;
+    }
+}
+
+/* nng thread: connections come and go; a departed client's regions and tensors go too. */
+static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    gcd_daemon *d = arg;
+    uint32_t id = (uint32_t)nng_pipe_id(p);
+    if (ev == NNG_PIPE_EV_ADD_POST) {
+        atomic_fetch_add(&d->stats.clients, 1);
+        gcd_log_debug("client %u connected", id);
+    } else if (ev == NNG_PIPE_EV_REM_POST) {
+        atomic_fetch_sub(&d->stats.clients, 1);
+        gcd_regions_drop_owner(d->regions, id);
+        gcd_residents_drop_owner(d->residents, id);
+        gcd_log_debug("client %u disconnected", id);
+    }
+}
+
+static int server_listen(gcd_server *srv, const char *url, char *err, size_t errlen)
+{
+    nng_listener l;
+    int rv = nng_listener_create(&l, srv->sock, url);
+    if (rv == 0 && strncmp(url, "ipc://", 6) == 0)
+        rv = nng_listener_set_int(l, NNG_OPT_IPC_PERMISSIONS, 0600);
+    if (rv == 0)
+        rv = nng_listener_start(l, 0);
+    if (rv != 0) {
+        snprintf(err, errlen, "cannot listen on %s: %s", url, nng_strerror(rv));
+        return -1;
+    }
+    srv->listeners[srv->nlisteners++] = l;
+    gcd_log_info("listening on %s", url);
+    return 0;
+}
+
+int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err, size_t errlen)
+{
+    gcd_server *srv = calloc(1, sizeof *srv);
+    if (srv == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    srv->d = d;
+    srv->loop = loop;
+    srv->nslots = d->cfg.max_inflight;
+    pthread_mutex_init(&srv->inbox_lock, NULL);
+    int rv = nng_rep0_open(&srv->sock);
+    if (rv != 0) {
+        snprintf(err, errlen, "cannot open the socket: %s", nng_strerror(rv));
+        free(srv);
+        return -1;
+    }
+    /* Oversize messages are dropped by the transport before anything decodes them. */
+    nng_socket_set_size(srv->sock, NNG_OPT_RECVMAXSZ, (size_t)(d->cfg.max_message_mb << 20));
+    nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_POST, pipe_event, d);
+    nng_pipe_notify(srv->sock, NNG_PIPE_EV_REM_POST, pipe_event, d);
+    uv_async_init(loop, &srv->inbox_async, inbox_drain);
+    srv->inbox_async.data = srv;
+    uv_timer_init(loop, &srv->drain_timer);
+    srv->drain_timer.data = srv;
+    srv->slots = calloc(srv->nslots, sizeof *srv->slots);
+    if (srv->slots == NULL) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    for (uint32_t i = 0; i < srv->nslots; i++) {
+        server_slot *slot = &srv->slots[i];
+        slot->srv = srv;
+        slot->state = SLOT_STOPPED;
+        if ((rv = nng_ctx_open(&slot->ctx, srv->sock)) != 0 ||
+            (rv = nng_aio_alloc(&slot->aio, slot_aio_done, slot)) != 0) {
+            snprintf(err, errlen, "cannot open context %u: %s", i, nng_strerror(rv));
+            goto fail;
+        }
+    }
+    for (int i = 0; i < d->cfg.nlisten; i++)
+        if (server_listen(srv, d->cfg.listen[i], err, errlen) != 0)
+            goto fail;
+    for (uint32_t i = 0; i < srv->nslots; i++)
+        slot_recv(&srv->slots[i]);
+    *out = srv;
+    return 0;
+fail:
+    nng_close(srv->sock);
+    gcd_server_free(srv);
+    uv_run(loop, UV_RUN_NOWAIT); /* let the closed handles finish */
+    return -1;
+}
+
+static void drain_poll(uv_timer_t *timer)
+{
+    gcd_server *srv = timer->data;
+    if (atomic_load(&srv->busy) != 0)
+        return;
+    uv_timer_stop(timer);
+    nng_close(srv->sock);
+    gcd_log_info("drained: every request answered");
+    srv->drain_done(srv->drain_arg);
+}
+
+void gcd_server_drain(gcd_server *s, void (*done)(void *arg), void *arg)
+{
+    atomic_store(&s->refuse, 1);
+    for (int i = 0; i < s->nlisteners; i++)
+        nng_listener_close(s->listeners[i]);
+    s->drain_done = done;
+    s->drain_arg = arg;
+    uv_timer_start(&s->drain_timer, drain_poll, 0, 2);
+}
+
+void gcd_server_free(gcd_server *s)
+{
+    if (s->slots != NULL) {
+        for (uint32_t i = 0; i < s->nslots; i++)
+            if (s->slots[i].aio != NULL)
+                nng_aio_free(s->slots[i].aio); /* waits for a callback still running */
+        free(s->slots);
+    }
+    uv_close((uv_handle_t *)&s->inbox_async, NULL);
+    uv_close((uv_handle_t *)&s->drain_timer, NULL);
+    uv_run(s->loop, UV_RUN_NOWAIT);
+    pthread_mutex_destroy(&s->inbox_lock);
+    free(s);
+}

@@ -1,0 +1,30 @@
+/*
+ * server.h - the request path: one nng REP socket served by --max-inflight
+ * contexts.  nng's aio callbacks never block: a received request is handed to
+ * the libuv loop, which queues it on libuv's worker pool; the reply is sent
+ * from the loop when the work is done.
+ */
+#ifndef GCD_SERVER_H
+#define GCD_SERVER_H
+
+#include <stddef.h>
+#include <uv.h>
+
+#include "daemon.h"
+
+typedef struct gcd_server gcd_server;
+
+/* Opens the socket, listens on every configured URL and starts receiving. */
+int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err, size_t errlen);
+
+/*
+ * Stops accepting connections, refuses requests not yet started, lets the ones
+ * running finish and their replies go out, then closes the socket and calls
+ * done on the loop thread.
+ */
+void gcd_server_drain(gcd_server *s, void (*done)(void *arg), void *arg);
+
+/* Frees everything; call after the loop has stopped. */
+void gcd_server_free(gcd_server *s);
+
+#endif

@@ -1,0 +1,75 @@
+/*
+ * stats.h - every counter the daemon keeps, for the stats operation, /metrics
+ * and /stats.  Counting never takes a lock: relaxed atomics only, so the
+ * request path pays a few uncontended increments.
+ */
+#ifndef GCD_STATS_H
+#define GCD_STATS_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "status.h"
+
+/* Request kinds as counted: one per wire operation, plus malformed/unknown ones. */
+typedef enum gcd_req_kind {
+    GCD_REQ_HELLO,
+    GCD_REQ_PING,
+    GCD_REQ_REGION_REGISTER,
+    GCD_REQ_REGION_UNREGISTER,
+    GCD_REQ_REGION_LIST,
+    GCD_REQ_TENSOR_PUT,
+    GCD_REQ_TENSOR_GET,
+    GCD_REQ_TENSOR_FREE,
+    GCD_REQ_STATS,
+    GCD_REQ_CONV2D_FORWARD,
+    GCD_REQ_CONV2D_BACKWARD,
+    GCD_REQ_MULTIHOT_ENCODE,
+    GCD_REQ_EMBEDDING_FORWARD,
+    GCD_REQ_EMBEDDING_BACKWARD,
+    GCD_REQ_LINEAR_CROSS_ENTROPY,
+    GCD_REQ_NMMO3_ENCODE,
+    GCD_REQ_INVALID, /* undecodable, wrong version or unknown operation */
+    GCD_REQ_KIND_COUNT,
+} gcd_req_kind;
+
+const char *gcd_req_kind_name(gcd_req_kind k);
+
+/* The phases of a request whose latency is kept as a histogram. */
+typedef enum gcd_phase {
+    GCD_PHASE_QUEUE,
+    GCD_PHASE_COPY_IN,
+    GCD_PHASE_COMPUTE,
+    GCD_PHASE_COPY_OUT,
+    GCD_PHASE_TOTAL,
+    GCD_PHASE_COUNT,
+} gcd_phase;
+
+const char *gcd_phase_name(gcd_phase p);
+
+/* Upper bounds (seconds) of the histogram buckets; the last bucket is +Inf. */
+enum { GCD_HIST_BUCKETS = 20 };
+extern const double gcd_hist_bounds[GCD_HIST_BUCKETS - 1];
+
+typedef struct gcd_hist {
+    atomic_uint_fast64_t bucket[GCD_HIST_BUCKETS]; /* not cumulative */
+    atomic_uint_fast64_t sum_us;
+    atomic_uint_fast64_t count;
+} gcd_hist;
+
+typedef struct gcd_stats {
+    atomic_uint_fast64_t requests[GCD_REQ_KIND_COUNT][GCD_STATUS_COUNT];
+    gcd_hist latency[GCD_REQ_KIND_COUNT][GCD_PHASE_COUNT];
+    atomic_int_fast64_t inflight;  /* being worked on */
+    atomic_int_fast64_t queued;    /* received, waiting for a worker */
+    atomic_uint_fast64_t bytes_in, bytes_out;
+    atomic_int_fast64_t clients;
+    atomic_uint_fast64_t batches, batch_rows;
+    uint64_t start_us;
+} gcd_stats;
+
+void gcd_stats_init(gcd_stats *s);
+void gcd_stats_observe(gcd_stats *s, gcd_req_kind k, gcd_phase p, uint64_t us);
+void gcd_stats_count(gcd_stats *s, gcd_req_kind k, gcd_status status);
+
+#endif

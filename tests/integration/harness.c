@@ -1,0 +1,213 @@
+/* harness.c - see harness.h. */
+#include "harness.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gk_bf16.h"
+
+const char *th_daemon_exe;
+static uint64_t th_state;
+
+static void th_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void th_die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "harness: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(1);
+}
+
+uint64_t th_rand_u64(void)
+{
+    /* splitmix64: fast, good enough for test data, reproducible from the seed */
+    uint64_t z = (th_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void th_init(int argc, char **argv)
+{
+    if (argc < 2)
+        th_die("usage: %s PATH_TO_GPUCD", argv[0]);
+    th_daemon_exe = argv[1];
+    const char *seed = getenv("GPUCD_TEST_SEED");
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    th_state = seed != NULL ? strtoull(seed, NULL, 0)
+                            : (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^
+                                  ((uint64_t)getpid() << 40);
+    fprintf(stderr, "seed: GPUCD_TEST_SEED=%llu\n", (unsigned long long)th_state);
+}
+
+static int free_tcp_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &len) != 0)
+        th_die("cannot find a free port: %s", strerror(errno));
+    int port = ntohs(sa.sin_port);
+    close(fd);
+    return port;
+}
+
+void th_daemon_start(th_daemon *d, const char *const *extra)
+{
+    memset(d, 0, sizeof *d);
+    snprintf(d->dir, sizeof d->dir, "/tmp/gpucd-test-XXXXXX");
+    if (mkdtemp(d->dir) == NULL)
+        th_die("mkdtemp: %s", strerror(errno));
+    snprintf(d->ipc_url, sizeof d->ipc_url, "ipc://%s/gpucd.sock", d->dir);
+    snprintf(d->tcp_url, sizeof d->tcp_url, "tcp://127.0.0.1:%d", free_tcp_port());
+    snprintf(d->log_path, sizeof d->log_path, "%s/gpucd.log", d->dir);
+    const char *argv[64] = {th_daemon_exe, "--listen", d->ipc_url, "--listen", d->tcp_url,
+                            "--stats-listen", "none", "--log-level", "debug"};
+    int argc = 9;
+    const char *backend = getenv("GPUCD_TEST_BACKEND");
+    if (backend != NULL) {
+        argv[argc++] = "--backend";
+        argv[argc++] = backend;
+    } else {
+        argv[argc++] = "--backend";
+        argv[argc++] = "cpu";
+    }
+    for (int i = 0; extra != NULL && extra[i] != NULL && argc < 62; i++)
+        argv[argc++] = extra[i];
+    argv[argc] = NULL;
+    pid_t pid = fork();
+    if (pid < 0)
+        th_die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        int fd = open(d->log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd >= 0) {
+            dup2(fd, STDERR_FILENO);
+            dup2(fd, STDOUT_FILENO);
+        }
+        execv(th_daemon_exe, (char *const *)argv);
+        _exit(127);
+    }
+    d->pid = pid;
+    /* Ready when it answers a ping on both URLs; a daemon that died is a failure. */
+    for (int tries = 0; tries < 1000; tries++) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            th_daemon_dump_log(d);
+            th_die("the daemon exited during start (status %d)", status);
+        }
+        gpucd_options o;
+        gpucd_options_init(&o);
+        o.timeout_ms = 1000;
+        gpucd_client *a = NULL, *b = NULL;
+        int ok = gpucd_connect(d->ipc_url, &o, &a) == 0 && gpucd_ping(a, NULL) == 0 &&
+                 gpucd_connect(d->tcp_url, &o, &b) == 0 && gpucd_ping(b, NULL) == 0;
+        gpucd_close(a);
+        gpucd_close(b);
+        if (ok)
+            return;
+        usleep(10000);
+    }
+    th_daemon_dump_log(d);
+    th_die("the daemon did not answer within 10 s");
+}
+
+int th_daemon_stop(th_daemon *d)
+{
+    if (d->pid <= 0)
+        return -1;
+    kill(d->pid, SIGTERM);
+    int status = 0;
+    for (int i = 0; i < 2000; i++) { /* 20 s */
+        pid_t r = waitpid(d->pid, &status, WNOHANG);
+        if (r == d->pid)
+            break;
+        if (i == 1999) {
+            th_daemon_dump_log(d);
+            kill(d->pid, SIGKILL);
+            waitpid(d->pid, &status, 0);
+            d->pid = 0;
+            return -1000;
+        }
+        usleep(10000);
+    }
+    d->pid = 0;
+    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+    if (rc != 0)
+        th_daemon_dump_log(d);
+    unlink(d->log_path);
+    char sock[300];
+    snprintf(sock, sizeof sock, "%s/gpucd.sock", d->dir);
+    unlink(sock);
+    rmdir(d->dir);
+    return rc;
+}
+
+void th_daemon_dump_log(const th_daemon *d)
+{
+    FILE *f = fopen(d->log_path, "r");
+    if (f == NULL)
+        return;
+    char line[1024];
+    fprintf(stderr, "---- daemon log %s ----\n", d->log_path);
+    while (fgets(line, sizeof line, f) != NULL)
+        fputs(line, stderr);
+    fprintf(stderr, "---- end of daemon log ----\n");
+    fclose(f);
+}
+
+gpucd_client *th_connect(const char *url)
+{
+    gpucd_client *c;
+    gpucd_options o;
+    gpucd_options_init(&o);
+    o.timeout_ms = 60000;
+    int rc = gpucd_connect(url, &o, &c);
+    if (rc != 0)
+        th_die("connect %s: %s: %s", url, gpucd_strerror(rc), gpucd_errmsg(NULL));
+    return c;
+}
+
+static float th_uniform(void) { return (float)((double)(th_rand_u64() >> 11) * 0x1p-53 * 2.0 - 1.0); }
+
+void th_fill_f32(float *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = th_uniform();
+}
+
+void th_fill_bf16(uint16_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = gk_f32_to_bf16(th_uniform());
+}
+
+void th_fill_nmmo3_obs(uint8_t *obs, size_t batch)
+{
+    static const int factors[10] = {4, 4, 17, 5, 3, 5, 5, 5, 7, 4};
+    for (size_t b = 0; b < batch; b++) {
+        uint8_t *o = obs + b * 1707;
+        for (int t = 0; t < 11 * 15; t++)
+            for (int f = 0; f < 10; f++)
+                o[t * 10 + f] = (uint8_t)(th_rand_u64() % (uint64_t)factors[f]);
+        for (int i = 0; i < 47; i++)
+            o[1650 + i] = (uint8_t)(th_rand_u64() % 128);
+        for (int i = 0; i < 10; i++)
+            o[1697 + i] = i < 9 ? (uint8_t)(th_rand_u64() % 256) : 0;
+    }
+}

@@ -1,0 +1,52 @@
+/*
+ * harness.h - starts a real gpucd for a test and stops it, plus random data.
+ *
+ * Each test program gets the daemon's path as argv[1] (from ctest), starts its
+ * own daemon on a fresh ipc:// path in a private temporary folder and on a
+ * free tcp:// loopback port, and stops it with SIGTERM at the end, checking
+ * that it exited 0.
+ */
+#ifndef TH_HARNESS_H
+#define TH_HARNESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "gpucd.h"
+
+typedef struct th_daemon {
+    pid_t pid;
+    char dir[128];
+    char ipc_url[256];
+    char tcp_url[64];
+    char log_path[200];
+} th_daemon;
+
+/* The daemon executable, set by th_init from argv[1]. */
+extern const char *th_daemon_exe;
+
+/* Reads argv (argv[1]: the daemon) and seeds the random generator (printed). */
+void th_init(int argc, char **argv);
+
+/* Starts a daemon with extra flags (NULL-terminated, may be NULL); waits until it answers. */
+void th_daemon_start(th_daemon *d, const char *const *extra);
+/* SIGTERM; waits; returns the exit status (or -signal). */
+int th_daemon_stop(th_daemon *d);
+/* Prints the daemon's log (for a failing test). */
+void th_daemon_dump_log(const th_daemon *d);
+
+gpucd_client *th_connect(const char *url);
+
+/* Uniform in [-1, 1); never all zeros. */
+void th_fill_f32(float *p, size_t n);
+void th_fill_bf16(uint16_t *p, size_t n);
+/* Valid NMMO3 observations (1707 bytes each). */
+void th_fill_nmmo3_obs(uint8_t *obs, size_t batch);
+uint64_t th_rand_u64(void);
+
+/* Shorthand for a tensor shape. */
+#define TH_SHAPE(...) ((const int64_t[]){__VA_ARGS__})
+#define TH_NDIM(...) ((int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
+
+#endif
