@@ -156,6 +156,9 @@ void gk_lce_defaults(gk_lce *p);
  * dE (N, D), dC (V, D), dbias (V) optional, each f32 or the input dtype
  * (accumulated in fp32 either way).  Mean divides by the count of non-ignored
  * rows (a loss of 0 and zero gradients when there are none).
+ * loss is required, dbias needs bias, shift and tf32 are 0 or 1, and no output
+ * may share bytes with another tensor.  Kernels check every element of
+ * targets (targets[0] too under shift) before writing any output.
  */
 int gk_lce_check(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk_tensor *bias,
                  const gk_tensor *targets, const gk_tensor *loss, const gk_tensor *lse,
