@@ -381,8 +381,13 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
     const char *why = NULL;
     Gpucd__V1__Request *req = NULL;
     gcd_status st;
-    if (wire_split(nng_msg_body(msg), nng_msg_len(msg), &header, &header_len, &payload,
-                   &payload_len, &why) != 0) {
+    uint64_t limit = d->cfg.max_message_mb << 20;
+    if (nng_msg_len(msg) > limit) {
+        st = fail(rs, GCD_RESOURCE_EXHAUSTED, "a message of %zu bytes exceeds the daemon's "
+                                              "--max-message-mb %" PRIu64,
+                  nng_msg_len(msg), d->cfg.max_message_mb);
+    } else if (wire_split(nng_msg_body(msg), nng_msg_len(msg), &header, &header_len, &payload,
+                          &payload_len, &why) != 0) {
         st = fail(rs, GCD_BAD_MESSAGE, "%s", why);
     } else if ((req = gpucd__v1__request__unpack(NULL, header_len, header)) == NULL) {
         st = fail(rs, GCD_BAD_MESSAGE, "the request header is not a valid gpucd.v1.Request");

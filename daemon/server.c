@@ -12,6 +12,9 @@
 #include "log.h"
 #include "request.h"
 
+/* How far past --max-message-mb a message still gets an error reply. */
+enum { GCD_OVERSIZE_SLACK = 1 << 20 };
+
 typedef enum slot_state {
     SLOT_RECV,    /* waiting in nng for a request */
     SLOT_QUEUED,  /* handed to the loop, waiting for a worker */
@@ -191,8 +194,19 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
         free(srv);
         return -1;
     }
-    /* Oversize messages are dropped by the transport before anything decodes them. */
-    nng_socket_set_size(srv->sock, NNG_OPT_RECVMAXSZ, (size_t)(d->cfg.max_message_mb << 20));
+    /*
+     * Far oversize messages are dropped by the transport (which closes that
+     * connection) before anything reads them; within the slack above the limit
+     * the request path answers with an error naming the limit instead.
+     */
+    rv = nng_socket_set_size(srv->sock, NNG_OPT_RECVMAXSZ,
+                             (size_t)(d->cfg.max_message_mb << 20) + GCD_OVERSIZE_SLACK);
+    if (rv != 0) {
+        snprintf(err, errlen, "cannot set the message size limit: %s", nng_strerror(rv));
+        nng_close(srv->sock);
+        free(srv);
+        return -1;
+    }
     nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_POST, pipe_event, d);
     nng_pipe_notify(srv->sock, NNG_PIPE_EV_REM_POST, pipe_event, d);
     uv_async_init(loop, &srv->inbox_async, inbox_drain);

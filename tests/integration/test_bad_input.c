@@ -1,0 +1,463 @@
+/*
+ * test_bad_input.c - one test per class of hostile input.  Each request is
+ * built by hand on a bare socket, must get an error reply with the right
+ * status and a message naming the problem, and the daemon must still answer
+ * a ping afterwards.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "raw.h"
+
+static th_daemon daemon_;
+static th_raw raw_;
+
+/* Asserts the reply's status and that its message contains `needle`. */
+static void expect(Gpucd__V1__Reply *rep, Gpucd__V1__Status status, const char *needle)
+{
+    assert_non_null(rep);
+    if ((Gpucd__V1__Status)rep->status != status || rep->message == NULL ||
+        strstr(rep->message, needle) == NULL) {
+        fail_msg("got status %d '%s', expected %d with '%s'", (int)rep->status,
+                 rep->message ? rep->message : "", (int)status, needle);
+    }
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+}
+
+static void expect_ping(void)
+{
+    Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
+    Gpucd__V1__Ping ping = GPUCD__V1__PING__INIT;
+    req.op_case = GPUCD__V1__REQUEST__OP_PING;
+    req.ping = &ping;
+    Gpucd__V1__Reply *rep = th_raw_call(&raw_, &req, NULL, 0);
+    assert_non_null(rep);
+    assert_int_equal(rep->status, GPUCD__V1__STATUS__OK);
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+}
+
+/* A tensor reference; the shape array must outlive the request. */
+typedef struct ref {
+    Gpucd__V1__TensorRef t;
+    Gpucd__V1__RegionSlice region;
+    Gpucd__V1__InlineSlice inl;
+    int64_t shape[12];
+} ref;
+
+static Gpucd__V1__TensorRef *ref_region(ref *r, Gpucd__V1__DType dt, uint64_t region,
+                                        uint64_t offset, int ndim, const int64_t *shape)
+{
+    gpucd__v1__tensor_ref__init(&r->t);
+    gpucd__v1__region_slice__init(&r->region);
+    r->t.dtype = dt;
+    memcpy(r->shape, shape, (size_t)ndim * sizeof *shape);
+    r->t.n_shape = (size_t)ndim;
+    r->t.shape = r->shape;
+    r->region.region_id = region;
+    r->region.offset = offset;
+    r->t.where_case = GPUCD__V1__TENSOR_REF__WHERE_REGION;
+    r->t.region = &r->region;
+    return &r->t;
+}
+
+static Gpucd__V1__TensorRef *ref_payload(ref *r, Gpucd__V1__DType dt, uint64_t offset, int ndim,
+                                         const int64_t *shape)
+{
+    gpucd__v1__tensor_ref__init(&r->t);
+    gpucd__v1__inline_slice__init(&r->inl);
+    r->t.dtype = dt;
+    memcpy(r->shape, shape, (size_t)ndim * sizeof *shape);
+    r->t.n_shape = (size_t)ndim;
+    r->t.shape = r->shape;
+    r->inl.offset = offset;
+    r->t.where_case = GPUCD__V1__TENSOR_REF__WHERE_PAYLOAD;
+    r->t.payload = &r->inl;
+    return &r->t;
+}
+
+/* A registered region of 1 MiB for this socket. */
+static uint64_t region_id_;
+static uint8_t *region_base_;
+enum { REGION_SIZE = 1 << 20 };
+
+/* conv2d_forward x (2,3,8,8) w (4,3,3,3) y (2,4,6,6), all in the region unless overridden. */
+typedef struct conv_req {
+    Gpucd__V1__Request req;
+    Gpucd__V1__Conv2dForward op;
+    Gpucd__V1__Conv2dParams params;
+    ref x, w, y;
+} conv_req;
+
+static void conv_req_init(conv_req *c)
+{
+    gpucd__v1__request__init(&c->req);
+    gpucd__v1__conv2d_forward__init(&c->op);
+    gpucd__v1__conv2d_params__init(&c->params);
+    c->params.stride_h = c->params.stride_w = 1;
+    c->op.params = &c->params;
+    c->op.x = ref_region(&c->x, GPUCD__V1__DTYPE__F32, region_id_, 0, 4, TH_SHAPE(2, 3, 8, 8));
+    c->op.w = ref_region(&c->w, GPUCD__V1__DTYPE__F32, region_id_, 4096, 4, TH_SHAPE(4, 3, 3, 3));
+    c->op.y = ref_region(&c->y, GPUCD__V1__DTYPE__F32, region_id_, 8192, 4, TH_SHAPE(2, 4, 6, 6));
+    c->req.op_case = GPUCD__V1__REQUEST__OP_CONV2D_FORWARD;
+    c->req.conv2d_forward = &c->op;
+    th_fill_f32((float *)region_base_, 8192 / 4);
+}
+
+static void test_valid_request_passes(void **state)
+{
+    conv_req c;
+    conv_req_init(&c);
+    Gpucd__V1__Reply *rep = th_raw_call(&raw_, &c.req, NULL, 0);
+    assert_non_null(rep);
+    if (rep->status != 0)
+        fail_msg("the valid template failed: %s", rep->message);
+    assert_int_equal(rep->n_outputs, 1);
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+}
+
+static void test_malformed_bytes(void **state)
+{
+    int err;
+    expect(th_raw_send_bytes(&raw_, "hello", 5, &err), GPUCD__V1__STATUS__BAD_MESSAGE,
+           "prefix");
+    expect(th_raw_send_bytes(&raw_, "XXXX\x04\0\0\0abcd", 12, &err),
+           GPUCD__V1__STATUS__BAD_MESSAGE, "magic");
+    expect(th_raw_send_bytes(&raw_, "GPCD\xff\xff\0\0abcd", 12, &err),
+           GPUCD__V1__STATUS__BAD_MESSAGE, "header length");
+    /* A header that is not a protobuf message: a field with a truncated length. */
+    uint8_t junk[64 + 8] = {'G', 'P', 'C', 'D', 6, 0, 0, 0, 0x12, 0x7f, 0xff, 0xff, 0xff, 0x0f};
+    expect(th_raw_send_bytes(&raw_, junk, 14, &err), GPUCD__V1__STATUS__BAD_MESSAGE,
+           "not a valid");
+    for (int i = 0; i < 50; i++) { /* random garbage after a valid prefix */
+        uint8_t buf[72] = {'G', 'P', 'C', 'D', 64, 0, 0, 0};
+        for (int k = 8; k < 72; k++)
+            buf[k] = (uint8_t)th_rand_u64();
+        Gpucd__V1__Reply *rep = th_raw_send_bytes(&raw_, buf, sizeof buf, &err);
+        assert_non_null(rep);
+        assert_int_not_equal(rep->status, GPUCD__V1__STATUS__OK);
+        gpucd__v1__reply__free_unpacked(rep, NULL);
+    }
+    expect_ping();
+}
+
+static void test_unknown_operation(void **state)
+{
+    Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
+    expect(th_raw_call(&raw_, &req, NULL, 0), GPUCD__V1__STATUS__UNKNOWN_OPERATION,
+           "no operation");
+    /* Field 99 (an operation from the future) is an unknown field to this daemon. */
+    uint8_t buf[64] = {'G', 'P', 'C', 'D', 9, 0, 0, 0, 0x08, 0x01, 0x10, 0x05, 0x9a, 0x06, 0x02,
+                       0x08, 0x01};
+    int err;
+    expect(th_raw_send_bytes(&raw_, buf, 17, &err), GPUCD__V1__STATUS__UNKNOWN_OPERATION,
+           "no operation");
+    expect_ping();
+}
+
+static void test_wrong_version(void **state)
+{
+    Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
+    Gpucd__V1__Ping ping = GPUCD__V1__PING__INIT;
+    req.op_case = GPUCD__V1__REQUEST__OP_PING;
+    req.ping = &ping;
+    req.version = 7;
+    expect(th_raw_call(&raw_, &req, NULL, 0), GPUCD__V1__STATUS__VERSION_MISMATCH, "version 7");
+    expect_ping();
+}
+
+static void test_oversize_message(void **state)
+{
+    /* The daemon runs with --max-message-mb 2.  Just over: a reply naming the limit. */
+    size_t n = (2u << 20) + 4096;
+    uint8_t *buf = calloc(1, n);
+    memcpy(buf, "GPCD\0\0\0\0", 8);
+    int err;
+    expect(th_raw_send_bytes(&raw_, buf, n, &err), GPUCD__V1__STATUS__RESOURCE_EXHAUSTED,
+           "max-message-mb");
+    free(buf);
+    /* Far over: the transport drops the connection before anything decodes it. */
+    th_raw big;
+    th_raw_open(&big, daemon_.ipc_url);
+    n = 16u << 20;
+    buf = calloc(1, n);
+    memcpy(buf, "GPCD\0\0\0\0", 8);
+    nng_socket_set_ms(big.sock, NNG_OPT_RECVTIMEO, 3000);
+    Gpucd__V1__Reply *rep = th_raw_send_bytes(&big, buf, n, &err);
+    assert_null(rep);
+    free(buf);
+    th_raw_close(&big);
+    expect_ping();
+}
+
+static void test_unknown_region(void **state)
+{
+    conv_req c;
+    conv_req_init(&c);
+    c.op.x = ref_region(&c.x, GPUCD__V1__DTYPE__F32, 999999, 0, 4, TH_SHAPE(2, 3, 8, 8));
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__NOT_FOUND, "no region 999999");
+    expect_ping();
+}
+
+static void test_range_and_overflow(void **state)
+{
+    conv_req c;
+    conv_req_init(&c);
+    c.x.region.offset = REGION_SIZE - 64; /* starts inside, ends outside */
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__OUT_OF_RANGE, "outside region");
+    conv_req_init(&c);
+    c.x.region.offset = UINT64_MAX - 8; /* offset + size wraps around */
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__OUT_OF_RANGE, "outside region");
+    conv_req_init(&c);
+    c.x.shape[0] = INT64_MAX / 2; /* bytes overflow 64 bits */
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT, "overflows");
+    conv_req_init(&c);
+    c.x.shape[0] = -2;
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT, "negative");
+    /* Inline input beyond the payload. */
+    conv_req_init(&c);
+    c.op.x = ref_payload(&c.x, GPUCD__V1__DTYPE__F32, 0, 4, TH_SHAPE(2, 3, 8, 8));
+    static float small[64];
+    expect(th_raw_call(&raw_, &c.req, small, sizeof small), GPUCD__V1__STATUS__OUT_OF_RANGE,
+           "payload");
+    expect_ping();
+}
+
+static void test_misaligned(void **state)
+{
+    conv_req c;
+    conv_req_init(&c);
+    c.x.region.offset = 2;
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "not a multiple of the f32 element size");
+    conv_req_init(&c);
+    c.op.x = ref_payload(&c.x, GPUCD__V1__DTYPE__F32, 4, 4, TH_SHAPE(2, 3, 8, 8));
+    static float big[2 * 3 * 8 * 8 + 64];
+    expect(th_raw_call(&raw_, &c.req, big, sizeof big), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "not a multiple of 64");
+    expect_ping();
+}
+
+static void test_wrong_dtype_or_shape(void **state)
+{
+    conv_req c;
+    conv_req_init(&c);
+    c.x.t.dtype = 42;
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT, "dtype 42");
+    conv_req_init(&c);
+    c.x.t.dtype = GPUCD__V1__DTYPE__I32; /* a known dtype the op does not take */
+    Gpucd__V1__Reply *rep = th_raw_call(&raw_, &c.req, NULL, 0);
+    assert_int_equal(rep->status, GPUCD__V1__STATUS__INVALID_ARGUMENT);
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+    conv_req_init(&c);
+    c.x.shape[1] = 5; /* channels differ from w's */
+    rep = th_raw_call(&raw_, &c.req, NULL, 0);
+    assert_int_equal(rep->status, GPUCD__V1__STATUS__INVALID_ARGUMENT);
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+    conv_req_init(&c);
+    c.x.t.n_shape = 9;
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "9 dimensions");
+    conv_req_init(&c);
+    c.params.stride_h = 0;
+    rep = th_raw_call(&raw_, &c.req, NULL, 0);
+    assert_int_equal(rep->status, GPUCD__V1__STATUS__INVALID_ARGUMENT);
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+    conv_req_init(&c);
+    c.params.math = 17;
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT, "math 17");
+    conv_req_init(&c);
+    c.op.w = NULL;
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "w is required");
+    expect_ping();
+}
+
+static void test_overlapping_outputs(void **state)
+{
+    conv_req c;
+    conv_req_init(&c);
+    c.y.region.offset = 4096 + 64; /* y overlaps w */
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "output y overlaps input w");
+    /* Two outputs of one request over the same bytes. */
+    Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
+    Gpucd__V1__Conv2dBackward op = GPUCD__V1__CONV2D_BACKWARD__INIT;
+    Gpucd__V1__Conv2dParams params = GPUCD__V1__CONV2D_PARAMS__INIT;
+    params.stride_h = params.stride_w = 1;
+    ref x, w, dy, dw, db;
+    op.params = &params;
+    op.x = ref_region(&x, GPUCD__V1__DTYPE__F32, region_id_, 0, 4, TH_SHAPE(2, 3, 8, 8));
+    op.w = ref_region(&w, GPUCD__V1__DTYPE__F32, region_id_, 4096, 4, TH_SHAPE(4, 3, 3, 3));
+    op.dy = ref_region(&dy, GPUCD__V1__DTYPE__F32, region_id_, 8192, 4, TH_SHAPE(2, 4, 6, 6));
+    op.dw = ref_region(&dw, GPUCD__V1__DTYPE__F32, region_id_, 16384, 4, TH_SHAPE(4, 3, 3, 3));
+    op.db = ref_region(&db, GPUCD__V1__DTYPE__F32, region_id_, 16384 + 8, 1, TH_SHAPE(4));
+    req.op_case = GPUCD__V1__REQUEST__OP_CONV2D_BACKWARD;
+    req.conv2d_backward = &op;
+    expect(th_raw_call(&raw_, &req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "output dw overlaps output db");
+    expect_ping();
+}
+
+static void test_out_of_range_observation(void **state)
+{
+    uint8_t *obs = region_base_;
+    th_fill_nmmo3_obs(obs, 3);
+    obs[1707 * 2 + (4 * 15 + 6) * 10 + 2] = 17; /* agent 2, tile (4, 6), feature 2 has 17 slots */
+    Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
+    Gpucd__V1__MultihotEncode op = GPUCD__V1__MULTIHOT_ENCODE__INIT;
+    ref o, out;
+    op.obs = ref_region(&o, GPUCD__V1__DTYPE__U8, region_id_, 0, 2, TH_SHAPE(3, 1707));
+    op.out = ref_region(&out, GPUCD__V1__DTYPE__F32, region_id_, 8192, 4,
+                        TH_SHAPE(3, 59, 11, 15));
+    req.op_case = GPUCD__V1__REQUEST__OP_MULTIHOT_ENCODE;
+    req.multihot_encode = &op;
+    Gpucd__V1__Reply *rep = th_raw_call(&raw_, &req, NULL, 0);
+    assert_non_null(rep);
+    assert_int_equal(rep->status, GPUCD__V1__STATUS__OUT_OF_RANGE);
+    assert_non_null(strstr(rep->message, "agent 2"));
+    assert_non_null(strstr(rep->message, "feature 2"));
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+    expect_ping();
+}
+
+static void test_hostile_regions(void **state)
+{
+    char name[64];
+    /* Readable by others: refused. */
+    void *p = th_shm_create(name, 4096, 0644);
+    expect(th_raw_register(&raw_, name, 4096), GPUCD__V1__STATUS__PERMISSION_DENIED, "mode 644");
+    /* Size differs from the object's. */
+    shm_unlink(name);
+    munmap(p, 4096);
+    p = th_shm_create(name, 4096, 0600);
+    expect(th_raw_register(&raw_, name, 8192), GPUCD__V1__STATUS__INVALID_ARGUMENT, "not the 8192");
+    /* Owned by another uid (arranged only when the test runs as root). */
+    if (geteuid() == 0) {
+        int fd = shm_open(name, O_RDWR, 0);
+        assert_true(fd >= 0);
+        assert_int_equal(fchown(fd, 65534, 65534), 0);
+        close(fd);
+        expect(th_raw_register(&raw_, name, 4096), GPUCD__V1__STATUS__PERMISSION_DENIED,
+               "owned by uid 65534");
+    } else {
+        fprintf(stderr, "not root: the other-uid region case is not arranged\n");
+    }
+    shm_unlink(name);
+    munmap(p, 4096);
+    /* Names that try to escape, and names that do not exist. */
+    expect(th_raw_register(&raw_, "/gpucd-../../etc/passwd", 4096),
+           GPUCD__V1__STATUS__INVALID_ARGUMENT, "region name");
+    expect(th_raw_register(&raw_, "/dev/shm/x", 4096), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "region name");
+    expect(th_raw_register(&raw_, "/gpucd-does-not-exist", 4096), GPUCD__V1__STATUS__NOT_FOUND,
+           "cannot open");
+    /* Another connection's region is not ours to use. */
+    th_raw other;
+    th_raw_open(&other, daemon_.ipc_url);
+    conv_req c;
+    conv_req_init(&c);
+    expect(th_raw_call(&other, &c.req, NULL, 0), GPUCD__V1__STATUS__PERMISSION_DENIED,
+           "another client");
+    th_raw_close(&other);
+    expect_ping();
+}
+
+static void test_hostile_resident(void **state)
+{
+    Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
+    Gpucd__V1__TensorFree fr = GPUCD__V1__TENSOR_FREE__INIT;
+    fr.id = 424242;
+    req.op_case = GPUCD__V1__REQUEST__OP_TENSOR_FREE;
+    req.tensor_free = &fr;
+    expect(th_raw_call(&raw_, &req, NULL, 0), GPUCD__V1__STATUS__NOT_FOUND, "no resident");
+    /* new_resident as an input is meaningless. */
+    conv_req c;
+    conv_req_init(&c);
+    c.x.t.where_case = GPUCD__V1__TENSOR_REF__WHERE_NEW_RESIDENT;
+    c.x.t.new_resident = 1;
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "only for outputs");
+    /* A resident referenced with the wrong shape. */
+    Gpucd__V1__Request put = GPUCD__V1__REQUEST__INIT;
+    Gpucd__V1__TensorPut tp = GPUCD__V1__TENSOR_PUT__INIT;
+    ref src;
+    tp.src = ref_region(&src, GPUCD__V1__DTYPE__F32, region_id_, 4096, 4, TH_SHAPE(4, 3, 3, 3));
+    put.op_case = GPUCD__V1__REQUEST__OP_TENSOR_PUT;
+    put.tensor_put = &tp;
+    Gpucd__V1__Reply *rep = th_raw_call(&raw_, &put, NULL, 0);
+    assert_int_equal(rep->status, 0);
+    uint64_t id = rep->tensor_id;
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+    conv_req_init(&c);
+    gpucd__v1__tensor_ref__init(&c.w.t);
+    c.w.t.dtype = GPUCD__V1__DTYPE__F32;
+    c.w.t.n_shape = 4;
+    c.w.t.shape = c.w.shape;
+    c.w.shape[0] = 2; /* the tensor is (4, 3, 3, 3) */
+    c.w.t.where_case = GPUCD__V1__TENSOR_REF__WHERE_RESIDENT;
+    c.w.t.resident = id;
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "differs from resident");
+    /* Writing the output into the input's own resident tensor. */
+    c.w.shape[0] = 4;
+    c.op.y = &c.w.t;
+    rep = th_raw_call(&raw_, &c.req, NULL, 0);
+    assert_int_equal(rep->status, GPUCD__V1__STATUS__INVALID_ARGUMENT);
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+    expect_ping();
+}
+
+static int group_setup(void **state)
+{
+    static const char *const extra[] = {"--max-message-mb", "2", NULL};
+    th_daemon_start(&daemon_, extra);
+    th_raw_open(&raw_, daemon_.ipc_url);
+    char name[64];
+    region_base_ = th_shm_create(name, REGION_SIZE, 0600);
+    Gpucd__V1__Reply *rep = th_raw_register(&raw_, name, REGION_SIZE);
+    shm_unlink(name);
+    if (rep == NULL || rep->status != 0)
+        return -1;
+    region_id_ = rep->region_id;
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    th_raw_close(&raw_);
+    munmap(region_base_, REGION_SIZE);
+    return th_daemon_stop(&daemon_) == 0 ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+    th_init(argc, argv);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_valid_request_passes),
+        cmocka_unit_test(test_malformed_bytes),
+        cmocka_unit_test(test_unknown_operation),
+        cmocka_unit_test(test_wrong_version),
+        cmocka_unit_test(test_oversize_message),
+        cmocka_unit_test(test_unknown_region),
+        cmocka_unit_test(test_range_and_overflow),
+        cmocka_unit_test(test_misaligned),
+        cmocka_unit_test(test_wrong_dtype_or_shape),
+        cmocka_unit_test(test_overlapping_outputs),
+        cmocka_unit_test(test_out_of_range_observation),
+        cmocka_unit_test(test_hostile_regions),
+        cmocka_unit_test(test_hostile_resident),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
