@@ -37,24 +37,6 @@ int gpucd_default_url(char *buf, size_t len)
     return 0;
 }
 
-/*
- * A dropped connection fails the calls waiting on it.  REQ would otherwise
- * send their requests again once it reconnects (a restarted daemon would run
- * them twice, with regions it never saw), or leave them waiting out the timeout.
- */
-static void client_pipe_removed(nng_pipe pipe, nng_pipe_ev ev, void *arg)
-{
-    gpucd_client *c = arg;
-    (void)pipe;
-    (void)ev;
-    pthread_mutex_lock(&c->lock);
-    for (gpucdc_slot *s = c->all_slots; s != NULL; s = s->next_all) {
-        if (s->busy)
-            nng_aio_abort(s->aio, NNG_ECONNRESET);
-    }
-    pthread_mutex_unlock(&c->lock);
-}
-
 static void slot_destroy(gpucdc_slot *s)
 {
     nng_ctx_close(s->ctx);
@@ -66,7 +48,7 @@ void gpucd_close(gpucd_client *c)
 {
     if (c == NULL)
         return;
-    nng_close(c->sock); /* fails anything pending and waits out the pipe callbacks */
+    nng_close(c->sock);
     gpucdc_slot *s = c->all_slots;
     while (s != NULL) {
         gpucdc_slot *next = s->next_all;
@@ -123,10 +105,13 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
         return gpucdc_fail_nng(rv, "gpucd_connect: opening the socket");
     }
     const char *what = "setting socket options";
-    /* Requests are not idempotent: never resend one. */
+    /*
+     * Requests are not idempotent: never resend one.  With resending off, nng
+     * also fails a request whose connection drops (NNG_ECONNRESET) instead of
+     * sending it again on the next connection.
+     */
     if ((rv = nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) != 0 ||
-        (rv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, opts->max_reply_bytes)) != 0 ||
-        (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, client_pipe_removed, c)) != 0)
+        (rv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, opts->max_reply_bytes)) != 0)
         goto fail;
     what = url;
     if ((rv = nng_dialer_create(&c->dialer, c->sock, url)) != 0)
@@ -152,7 +137,6 @@ static int slot_acquire(gpucd_client *c, gpucdc_slot **out)
     gpucdc_slot *s = c->free_slots;
     if (s != NULL) {
         c->free_slots = s->next_free;
-        s->busy = true;
         pthread_mutex_unlock(&c->lock);
         *out = s;
         return 0;
@@ -174,7 +158,6 @@ static int slot_acquire(gpucd_client *c, gpucdc_slot **out)
         free(s);
         return gpucdc_fail_nng(rv, "setting up a context");
     }
-    s->busy = true;
     pthread_mutex_lock(&c->lock);
     s->next_all = c->all_slots;
     c->all_slots = s;
@@ -186,7 +169,6 @@ static int slot_acquire(gpucd_client *c, gpucdc_slot **out)
 static void slot_release(gpucd_client *c, gpucdc_slot *s)
 {
     pthread_mutex_lock(&c->lock);
-    s->busy = false;
     s->next_free = c->free_slots;
     c->free_slots = s;
     pthread_mutex_unlock(&c->lock);

@@ -33,7 +33,6 @@ int gpucdc_status_code(int status);
 typedef struct gpucdc_slot {
     nng_ctx ctx;
     nng_aio *aio;
-    bool busy;
     struct gpucdc_slot *next_free;
     struct gpucdc_slot *next_all;
 } gpucdc_slot;
