@@ -112,12 +112,11 @@ void cpu_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, cons
     const int64_t tiles = ((M + MR - 1) / MR) * ((N + NR - 1) / NR);
     /* Small products are not worth waking the thread pool. */
     const int parallel = (double)M * (double)N * (double)K > 1e6 && !omp_in_parallel();
-#pragma omp parallel if (parallel)
-    {
-        int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        int64_t t0 = tiles * id / nt, t1 = tiles * (id + 1) / nt;
-        run(&g, M, N, t0, t1);
-    }
+    /* Dynamic chunks of tiles: a thread slowed by another process does not hold the others up. */
+    enum { CHUNK = 8 };
+#pragma omp parallel for schedule(dynamic) if (parallel)
+    for (int64_t t0 = 0; t0 < tiles; t0 += CHUNK)
+        run(&g, M, N, t0, tiles - t0 < CHUNK ? tiles : t0 + CHUNK);
 }
 
 void cpu_transpose(int64_t rows, int64_t cols, const float *src, float *dst)
