@@ -16,10 +16,11 @@
  * Arithmetic is in double (inputs converted exactly, bf16/f16 through
  * gk_bf16.h); outputs are rounded once to f32, then, for bf16/f16 gradients,
  * from that f32 value to nearest even, as the GPU rounds its f32 accumulators.
+ * The tf32 option is accepted and changes nothing here.
  *
  * Filtering (filter_eps > 0) is element-wise here: a gradient term whose
- * |softmax - onehot| < eps is dropped.  A GPU kernel that skips whole tiles
- * only when every term of the tile is below eps keeps some terms dropped
+ * |softmax - onehot| < eps is dropped.  A GPU kernel that skips a whole tile
+ * only when every term in it is below eps keeps some terms that are dropped
  * here; each such term has |softmax - onehot| < eps and a softcap factor
  * <= 1, so the difference is bounded element-wise by
  *   |dE[i][d]| <= eps * |w_i| * sum_v |C[v][d]|,
