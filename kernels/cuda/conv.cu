@@ -1,0 +1,414 @@
+/*
+ * conv.cu - the convolution ops of the CUDA backend: shape checks, the GEMM
+ * view of each op (index maps), split-K planning, and the launches.
+ *
+ * GEMM views (k is the reduction index; all maps are in index_map.cuh terms):
+ *   forward  M = N*OH*OW, N = OC, K = C*KH*KW:  A = x gathered, B = w rows.
+ *   dgrad    M = N*H*W, N = C, K = OC*KH*KW:    A = dy gathered (stride 1), B = w.
+ *   wgrad    M = OC, N = C*KH*KW (+1: db), K = N*OH*OW: A = dy rows, B = x gathered;
+ *            the extra constant-one row of B makes the last column the bias gradient.
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "dgrad_direct.cuh"
+#include "gk_cuda.h"
+#include "igemm.cuh"
+
+namespace {
+
+struct conv_shape {
+    int N, C, H, W, OC, KH, KW, OH, OW, sh, sw, ph, pw;
+};
+
+/* The kernel variant a request runs with: storage type and math. */
+enum variant { VAR_F32 = 0, VAR_TF32 = 1, VAR_BF16 = 2, VAR_COUNT = 3 };
+
+/* Blocks per SM of each igemm variant; 0 until measured (a benign race: same value). */
+int g_occupancy[VAR_COUNT];
+
+template <class T, int MATH> int occupancy_of()
+{
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, igemm_kernel<T, MATH>, IG_THREADS, 0) !=
+            cudaSuccess ||
+        n < 1)
+        n = 1;
+    return n;
+}
+
+int occupancy(int var)
+{
+    int n = __atomic_load_n(&g_occupancy[var], __ATOMIC_RELAXED);
+    if (n > 0)
+        return n;
+    n = var == VAR_F32    ? occupancy_of<float, MATH_FFMA>()
+        : var == VAR_TF32 ? occupancy_of<float, MATH_TF32>()
+                          : occupancy_of<uint16_t, MATH_BF16>();
+    __atomic_store_n(&g_occupancy[var], n, __ATOMIC_RELAXED);
+    return n;
+}
+
+int variant_of(const gk_conv2d *p, const gk_tensor *x)
+{
+    return x->dtype == GK_BF16 ? VAR_BF16 : p->tf32 ? VAR_TF32 : VAR_F32;
+}
+
+int bk_of(int var) { return var == VAR_BF16 ? ig_geom<MATH_BF16>::BK : ig_geom<MATH_FFMA>::BK; }
+
+int tensor_check_int32(const gk_tensor *t, const char *name, gk_err *err)
+{
+    if (gk_tensor_present(t) && gk_tensor_numel(t) > INT32_MAX)
+        return gk_fail(err, GK_EINVAL,
+                       "conv2d (cuda): %s has %lld elements, the CUDA kernels take fewer than 2^31",
+                       name, (long long)gk_tensor_numel(t));
+    return GK_OK;
+}
+
+conv_shape shape_of(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w)
+{
+    conv_shape s;
+    s.N = (int)x->shape[0];
+    s.C = (int)x->shape[1];
+    s.H = (int)x->shape[2];
+    s.W = (int)x->shape[3];
+    s.OC = (int)w->shape[0];
+    s.KH = (int)w->shape[2];
+    s.KW = (int)w->shape[3];
+    s.sh = p->stride_h;
+    s.sw = p->stride_w;
+    s.ph = p->pad_h;
+    s.pw = p->pad_w;
+    s.OH = (s.H + 2 * s.ph - s.KH) / s.sh + 1;
+    s.OW = (s.W + 2 * s.pw - s.KW) / s.sw + 1;
+    return s;
+}
+
+index_map imap(int count, int d1, int d2, int sq, int sa, int sb, int o0, int ha, int h0, int wb,
+               int w0)
+{
+    index_map f;
+    f.d1 = fastdiv_make((uint32_t)d1);
+    f.d2 = fastdiv_make((uint32_t)d2);
+    f.count = count;
+    f.ones = -1;
+    f.sq = sq;
+    f.sa = sa;
+    f.sb = sb;
+    f.o0 = o0;
+    f.ha = ha;
+    f.h0 = h0;
+    f.wb = wb;
+    f.w0 = w0;
+    return f;
+}
+
+/* x pixel part: (n, oh, ow) of an output pixel -> the top-left input element it reads. */
+index_map imap_x_pixel(const conv_shape &s, int count)
+{
+    return imap(count, s.OH * s.OW, s.OW, s.C * s.H * s.W, s.sh * s.W, s.sw,
+                -s.ph * s.W - s.pw, s.sh, -s.ph, s.sw, -s.pw);
+}
+
+/* x filter part: (c, kh, kw) -> its offset inside a sample window. */
+index_map imap_x_filter(const conv_shape &s)
+{
+    return imap(s.C * s.KH * s.KW, s.KH * s.KW, s.KW, s.H * s.W, s.W, 1, 0, 1, 0, 1, 0);
+}
+
+/* Shapes of one igemm launch, before the split planning. */
+template <class T> ig_params<T> params_empty()
+{
+    ig_params<T> prm = {};
+    prm.orow = index_map_linear(0, 0);
+    prm.ocol = index_map_linear(0, 0);
+    return prm;
+}
+
+template <class T>
+ig_params<T> forward_params(const conv_shape &s, const T *x, const T *w, const T *b, T *y, int relu)
+{
+    ig_params<T> prm = params_empty<T>();
+    const int ohw = s.OH * s.OW, kdim = s.C * s.KH * s.KW;
+    prm.M = s.N * ohw;
+    prm.N = s.OC;
+    prm.K = kdim;
+    prm.a = {x, nullptr, imap_x_pixel(s, prm.M), imap_x_filter(s), (uint32_t)s.H, (uint32_t)s.W};
+    prm.b = {w, nullptr, index_map_linear(s.OC, kdim), index_map_linear(kdim, 1), 1, 1};
+    prm.out = y;
+    prm.orow = imap(prm.M, ohw, 1, s.OC * ohw, 1, 0, 0, 0, 0, 0, 0);
+    prm.ocol = index_map_linear(s.OC, ohw);
+    prm.bias = b;
+    prm.relu = relu;
+    return prm;
+}
+
+/* Stride 1 only: dx(n, c, h, w) = sum over (oc, kh, kw) dy(n, oc, h + ph - kh, w + pw - kw) w(oc, c, kh, kw). */
+template <class T>
+ig_params<T> dgrad_params(const conv_shape &s, const T *dy, const T *y, const T *w, T *dx)
+{
+    ig_params<T> prm = params_empty<T>();
+    const int hw = s.H * s.W, ohw = s.OH * s.OW, kk = s.KH * s.KW;
+    prm.M = s.N * hw;
+    prm.N = s.C;
+    prm.K = s.OC * kk;
+    prm.a = {dy, y,
+             imap(prm.M, hw, s.W, s.OC * ohw, s.OW, 1, s.ph * s.OW + s.pw, 1, s.ph, 1, s.pw),
+             imap(prm.K, kk, s.KW, ohw, -s.OW, -1, 0, -1, 0, -1, 0), (uint32_t)s.OH,
+             (uint32_t)s.OW};
+    prm.b = {w, nullptr, index_map_linear(s.C, kk), imap(prm.K, kk, 1, s.C * kk, 1, 0, 0, 0, 0, 0, 0),
+             1, 1};
+    prm.out = dx;
+    prm.orow = imap(prm.M, hw, 1, s.C * hw, 1, 0, 0, 0, 0, 0, 0);
+    prm.ocol = index_map_linear(s.C, hw);
+    return prm;
+}
+
+template <class T>
+ig_params<T> wgrad_params(const conv_shape &s, const T *x, const T *dy, const T *y, T *dw, int with_db)
+{
+    ig_params<T> prm = params_empty<T>();
+    const int ohw = s.OH * s.OW, kdim = s.C * s.KH * s.KW;
+    prm.M = s.OC;
+    prm.N = kdim + (with_db ? 1 : 0);
+    prm.K = s.N * ohw;
+    prm.a = {dy, y, index_map_linear(s.OC, ohw), imap(prm.K, ohw, 1, s.OC * ohw, 1, 0, 0, 0, 0, 0, 0),
+             1, 1};
+    prm.b = {x, nullptr, imap_x_filter(s), imap_x_pixel(s, prm.K), (uint32_t)s.H, (uint32_t)s.W};
+    if (with_db)
+        prm.b.row.ones = kdim;
+    prm.out = dw;
+    prm.orow = index_map_linear(s.OC, kdim);
+    prm.ocol = index_map_linear(kdim, 1);
+    return prm;
+}
+
+/* Split-K planning: enough work items to fill the persistent grid. */
+struct launch_plan {
+    int grid;
+    size_t ws_bytes; /* fp32 partials; 0 when the epilogue writes directly */
+};
+
+template <class T>
+launch_plan plan_splits(ig_params<T> &prm, int var, int sm_count, bool force_partials)
+{
+    const int bk = bk_of(var);
+    const int cap = sm_count * occupancy(var);
+    prm.tiles_m = (prm.M + IG_BM - 1) / IG_BM;
+    prm.tiles_n = (prm.N + IG_BN - 1) / IG_BN;
+    const int tiles = prm.tiles_m * prm.tiles_n;
+    const int ksteps = (prm.K + bk - 1) / bk;
+    int splits = 1;
+    if (tiles < cap) {
+        splits = cap / tiles;
+        const int most = ksteps / 4 > 1 ? ksteps / 4 : 1; /* at least 4 k tiles a split */
+        if (splits > most)
+            splits = most;
+    }
+    const int steps_per_split = (ksteps + splits - 1) / splits;
+    prm.ksplit = steps_per_split * bk;
+    prm.splits = (ksteps + steps_per_split - 1) / steps_per_split;
+    prm.items = tiles * prm.splits;
+    launch_plan lp;
+    lp.grid = prm.items < cap ? prm.items : cap;
+    lp.ws_bytes = (prm.splits > 1 || force_partials)
+                      ? (size_t)prm.splits * (size_t)prm.M * (size_t)prm.N * sizeof(float)
+                      : 0;
+    return lp;
+}
+
+template <class T> int launch_check(const char *what, gk_err *err)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "conv2d (cuda): %s launch failed: %s", what,
+                       cudaGetErrorString(e));
+    return GK_OK;
+}
+
+/* Runs one planned igemm (and its split reduction); ws is the workspace. */
+template <class T, int MATH>
+int igemm_run(ig_params<T> prm, const launch_plan &lp, const gk_cuda_exec *ex, T *db,
+              const char *what, gk_err *err)
+{
+    const bool partial = lp.ws_bytes > 0;
+    if (lp.ws_bytes > ex->workspace_bytes)
+        return gk_fail(err, GK_ENOMEM, "conv2d (cuda): %s needs %zu workspace bytes, %zu given",
+                       what, lp.ws_bytes, ex->workspace_bytes);
+    T *out = prm.out;
+    const T *bias = prm.bias;
+    const int relu = prm.relu;
+    if (partial) {
+        prm.ws = (float *)ex->workspace;
+        prm.bias = nullptr;
+        prm.relu = 0;
+    }
+    igemm_kernel<T, MATH><<<lp.grid, IG_THREADS, 0, ex->stream>>>(prm);
+    int rc = launch_check<T>(what, err);
+    if (rc || !partial)
+        return rc;
+    const int ones_col = prm.b.row.ones >= 0 ? prm.b.row.ones : -1;
+    finalize_kernel<T><<<ex->sm_count * 4, 256, 0, ex->stream>>>(
+        prm.ws, prm.splits, prm.M, prm.N, out, prm.orow, prm.ocol, bias, relu, db, ones_col);
+    return launch_check<T>("split-K reduction", err);
+}
+
+template <class T, int MATH>
+int forward_run(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, const gk_tensor *b,
+                const gk_tensor *y, const gk_cuda_exec *ex, int var, gk_err *err)
+{
+    const conv_shape s = shape_of(p, x, w);
+    ig_params<T> prm = forward_params<T>(s, (const T *)x->data, (const T *)w->data,
+                                         gk_tensor_present(b) ? (const T *)b->data : nullptr,
+                                         (T *)y->data, p->relu);
+    const launch_plan lp = plan_splits(prm, var, ex->sm_count, false);
+    return igemm_run<T, MATH>(prm, lp, ex, nullptr, "forward", err);
+}
+
+template <class T, int MATH>
+int backward_run(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, const gk_tensor *y,
+                 const gk_tensor *dy, const gk_tensor *dx, const gk_tensor *dw,
+                 const gk_tensor *db, const gk_cuda_exec *ex, int var, gk_err *err)
+{
+    const conv_shape s = shape_of(p, x, w);
+    const T *mask = p->relu ? (const T *)y->data : nullptr;
+    const int with_db = gk_tensor_present(db);
+    ig_params<T> wg = wgrad_params<T>(s, (const T *)x->data, (const T *)dy->data, mask,
+                                      (T *)dw->data, with_db);
+    const launch_plan lw = plan_splits(wg, var, ex->sm_count, true);
+    int rc = igemm_run<T, MATH>(wg, lw, ex, with_db ? (T *)db->data : nullptr, "wgrad", err);
+    if (rc || !gk_tensor_present(dx))
+        return rc;
+    if (s.sh == 1 && s.sw == 1) {
+        ig_params<T> dg = dgrad_params<T>(s, (const T *)dy->data, mask, (const T *)w->data,
+                                          (T *)dx->data);
+        const launch_plan ld = plan_splits(dg, var, ex->sm_count, false);
+        return igemm_run<T, MATH>(dg, ld, ex, nullptr, "dgrad", err);
+    }
+    const dgrad_dims d = {s.N, s.C, s.H, s.W, s.OC, s.KH, s.KW, s.OH, s.OW, s.sh, s.sw, s.ph, s.pw};
+    dgrad_direct_kernel<T><<<ex->sm_count * 8, 256, 0, ex->stream>>>(
+        d, (const T *)dy->data, mask, (const T *)w->data, (T *)dx->data);
+    return launch_check<T>("dgrad (strided)", err);
+}
+
+int exec_check(const gk_cuda_exec *ex, gk_err *err)
+{
+    if (ex == NULL)
+        return gk_fail(err, GK_EINVAL, "conv2d (cuda): execution context missing");
+    if (ex->sm_count <= 0)
+        return gk_fail(err, GK_EINVAL, "conv2d (cuda): sm_count %d must be positive", ex->sm_count);
+    if (ex->workspace_bytes > 0 && ex->workspace == NULL)
+        return gk_fail(err, GK_EINVAL, "conv2d (cuda): workspace of %zu bytes has no pointer",
+                       ex->workspace_bytes);
+    return GK_OK;
+}
+
+/* Workspace of each op for these shapes (plans only; nothing runs). */
+template <class T>
+size_t workspace_of(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, int var, int sm)
+{
+    const conv_shape s = shape_of(p, x, w);
+    ig_params<T> f = forward_params<T>(s, nullptr, nullptr, nullptr, nullptr, 0);
+    size_t most = plan_splits(f, var, sm, false).ws_bytes;
+    ig_params<T> wg = wgrad_params<T>(s, nullptr, nullptr, nullptr, nullptr, 1);
+    size_t b = plan_splits(wg, var, sm, true).ws_bytes;
+    most = b > most ? b : most;
+    if (s.sh == 1 && s.sw == 1) {
+        ig_params<T> dg = dgrad_params<T>(s, nullptr, nullptr, nullptr, nullptr);
+        b = plan_splits(dg, var, sm, false).ws_bytes;
+        most = b > most ? b : most;
+    }
+    return most;
+}
+
+} // namespace
+
+/* Loads a kernel's module now (CUDA loads lazily at the first launch otherwise). */
+template <class F> cudaError_t kernel_load(F *fn)
+{
+    cudaFuncAttributes attr;
+    return cudaFuncGetAttributes(&attr, fn);
+}
+
+extern "C" int gk_cuda_conv_warmup(gk_err *err)
+{
+    const cudaError_t e[] = {
+        kernel_load(igemm_kernel<float, MATH_FFMA>),   kernel_load(igemm_kernel<float, MATH_TF32>),
+        kernel_load(igemm_kernel<uint16_t, MATH_BF16>), kernel_load(finalize_kernel<float>),
+        kernel_load(finalize_kernel<uint16_t>),         kernel_load(dgrad_direct_kernel<float>),
+        kernel_load(dgrad_direct_kernel<uint16_t>),
+    };
+    for (cudaError_t one : e) {
+        if (one != cudaSuccess)
+            return gk_fail(err, GK_EDEVICE, "conv2d (cuda): loading the kernels failed: %s",
+                           cudaGetErrorString(one));
+    }
+    for (int v = 0; v < VAR_COUNT; v++)
+        occupancy(v);
+    return GK_OK;
+}
+
+extern "C" int gk_cuda_conv2d_workspace_bytes(const gk_conv2d *p, const gk_tensor *x,
+                                              const gk_tensor *w, int sm_count, size_t *bytes,
+                                              gk_err *err)
+{
+    if (bytes == NULL)
+        return gk_fail(err, GK_EINVAL, "conv2d (cuda): bytes pointer missing");
+    *bytes = 0;
+    if (sm_count <= 0)
+        return gk_fail(err, GK_EINVAL, "conv2d (cuda): sm_count %d must be positive", sm_count);
+    if (p == NULL || x == NULL || w == NULL || x->ndim != 4 || w->ndim != 4)
+        return gk_fail(err, GK_EINVAL, "conv2d (cuda): parameters, and x and w of rank 4, required");
+    if (p->stride_h <= 0 || p->stride_w <= 0 || p->pad_h < 0 || p->pad_w < 0)
+        return gk_fail(err, GK_EINVAL, "conv2d (cuda): stride must be positive, padding not negative");
+    for (int i = 0; i < 4; i++) {
+        if (x->shape[i] <= 0 || w->shape[i] <= 0)
+            return gk_fail(err, GK_EINVAL, "conv2d (cuda): x and w dimensions must be positive");
+    }
+    if (w->shape[1] != x->shape[1] || x->shape[2] + 2 * p->pad_h < w->shape[2] ||
+        x->shape[3] + 2 * p->pad_w < w->shape[3])
+        return gk_fail(err, GK_EINVAL, "conv2d (cuda): w does not fit x");
+    int rc;
+    if ((rc = tensor_check_int32(x, "x", err)) || (rc = tensor_check_int32(w, "w", err)))
+        return rc;
+    const int var = variant_of(p, x);
+    *bytes = var == VAR_BF16 ? workspace_of<uint16_t>(p, x, w, var, sm_count)
+                             : workspace_of<float>(p, x, w, var, sm_count);
+    return GK_OK;
+}
+
+extern "C" int gk_cuda_conv2d_forward(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w,
+                                      const gk_tensor *b, const gk_tensor *y,
+                                      const gk_cuda_exec *ex, gk_err *err)
+{
+    int rc;
+    if ((rc = gk_conv2d_forward_check(p, x, w, b, y, err)) || (rc = exec_check(ex, err)) ||
+        (rc = tensor_check_int32(x, "x", err)) || (rc = tensor_check_int32(y, "y", err)) ||
+        (rc = tensor_check_int32(w, "w", err)))
+        return rc;
+    const int var = variant_of(p, x);
+    switch (var) {
+    case VAR_BF16: return forward_run<uint16_t, MATH_BF16>(p, x, w, b, y, ex, var, err);
+    case VAR_TF32: return forward_run<float, MATH_TF32>(p, x, w, b, y, ex, var, err);
+    default: return forward_run<float, MATH_FFMA>(p, x, w, b, y, ex, var, err);
+    }
+}
+
+extern "C" int gk_cuda_conv2d_backward(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w,
+                                       const gk_tensor *y, const gk_tensor *dy,
+                                       const gk_tensor *dx, const gk_tensor *dw,
+                                       const gk_tensor *db, const gk_cuda_exec *ex, gk_err *err)
+{
+    int rc;
+    if ((rc = gk_conv2d_backward_check(p, x, w, y, dy, dx, dw, db, err)) ||
+        (rc = exec_check(ex, err)) || (rc = tensor_check_int32(x, "x", err)) ||
+        (rc = tensor_check_int32(dy, "dy", err)) || (rc = tensor_check_int32(w, "w", err)))
+        return rc;
+    const int var = variant_of(p, x);
+    switch (var) {
+    case VAR_BF16:
+        return backward_run<uint16_t, MATH_BF16>(p, x, w, y, dy, dx, dw, db, ex, var, err);
+    case VAR_TF32: return backward_run<float, MATH_TF32>(p, x, w, y, dy, dx, dw, db, ex, var, err);
+    default: return backward_run<float, MATH_FFMA>(p, x, w, y, dy, dx, dw, db, ex, var, err);
+    }
+}

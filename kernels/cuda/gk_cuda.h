@@ -1,0 +1,70 @@
+/*
+ * gk_cuda.h - the CUDA backend's kernel API (C-callable).
+ *
+ * Same argument meaning as the gk_cpu_* functions of gk.h, except that every
+ * gk_tensor.data is a DEVICE pointer on the current device.  Each call checks
+ * shapes with the gk_*_check functions, then only enqueues work on ex->stream
+ * and returns: it never synchronises, never allocates, and takes any scratch
+ * memory from ex->workspace.  Results are deterministic: the same inputs give
+ * bitwise the same outputs, run after run (no atomics, fixed reduction order).
+ *
+ * Numerics: f32 tensors use true fp32 arithmetic unless p->tf32 is set, which
+ * allows tensor-core tf32 products (fp32 accumulation); bf16 tensors use bf16
+ * tensor-core products with fp32 accumulation and round once, to nearest even,
+ * when the result is written.  Element counts of every tensor must be below
+ * 2^31 (larger tensors are rejected with GK_EINVAL: split the batch).
+ */
+#ifndef GK_CUDA_H
+#define GK_CUDA_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+
+#include "gk.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Where and with what a kernel call runs. */
+typedef struct gk_cuda_exec {
+    cudaStream_t stream;    /* every launch goes on this stream */
+    void *workspace;        /* device scratch, 256-byte aligned, owned by the caller */
+    size_t workspace_bytes; /* its size: at least gk_cuda_conv2d_workspace_bytes() */
+    int sm_count;           /* multiprocessors of the device (grid sizing) */
+} gk_cuda_exec;
+
+/*
+ * Loads every convolution kernel on the current device and caches their
+ * occupancies, so that no request pays for module loading.  Call once per
+ * device before serving; calling it again is harmless.
+ */
+int gk_cuda_conv_warmup(gk_err *err);
+
+/*
+ * Scratch bytes that forward and backward need for these shapes on a device
+ * with sm_count multiprocessors (the maximum of the two; 0 is possible).
+ * x and w as for the forward; fails with the check's message on bad shapes.
+ */
+int gk_cuda_conv2d_workspace_bytes(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w,
+                                   int sm_count, size_t *bytes, gk_err *err);
+
+/* y = conv(x, w) + b, then relu if p->relu.  As gk_cpu_conv2d_forward. */
+int gk_cuda_conv2d_forward(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w,
+                           const gk_tensor *b, const gk_tensor *y, const gk_cuda_exec *ex,
+                           gk_err *err);
+
+/*
+ * dw (required), db and dx (optional) from dy; with p->relu, dy is first
+ * masked by y > 0.  dw and db are overwritten.  As gk_cpu_conv2d_backward.
+ */
+int gk_cuda_conv2d_backward(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w,
+                            const gk_tensor *y, const gk_tensor *dy, const gk_tensor *dx,
+                            const gk_tensor *dw, const gk_tensor *db, const gk_cuda_exec *ex,
+                            gk_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GK_CUDA_H */

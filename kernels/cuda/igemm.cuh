@@ -1,0 +1,362 @@
+/*
+ * igemm.cuh - the persistent implicit-GEMM kernel behind every convolution op.
+ *
+ * C[M, N] = sum_k A[m, k] * B[n, k], where A and B are gathers described by
+ * index maps (index_map.cuh): forward, input gradient and weight gradient are
+ * the same kernel with different maps.  Structure, in the CUTLASS spirit:
+ *   - scheduling: a persistent grid walks work items (split, m tile, n tile);
+ *   - tile iteration: gathered global loads into registers, stored to a
+ *     double-buffered shared tile while the other buffer feeds the math;
+ *   - math: mma.sync tensor cores (bf16 m16n8k16, tf32 m16n8k8) or fp32 FFMA;
+ *   - epilogue: bias + relu + conversion + NCHW scatter, or an fp32 partial
+ *     sum per split that finalize_kernel reduces in a fixed order.
+ * Nothing is accumulated with atomics, so results are bitwise reproducible.
+ */
+#ifndef GK_CUDA_IGEMM_CUH
+#define GK_CUDA_IGEMM_CUH
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "index_map.cuh"
+
+enum igemm_math { MATH_FFMA = 0, MATH_TF32 = 1, MATH_BF16 = 2 };
+
+enum { IG_BM = 128, IG_BN = 128, IG_THREADS = 256 };
+
+/* A gathered operand: element (row, k) = base[row.off + col(k).off], masked by mask > 0. */
+template <class T> struct ig_operand {
+    const T *base;
+    const T *mask; /* optional: the saved forward output of a relu layer */
+    index_map row, col;
+    uint32_t hlim, wlim;
+};
+
+template <class T> struct ig_params {
+    ig_operand<T> a, b;
+    int M, N, K;
+    int tiles_m, tiles_n, splits, ksplit; /* ksplit: K range of one split, a multiple of BK */
+    int items;                            /* tiles_m * tiles_n * splits */
+    /* epilogue: ws != NULL writes fp32 partials ws[split][M][N]; else out[orow + ocol] */
+    float *ws;
+    T *out;
+    index_map orow, ocol;
+    const T *bias;
+    int relu;
+};
+
+/* ---- element helpers -------------------------------------------------------- */
+
+__device__ __forceinline__ float elem_to_float(float v) { return v; }
+__device__ __forceinline__ float elem_to_float(uint16_t v) { return __uint_as_float((uint32_t)v << 16); }
+template <class T> __device__ __forceinline__ T elem_from_float(float v);
+template <> __device__ __forceinline__ float elem_from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ uint16_t elem_from_float<uint16_t>(float v)
+{
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+template <class T> __device__ __forceinline__ T elem_one();
+template <> __device__ __forceinline__ float elem_one<float>() { return 1.0f; }
+template <> __device__ __forceinline__ uint16_t elem_one<uint16_t>() { return 0x3f80; }
+
+template <class T>
+__device__ __forceinline__ T operand_load(const ig_operand<T> &o, int4 ri, int4 ci)
+{
+    if (ri.w) /* the constant-one row: present wherever the column is */
+        return ci.y != GK_IDX_INVALID ? elem_one<T>() : T(0);
+    T v = T(0);
+    if ((uint32_t)ri.y + (uint32_t)ci.y < o.hlim && (uint32_t)ri.z + (uint32_t)ci.z < o.wlim) {
+        int off = ri.x + ci.x;
+        v = __ldg(o.base + off);
+        if (o.mask != nullptr && !(elem_to_float(__ldg(o.mask + off)) > 0.0f))
+            v = T(0);
+    }
+    return v;
+}
+
+__device__ __forceinline__ uint32_t f32_to_tf32(float v)
+{
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+template <int MATH>
+__device__ __forceinline__ void mma_16x8(float c[4], const uint32_t a[4], const uint32_t b[2])
+{
+    if constexpr (MATH == MATH_BF16) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+}
+
+/* ---- tile geometry ------------------------------------------------------------ */
+
+template <int MATH> struct ig_geom {
+    /* A k tile is 64 bytes of each row: 32 bf16 or 16 f32 elements. */
+    static constexpr int BK = MATH == MATH_BF16 ? 32 : 16;
+    static constexpr int RSTEP = IG_THREADS / BK; /* rows one pass of loads covers */
+    static constexpr int RPT = IG_BM / RSTEP;      /* rows a thread loads per k tile */
+    /* MMA: [row][k] with 80-byte rows (conflict-free ldmatrix); FFMA: [k][row + 4]. */
+    static constexpr int MMA_ROW_BYTES = 80;
+    static constexpr int FFMA_LD = IG_BM + 4;
+    static constexpr int STAGE_BYTES =
+        MATH == MATH_FFMA ? BK * FFMA_LD * 4 : IG_BM * MMA_ROW_BYTES;
+    static constexpr int SMEM_BYTES = 4 * STAGE_BYTES + (IG_BM + IG_BN) * 16;
+};
+
+/* ---- epilogue ------------------------------------------------------------------- */
+
+template <class T>
+__device__ __forceinline__ void epilogue_store(const ig_params<T> &p, int split, int m, int n,
+                                               int orow, int ocol, float bias, float v)
+{
+    if (m >= p.M || n >= p.N)
+        return;
+    if (p.ws != nullptr) {
+        p.ws[((size_t)split * p.M + m) * p.N + n] = v;
+    } else {
+        v += bias;
+        if (p.relu)
+            v = fmaxf(v, 0.0f);
+        p.out[orow + ocol] = elem_from_float<T>(v);
+    }
+}
+
+/* ---- the kernel ----------------------------------------------------------------- */
+
+template <class T, int MATH>
+__global__ void __launch_bounds__(IG_THREADS) igemm_kernel(const __grid_constant__ ig_params<T> p)
+{
+    using G = ig_geom<MATH>;
+    constexpr int BK = G::BK, RSTEP = G::RSTEP, RPT = G::RPT;
+    __shared__ __align__(16) unsigned char smem[G::SMEM_BYTES];
+    unsigned char *sa = smem;                        /* 2 stages of A */
+    unsigned char *sb = smem + 2 * G::STAGE_BYTES;   /* 2 stages of B */
+    int4 *rowa = (int4 *)(smem + 4 * G::STAGE_BYTES); /* row infos of this tile */
+    int4 *rowb = rowa + IG_BM;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int kl = tid % BK, r0 = tid / BK;
+
+    for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
+        const int tn = item % p.tiles_n, rest = item / p.tiles_n;
+        const int tm = rest % p.tiles_m, split = rest / p.tiles_m;
+        const int m0 = tm * IG_BM, n0 = tn * IG_BN;
+        const int kbeg = split * p.ksplit, kend = min(p.K, kbeg + p.ksplit);
+
+        __syncthreads(); /* the previous item is done with the row infos */
+        if (tid < IG_BM)
+            rowa[tid] = index_map_info(p.a.row, m0 + tid);
+        else
+            rowb[tid - IG_BM] = index_map_info(p.b.row, n0 + tid - IG_BM);
+        __syncthreads();
+
+        T ra[RPT], rb[RPT];
+        auto load = [&](int k0) {
+            const int4 ca = index_map_info(p.a.col, k0 + kl);
+            const int4 cb = index_map_info(p.b.col, k0 + kl);
+#pragma unroll
+            for (int i = 0; i < RPT; i++)
+                ra[i] = operand_load(p.a, rowa[r0 + i * RSTEP], ca);
+#pragma unroll
+            for (int i = 0; i < RPT; i++)
+                rb[i] = operand_load(p.b, rowb[r0 + i * RSTEP], cb);
+        };
+        auto store = [&](int buf) {
+            unsigned char *da = sa + buf * G::STAGE_BYTES, *db = sb + buf * G::STAGE_BYTES;
+#pragma unroll
+            for (int i = 0; i < RPT; i++) {
+                const int r = r0 + i * RSTEP;
+                if constexpr (MATH == MATH_BF16) {
+                    *(uint16_t *)(da + r * G::MMA_ROW_BYTES + kl * 2) = ra[i];
+                    *(uint16_t *)(db + r * G::MMA_ROW_BYTES + kl * 2) = rb[i];
+                } else if constexpr (MATH == MATH_TF32) {
+                    *(uint32_t *)(da + r * G::MMA_ROW_BYTES + kl * 4) = f32_to_tf32(ra[i]);
+                    *(uint32_t *)(db + r * G::MMA_ROW_BYTES + kl * 4) = f32_to_tf32(rb[i]);
+                } else {
+                    ((float *)da)[kl * G::FFMA_LD + r] = ra[i];
+                    ((float *)db)[kl * G::FFMA_LD + r] = rb[i];
+                }
+            }
+        };
+
+        if constexpr (MATH == MATH_FFMA) {
+            /* 16 x 16 threads, each an 8 x 8 block: rows ty*4+i and 64+ty*4+i, same for cols. */
+            const int tx = tid & 15, ty = tid >> 4;
+            float acc[8][8];
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    acc[i][j] = 0.0f;
+            load(kbeg);
+            store(0);
+            __syncthreads();
+            int buf = 0;
+            for (int k0 = kbeg; k0 < kend; k0 += BK) {
+                const bool more = k0 + BK < kend;
+                if (more)
+                    load(k0 + BK);
+                const float *fa = (const float *)(sa + buf * G::STAGE_BYTES);
+                const float *fb = (const float *)(sb + buf * G::STAGE_BYTES);
+#pragma unroll
+                for (int k = 0; k < BK; k++) {
+                    float a[8], b[8];
+                    *(float4 *)&a[0] = *(const float4 *)&fa[k * G::FFMA_LD + ty * 4];
+                    *(float4 *)&a[4] = *(const float4 *)&fa[k * G::FFMA_LD + 64 + ty * 4];
+                    *(float4 *)&b[0] = *(const float4 *)&fb[k * G::FFMA_LD + tx * 4];
+                    *(float4 *)&b[4] = *(const float4 *)&fb[k * G::FFMA_LD + 64 + tx * 4];
+#pragma unroll
+                    for (int i = 0; i < 8; i++)
+#pragma unroll
+                        for (int j = 0; j < 8; j++)
+                            acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+                }
+                if (more)
+                    store(buf ^ 1);
+                __syncthreads();
+                buf ^= 1;
+            }
+            int ocol[8];
+            float bias[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int n = n0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + j - 4);
+                ocol[j] = p.ws ? 0 : index_map_info(p.ocol, n).x;
+                bias[j] = (p.bias && n < p.N) ? elem_to_float(p.bias[n]) : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int m = m0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
+                const int orow = p.ws ? 0 : index_map_info(p.orow, m).x;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const int n = n0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + j - 4);
+                    epilogue_store(p, split, m, n, orow, ocol[j], bias[j], acc[i][j]);
+                }
+            }
+        } else {
+            /* 8 warps as 2 (m) x 4 (n), each a 64 x 32 block of m16n8 tiles. */
+            const int wm = warp >> 2, wn = warp & 3;
+            float acc[4][4][4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        acc[i][j][e] = 0.0f;
+            const uint32_t sa0 = (uint32_t)__cvta_generic_to_shared(sa);
+            const uint32_t sb0 = (uint32_t)__cvta_generic_to_shared(sb);
+            /* ldmatrix row addresses: A matrices (m 0-7|8-15) x (k chunk 0|1), B (n 0-7|8-15). */
+            const uint32_t a_off = (wm * 64 + (lane & 7) + ((lane >> 3) & 1) * 8) * G::MMA_ROW_BYTES +
+                                   (lane >> 4) * 16;
+            const uint32_t b_off = (wn * 32 + (lane & 7) + (lane >> 4) * 8) * G::MMA_ROW_BYTES +
+                                   ((lane >> 3) & 1) * 16;
+            load(kbeg);
+            store(0);
+            __syncthreads();
+            int buf = 0;
+            for (int k0 = kbeg; k0 < kend; k0 += BK) {
+                const bool more = k0 + BK < kend;
+                if (more)
+                    load(k0 + BK);
+#pragma unroll
+                for (int ks = 0; ks < 2; ks++) { /* two MMA k steps of 32 bytes */
+                    uint32_t a[4][4], b[4][2];
+#pragma unroll
+                    for (int mi = 0; mi < 4; mi++)
+                        ldmatrix_x4(a[mi], sa0 + buf * G::STAGE_BYTES + a_off +
+                                               mi * 16 * G::MMA_ROW_BYTES + ks * 32);
+#pragma unroll
+                    for (int nj = 0; nj < 2; nj++) {
+                        uint32_t r[4];
+                        ldmatrix_x4(r, sb0 + buf * G::STAGE_BYTES + b_off +
+                                           nj * 16 * G::MMA_ROW_BYTES + ks * 32);
+                        b[2 * nj][0] = r[0];
+                        b[2 * nj][1] = r[1];
+                        b[2 * nj + 1][0] = r[2];
+                        b[2 * nj + 1][1] = r[3];
+                    }
+#pragma unroll
+                    for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+                        for (int ni = 0; ni < 4; ni++)
+                            mma_16x8<MATH>(acc[mi][ni], a[mi], b[ni]);
+                }
+                if (more)
+                    store(buf ^ 1);
+                __syncthreads();
+                buf ^= 1;
+            }
+            const int g = lane >> 2, t4 = lane & 3;
+            int ocol[4][2];
+            float bias[4][2];
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int n = n0 + wn * 32 + ni * 8 + 2 * t4 + e;
+                    ocol[ni][e] = p.ws ? 0 : index_map_info(p.ocol, n).x;
+                    bias[ni][e] = (p.bias && n < p.N) ? elem_to_float(p.bias[n]) : 0.0f;
+                }
+#pragma unroll
+            for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int m = m0 + wm * 64 + mi * 16 + g + 8 * h;
+                    const int orow = p.ws ? 0 : index_map_info(p.orow, m).x;
+#pragma unroll
+                    for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++)
+                            epilogue_store(p, split, m, n0 + wn * 32 + ni * 8 + 2 * t4 + e, orow,
+                                           ocol[ni][e], bias[ni][e], acc[mi][ni][2 * h + e]);
+                }
+        }
+    }
+}
+
+/*
+ * Sums the split partials ws[s][M][N] in split order, then applies the same
+ * epilogue; column ones_col (if >= 0) is the bias gradient and goes to db[m].
+ */
+template <class T>
+__global__ void finalize_kernel(const float *ws, int splits, int M, int N, T *out, index_map orow,
+                                index_map ocol, const T *bias, int relu, T *db, int ones_col)
+{
+    const size_t total = (size_t)M * N;
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        float v = 0.0f;
+        for (int s = 0; s < splits; s++)
+            v += ws[(size_t)s * total + idx];
+        const int m = (int)(idx / N), n = (int)(idx % N);
+        if (n == ones_col) {
+            db[m] = elem_from_float<T>(v);
+            continue;
+        }
+        if (bias != nullptr)
+            v += elem_to_float(bias[n]);
+        if (relu)
+            v = fmaxf(v, 0.0f);
+        out[index_map_info(orow, m).x + index_map_info(ocol, n).x] = elem_from_float<T>(v);
+    }
+}
+
+#endif /* GK_CUDA_IGEMM_CUH */

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# gpu_run.sh - run ON the GPU machine, from the repository root: the GPU tests
+# (ctest label gpu) of the relocatable build folder build-gpu, then the
+# convolution benchmark against cuDNN.  Logs go under $OUT (./out without it);
+# a short summary table is printed last.
+#
+# build-gpu is made on a development machine (GPUCD_STATIC_DEPS=ON,
+# GPUCD_CUDA=ON) and only works at the absolute path it was configured at:
+# when the checkout lands elsewhere, that path is made a link to it.
+#
+# Usage: tests/gpu_run.sh [--quick]     (--quick: benchmark at B = 1024 only)
+# Env:   GPU_RUN_TESTS  ctest -R filter (default: every gpu test built here)
+set -u
+root=$(pwd)
+out=${OUT:-$root/out}
+mkdir -p "$out"
+cache="$root/build-gpu/CMakeCache.txt"
+if [ ! -f "$cache" ]; then
+    echo "gpu_run.sh: no build-gpu/CMakeCache.txt: build it first (see kernels/cuda/NOTES.md)" >&2
+    exit 2
+fi
+src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$cache")
+if [ "$src" != "$root" ]; then
+    if [ -e "$src" ] && [ ! "$src" -ef "$root" ]; then
+        echo "gpu_run.sh: build made for $src, which exists here and is another tree" >&2
+        exit 2
+    fi
+    [ -e "$src" ] || { mkdir -p "$(dirname "$src")" && ln -s "$root" "$src"; }
+fi
+build="$src/build-gpu"
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \
+    --format=csv >"$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
+
+# Only the gpu tests whose executables were built here (others are no part of this build).
+filter=${GPU_RUN_TESTS:-}
+if [ -z "$filter" ]; then
+    filter=$(ctest --test-dir "$build" -L gpu -N -V 2>/dev/null |
+        sed -n 's/^[0-9]*: Test command: \([^ ]*\).*/\1/p' |
+        while read -r exe; do [ -x "$exe" ] && basename "$exe"; done | paste -sd'|')
+fi
+ctest_rc=0
+if [ -n "$filter" ]; then
+    ctest --test-dir "$build" -L gpu -R "^($filter)\$" --output-on-failure >"$out/ctest.log" 2>&1 || ctest_rc=$?
+else
+    echo "no gpu test executables built" >"$out/ctest.log"
+    ctest_rc=1
+fi
+tail -n 30 "$out/ctest.log"
+
+bench_rc=0
+"$build/tests/bench/conv_bench" "$@" >"$out/bench.log" 2>&1 || bench_rc=$?
+tail -n 5 "$out/bench.log"
+
+echo
+echo "==== summary ===="
+grep -E "tests passed|tests failed|Skipped|Failed|\*\*\*" "$out/ctest.log" | tail -n 8
+echo "ctest rc $ctest_rc, bench rc $bench_rc"
+grep -E "^(device|ceilings)" "$out/bench.log"
+grep -E "^\|" "$out/bench.log" | cut -d'|' -f2-11
+[ "$ctest_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
