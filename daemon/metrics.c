@@ -1,0 +1,197 @@
+/*
+ * metrics.c - see metrics.h.  gcd_stats holds per-bucket (not cumulative)
+ * histogram counts; the exposition format wants cumulative buckets, so they
+ * are summed here, and the +Inf bucket and _count are that same sum so that
+ * one scrape is always self-consistent while requests keep arriving.
+ */
+#include "metrics.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "clock.h"
+#include "device_usage.h"
+#include "strbuf.h"
+
+#ifndef GPUCD_VERSION_STRING
+#define GPUCD_VERSION_STRING "unknown"
+#endif
+
+int gcd_daemon_opened(gcd_daemon *d)
+{
+    return atomic_load(&d->ready) || atomic_load(&d->draining);
+}
+
+static uint64_t load_u(atomic_uint_fast64_t *v)
+{
+    return atomic_load_explicit(v, memory_order_relaxed);
+}
+
+static int64_t load_i(atomic_int_fast64_t *v)
+{
+    return atomic_load_explicit(v, memory_order_relaxed);
+}
+
+static void family(strbuf *b, const char *name, const char *type, const char *help)
+{
+    strbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* A family of one sample without labels. */
+static void single_u(strbuf *b, const char *name, const char *type, const char *help, uint64_t v)
+{
+    family(b, name, type, help);
+    strbuf_printf(b, "%s %" PRIu64 "\n", name, v);
+}
+
+static void single_i(strbuf *b, const char *name, const char *type, const char *help, int64_t v)
+{
+    family(b, name, type, help);
+    strbuf_printf(b, "%s %" PRId64 "\n", name, v);
+}
+
+static void single_f(strbuf *b, const char *name, const char *type, const char *help, double v)
+{
+    family(b, name, type, help);
+    strbuf_printf(b, "%s %.6f\n", name, v);
+}
+
+static void requests_total(strbuf *b, gcd_stats *s)
+{
+    family(b, "gpucd_requests_total", "counter",
+           "Requests answered, by operation and reply status (the schema's Status names).");
+    for (int k = 0; k < GCD_REQ_KIND_COUNT; k++)
+        for (int st = 0; st < GCD_STATUS_COUNT; st++) {
+            uint64_t n = load_u(&s->requests[k][st]);
+            /* OK is always present so that rates exist before the first request. */
+            if (n == 0 && st != GCD_OK)
+                continue;
+            strbuf_printf(b, "gpucd_requests_total{op=\"%s\",status=\"%s\"} %" PRIu64 "\n",
+                          gcd_req_kind_name((gcd_req_kind)k), gcd_status_name((gcd_status)st), n);
+        }
+}
+
+static void durations(strbuf *b, gcd_stats *s)
+{
+    family(b, "gpucd_request_duration_seconds", "histogram",
+           "Time of answered requests by operation and phase: queue (received to started), "
+           "copy_in, compute, copy_out, and total (received to reply built).");
+    for (int k = 0; k < GCD_REQ_KIND_COUNT; k++) {
+        if (load_u(&s->latency[k][GCD_PHASE_TOTAL].count) == 0)
+            continue; /* operations never asked for would be ~100 lines of zeros each */
+        const char *op = gcd_req_kind_name((gcd_req_kind)k);
+        for (int p = 0; p < GCD_PHASE_COUNT; p++) {
+            gcd_hist *h = &s->latency[k][p];
+            const char *phase = gcd_phase_name((gcd_phase)p);
+            uint64_t cum = 0;
+            for (int i = 0; i < GCD_HIST_BUCKETS; i++) {
+                cum += load_u(&h->bucket[i]);
+                if (i < GCD_HIST_BUCKETS - 1)
+                    strbuf_printf(b, "gpucd_request_duration_seconds_bucket{op=\"%s\",phase=\"%s\","
+                                     "le=\"%g\"} %" PRIu64 "\n",
+                                  op, phase, gcd_hist_bounds[i], cum);
+                else
+                    strbuf_printf(b, "gpucd_request_duration_seconds_bucket{op=\"%s\",phase=\"%s\","
+                                     "le=\"+Inf\"} %" PRIu64 "\n",
+                                  op, phase, cum);
+            }
+            strbuf_printf(b, "gpucd_request_duration_seconds_sum{op=\"%s\",phase=\"%s\"} %.6f\n",
+                          op, phase, (double)load_u(&h->sum_us) * 1e-6);
+            strbuf_printf(b, "gpucd_request_duration_seconds_count{op=\"%s\",phase=\"%s\"} %" PRIu64
+                             "\n",
+                          op, phase, cum);
+        }
+    }
+}
+
+static void build_and_state(strbuf *b, gcd_daemon *d, int opened)
+{
+    family(b, "gpucd_build_info", "gauge", "Always 1; the labels say what is running.");
+    strbuf_printf(b, "gpucd_build_info{version=\"%s\",backend=\"", GPUCD_VERSION_STRING);
+    strbuf_label_escape(b, opened ? d->ops->name : "");
+    strbuf_printf(b, "\"} 1\n");
+    if (opened) {
+        family(b, "gpucd_device_info", "gauge", "Always 1; the device the backend serves on.");
+        strbuf_printf(b, "gpucd_device_info{backend=\"");
+        strbuf_label_escape(b, d->ops->name);
+        strbuf_printf(b, "\",device=\"%d\",name=\"", d->cfg.device);
+        strbuf_label_escape(b, d->device.name);
+        strbuf_printf(b, "\",sm_count=\"%u\"} 1\n", d->device.sm_count);
+    }
+    single_u(b, "gpucd_ready", "gauge",
+             "1 when the kernels are warm, the buffers allocated and the daemon not draining.",
+             (uint64_t)(atomic_load(&d->ready) != 0));
+    single_u(b, "gpucd_draining", "gauge", "1 while the daemon drains after SIGTERM or SIGINT.",
+             (uint64_t)(atomic_load(&d->draining) != 0));
+    double up = (double)(gcd_now_us() - d->stats.start_us) * 1e-6;
+    single_f(b, "gpucd_uptime_seconds", "gauge", "Seconds since the daemon started.", up);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    single_f(b, "gpucd_start_time_seconds", "gauge", "When the daemon started, in Unix seconds.",
+             (double)now.tv_sec + (double)now.tv_nsec * 1e-9 - up);
+}
+
+static void load_and_traffic(strbuf *b, gcd_stats *s)
+{
+    single_i(b, "gpucd_requests_in_flight", "gauge", "Requests being worked on by a worker.",
+             load_i(&s->inflight));
+    single_i(b, "gpucd_requests_queued", "gauge", "Requests received and waiting for a worker.",
+             load_i(&s->queued));
+    single_i(b, "gpucd_clients_connected", "gauge", "Connections open to the request socket.",
+             load_i(&s->clients));
+    single_u(b, "gpucd_received_bytes_total", "counter", "Bytes of request messages received.",
+             load_u(&s->bytes_in));
+    single_u(b, "gpucd_sent_bytes_total", "counter", "Bytes of reply messages sent.",
+             load_u(&s->bytes_out));
+    single_u(b, "gpucd_batches_total", "counter", "Batches the backend ran.", load_u(&s->batches));
+    single_u(b, "gpucd_batch_rows_total", "counter",
+             "Rows of all batches run (rows / batches is the mean batch size).",
+             load_u(&s->batch_rows));
+}
+
+static void memory(strbuf *b, gcd_daemon *d)
+{
+    uint64_t rc, rb, tc, tb;
+    gcd_regions_totals(d->regions, &rc, &rb);
+    gcd_residents_totals(d->residents, &tc, &tb);
+    single_u(b, "gpucd_regions", "gauge", "Shared-memory regions mapped, all clients.", rc);
+    single_u(b, "gpucd_region_bytes", "gauge", "Bytes of the shared-memory regions mapped.", rb);
+    single_u(b, "gpucd_resident_tensors", "gauge", "Resident tensors held, all clients.", tc);
+    single_u(b, "gpucd_resident_tensor_bytes", "gauge", "Bytes of the resident tensors held.", tb);
+    single_u(b, "gpucd_resident_limit_bytes", "gauge",
+             "Most bytes resident tensors may hold (--resident-mb).", d->cfg.resident_mb << 20);
+    single_u(b, "gpucd_workspace_bytes", "gauge",
+             "Device workspace the backend preallocated at start.", d->device.workspace_bytes);
+    single_u(b, "gpucd_device_allocations_total", "counter",
+             "Device memory allocations since start; constant after warm-up.",
+             d->ops->allocations(d->backend));
+    gcd_device_usage u;
+    if (gcd_device_usage_get(d->ops->name, d->cfg.device, &u) == 0) {
+        single_u(b, "gpucd_device_memory_total_bytes", "gauge", "Device memory, from NVML.",
+                 u.memory_total_bytes);
+        single_u(b, "gpucd_device_memory_used_bytes", "gauge",
+                 "Device memory in use by every process, from NVML.", u.memory_used_bytes);
+        single_f(b, "gpucd_device_utilization_ratio", "gauge",
+                 "Fraction of the last NVML sample period in which a kernel ran.", u.utilization);
+    } else {
+        /* What the backend reported at start; no live use is known, so none is given. */
+        single_u(b, "gpucd_device_memory_total_bytes", "gauge",
+                 "Memory of the backend's device as it reported it at start.",
+                 d->device.memory_bytes);
+    }
+}
+
+char *gcd_metrics_text(gcd_daemon *d, size_t *len)
+{
+    strbuf b;
+    strbuf_init(&b, 16384);
+    int opened = gcd_daemon_opened(d);
+    build_and_state(&b, d, opened);
+    load_and_traffic(&b, &d->stats);
+    if (opened)
+        memory(&b, d);
+    requests_total(&b, &d->stats);
+    durations(&b, &d->stats);
+    return strbuf_finish(&b, len);
+}
