@@ -11,6 +11,7 @@
 #include <uv.h>
 
 #include "daemon.h"
+#include "http_stats.h"
 #include "log.h"
 #include "server.h"
 
@@ -19,6 +20,7 @@ typedef struct gcd_main {
     uv_loop_t loop;
     uv_signal_t sigint, sigterm;
     gcd_server *server;
+    gcd_http_stats *http;
     int signals;
 } gcd_main;
 
@@ -89,6 +91,11 @@ int main(int argc, char **argv)
     gcd_stats_init(&d->stats);
     signal(SIGPIPE, SIG_IGN);
     threadpool_size(d->cfg.max_inflight);
+    /* Up before the backend opens: /health/ready answers 503 during warm-up. */
+    if (gcd_http_stats_start(&m.http, d, d->cfg.stats_listen, err, sizeof err) != 0) {
+        gcd_log_error("%s", err);
+        return 1;
+    }
 
     d->ops = backend_choose(&d->cfg, err, sizeof err);
     if (d->ops == NULL) {
@@ -127,6 +134,7 @@ int main(int argc, char **argv)
     gcd_server_free(m.server);
     uv_run(&m.loop, UV_RUN_DEFAULT);
     uv_loop_close(&m.loop);
+    gcd_http_stats_stop(m.http); /* before the backend it reports on closes */
     gcd_residents_fini(d->residents);
     gcd_regions_fini(d->regions);
     d->ops->close(d->backend);
