@@ -24,6 +24,14 @@ typedef struct refact {
     double x[59 * 11 * 15], c1[128 * 12], feat[FEAT], pre[512];
 } refact;
 
+/* The channel each feature of map pixel (h, w) sets. */
+static void hot_channels(const uint8_t *obs, int h, int w, int hot[10])
+{
+    int off = 0;
+    for (int f = 0; f < 10; off += FACTORS[f], f++)
+        hot[f] = off + obs[(h * 15 + w) * 10 + f];
+}
+
 static void ref_agent_forward(const refw *w, const uint8_t *obs, refact *a)
 {
     memset(a->x, 0, sizeof a->x);
@@ -32,17 +40,19 @@ static void ref_agent_forward(const refw *w, const uint8_t *obs, refact *a)
         for (int f = 0; f < 10; off += FACTORS[f], f++)
             a->x[(off + obs[t * 10 + f]) * 165 + t] = 1.0;
     }
+    /* conv1 over a one-hot input: only the 10 hot channels of each pixel contribute. */
     for (int o = 0; o < 128; o++)
         for (int oh = 0; oh < 3; oh++)
             for (int ow = 0; ow < 4; ow++) {
                 double s = w->c1b[o];
-                for (int c = 0; c < 59; c++)
-                    for (int i = 0; i < 5; i++)
-                        for (int j = 0; j < 5; j++) {
-                            double xv = a->x[(c * 11 + oh * 3 + i) * 15 + ow * 3 + j];
-                            if (xv != 0.0)
-                                s += w->c1w[((o * 59 + c) * 5 + i) * 5 + j] * xv;
-                        }
+                for (int i = 0; i < 5; i++)
+                    for (int j = 0; j < 5; j++) {
+                        int hot[10];
+                        hot_channels(obs, oh * 3 + i, ow * 3 + j, hot);
+                        for (int f = 0; f < 10; f++)
+                            s += w->c1w[((o * 59 + hot[f]) * 5 + i) * 5 + j] *
+                                 a->x[(hot[f] * 11 + oh * 3 + i) * 15 + ow * 3 + j];
+                    }
                 a->c1[(o * 3 + oh) * 4 + ow] = s > 0 ? s : 0;
             }
     for (int o = 0; o < 128; o++)
@@ -108,13 +118,14 @@ static void ref_agent_backward(const refw *w, const uint8_t *obs, const refact *
                 int ci = (o * 3 + oh) * 4 + ow;
                 double d = a->c1[ci] > 0 ? dc1[ci] : 0;
                 g[1][o] += d;
-                for (int c = 0; c < 59; c++)
-                    for (int i = 0; i < 5; i++)
-                        for (int j = 0; j < 5; j++) {
-                            double xv = a->x[(c * 11 + oh * 3 + i) * 15 + ow * 3 + j];
-                            if (xv != 0.0)
-                                g[0][((o * 59 + c) * 5 + i) * 5 + j] += d * xv;
-                        }
+                for (int i = 0; i < 5; i++)
+                    for (int j = 0; j < 5; j++) {
+                        int hot[10];
+                        hot_channels(obs, oh * 3 + i, ow * 3 + j, hot);
+                        for (int f = 0; f < 10; f++)
+                            g[0][((o * 59 + hot[f]) * 5 + i) * 5 + j] +=
+                                d * a->x[(hot[f] * 11 + oh * 3 + i) * 15 + ow * 3 + j];
+                    }
             }
 }
 
@@ -408,7 +419,11 @@ static void test_nmmo3_deterministic(void **state)
 static void test_nmmo3_timing(void **state)
 {
     const char *env = getenv("GK_TEST_TIMING_BATCH");
+#ifdef __SANITIZE_ADDRESS__
+    int64_t b = env != NULL ? strtoll(env, NULL, 10) : 32;
+#else
     int64_t b = env != NULL ? strtoll(env, NULL, 10) : 256;
+#endif
     if (b <= 0)
         skip();
     for (int q = 0; q < 2; q++) {
