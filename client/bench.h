@@ -1,0 +1,71 @@
+/*
+ * bench.h - `gpucdctl bench`: drives a running daemon with one operation at a
+ * fixed concurrency, a sweep of concurrencies or a request rate, and reports
+ * throughput, latency percentiles and where the time went (from the reply
+ * timings).  bench.c runs the measurement; bench_presets.c knows the
+ * operations: their tensors, the call, and the CPU reference that checks the
+ * daemon's answer once before anything is timed.
+ */
+#ifndef GPUCD_BENCH_H
+#define GPUCD_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpucd.h"
+
+/* Entry point of the subcommand: argv[0] is "bench"; returns the exit status. */
+int bench_main(gpucd_client *client, const char *url, int argc, char **argv);
+
+/* ---- presets (bench_presets.c) ----------------------------------------------- */
+
+enum { BENCH_MAX_TENSORS = 16 };
+
+/* The sizes a preset is run at: its defaults, overridden from the command line. */
+typedef struct bench_shape {
+    int64_t batch;   /* rows per request (N of the loss) */
+    gpucd_dtype dtype;
+    int64_t hidden;  /* nmmo3 projection width */
+    int64_t dim;     /* loss: D */
+    int64_t vocab;   /* loss: V */
+} bench_shape;
+
+/* One tensor of a request: its dtype, shape, and whether the daemon writes it. */
+typedef struct bench_spec {
+    const char *name;
+    gpucd_dtype dtype;
+    int ndim;
+    int64_t shape[4];
+    int output;
+    float scale; /* inputs: uniform in [-scale, scale) (floats) */
+} bench_spec;
+
+typedef struct bench_preset {
+    const char *name;
+    const char *summary;
+    bench_shape defaults;
+    /* The weights, made resident once; returns how many (<= BENCH_MAX_TENSORS). */
+    int (*weights)(const bench_shape *s, bench_spec *out);
+    /* The per-request tensors at `batch` rows, inputs then outputs. */
+    int (*io)(const bench_shape *s, int64_t batch, bench_spec *out);
+    /* One request; w are the resident weights, io the per-request tensors. */
+    int (*call)(gpucd_client *c, const bench_shape *s, gpucd_tensor *w, gpucd_tensor *io,
+                gpucd_timings *t);
+    /* The CPU kernels on the same inputs: writes each output spec into ref[i]
+     * (NULL for inputs); 0 or a gk code with msg set. */
+    int (*reference)(const bench_shape *s, int64_t batch, void *const *w, void *const *io,
+                     void *const *ref, char *msg, size_t msglen);
+    /* Rows of the check request: small enough for the CPU reference to be quick. */
+    int64_t (*verify_batch)(const bench_shape *s);
+} bench_preset;
+
+extern const bench_preset bench_presets[];
+extern const int bench_preset_count;
+
+/* Fills an input tensor's bytes with valid random data (observations in range, targets < V). */
+void bench_fill(const bench_spec *spec, const bench_shape *s, void *data, uint64_t *rng);
+
+int64_t bench_spec_numel(const bench_spec *spec);
+size_t bench_spec_bytes(const bench_spec *spec);
+
+#endif
