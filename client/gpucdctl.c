@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench.h"
 #include "gpucd.h"
 
 typedef struct ctl_command {
@@ -115,10 +116,33 @@ static int cmd_regions(gpucd_client *client, int argc, char **argv)
     return 0;
 }
 
+static int cmd_stats(gpucd_client *client, int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    char *json;
+    int rv = gpucd_stats_json(client, &json);
+    if (rv < 0)
+        return ctl_fail("stats", rv);
+    printf("%s\n", json);
+    free(json);
+    return 0;
+}
+
+static const char *ctl_url; /* --url, for bench (NULL: the default) */
+
+static int cmd_bench(gpucd_client *client, int argc, char **argv)
+{
+    return bench_main(client, ctl_url, argc, argv);
+}
+
 static const ctl_command ctl_commands[] = {
     {"info", "the daemon's version, backend, device, limits and operations", cmd_info},
     {"ping", "[COUNT] round trips through the daemon, with timings", cmd_ping},
     {"regions", "the shared-memory regions registered on this connection", cmd_regions},
+    {"stats", "the daemon's counters and latency histograms, as JSON", cmd_stats},
+    {"bench", "[OPTIONS] drive the daemon with an operation and measure (bench --help)",
+     cmd_bench},
 };
 
 static void usage(FILE *out)
@@ -197,6 +221,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "gpucdctl: unknown command '%s' (see gpucdctl --help)\n", argv[optind]);
         return 2;
     }
+    ctl_url = url;
     gpucd_client *client;
     int rv = gpucd_connect(url, &opts, &client);
     if (rv < 0)
