@@ -427,9 +427,9 @@ static void test_check_nmmo3(void **state)
     EXPECT(gk_nmmo3_backward_check(&w, &obs, &hid, &h, err), GK_EINVAL, "grads.proj_w is required");
     h = g, h.embed.shape[1] = 33;
     EXPECT(gk_nmmo3_backward_check(&w, &obs, &hid, &h, err), GK_EINVAL, "grads.embed: dimension 1 is 33");
-    h = g, h.conv2_b.data = w.conv2_b.data;
+    h = g, h.conv2_b.data = w.conv1_w.data;
     EXPECT(gk_nmmo3_backward_check(&w, &obs, &hid, &h, err), GK_EINVAL,
-           "output grads.conv2_b overlaps input conv2_b");
+           "output grads.conv2_b overlaps input conv1_w");
     v = w, v.proj_w.data = NULL, v.proj_b.data = NULL;
     EXPECT(gk_nmmo3_backward_check(&v, &obs, &hid, &g, err), GK_EINVAL, "dout: dimension 1 is 64, expected 1817");
     EXPECT(gk_nmmo3_backward_check(&v, &obs, &feat, &g, err), GK_EINVAL,
