@@ -187,7 +187,8 @@ static void region_unref_locked(gcd_regions *rs, gcd_region *r)
         rs->mapped_count--;
         rs->mapped_bytes -= r->size;
         region_unmap(rs, r);
-        pthread_cond_broadcast(&rs->released);
+    } else if (!r->listed) {
+        pthread_cond_broadcast(&rs->released); /* an unregister may be waiting for this */
     }
 }
 

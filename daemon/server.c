@@ -39,8 +39,6 @@ struct gcd_server {
     gcd_daemon *d;
     uv_loop_t *loop;
     nng_socket sock;
-    nng_listener listeners[GCD_MAX_LISTEN];
-    int nlisteners;
     server_slot *slots;
     uint32_t nslots;
     pthread_mutex_t inbox_lock;
@@ -49,6 +47,7 @@ struct gcd_server {
     atomic_int busy; /* slots between receiving a request and its reply going out */
     atomic_int refuse;
     uv_timer_t drain_timer;
+    uint64_t drain_start, drain_quiet_since; /* loop time, ms */
     void (*drain_done)(void *arg);
     void *drain_arg;
 };
@@ -149,7 +148,12 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
     gcd_daemon *d = arg;
     uint32_t id = (uint32_t)nng_pipe_id(p);
-    if (ev == NNG_PIPE_EV_ADD_POST) {
+    if (ev == NNG_PIPE_EV_ADD_PRE) {
+        /* Draining: refuse new connections (closing the listeners would also
+         * close the connections whose replies are still on their way). */
+        if (atomic_load(&d->draining))
+            nng_pipe_close(p);
+    } else if (ev == NNG_PIPE_EV_ADD_POST) {
         atomic_fetch_add(&d->stats.clients, 1);
         gcd_log_debug("client %u connected", id);
     } else if (ev == NNG_PIPE_EV_REM_POST) {
@@ -172,7 +176,6 @@ static int server_listen(gcd_server *srv, const char *url, char *err, size_t err
         snprintf(err, errlen, "cannot listen on %s: %s", url, nng_strerror(rv));
         return -1;
     }
-    srv->listeners[srv->nlisteners++] = l;
     gcd_log_info("listening on %s", url);
     return 0;
 }
@@ -207,6 +210,7 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
         free(srv);
         return -1;
     }
+    nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_PRE, pipe_event, d);
     nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_POST, pipe_event, d);
     nng_pipe_notify(srv->sock, NNG_PIPE_EV_REM_POST, pipe_event, d);
     uv_async_init(loop, &srv->inbox_async, inbox_drain);
@@ -242,10 +246,20 @@ fail:
     return -1;
 }
 
+/*
+ * A reply's send completes when nng has queued it on the connection, not when
+ * the bytes have left: the socket closes only after no request has been busy
+ * for DRAIN_LINGER_MS (so the last replies flush), or after DRAIN_MAX_MS.
+ */
+enum { DRAIN_POLL_MS = 2, DRAIN_LINGER_MS = 200, DRAIN_MAX_MS = 10000 };
+
 static void drain_poll(uv_timer_t *timer)
 {
     gcd_server *srv = timer->data;
+    uint64_t now = uv_now(srv->loop);
     if (atomic_load(&srv->busy) != 0)
+        srv->drain_quiet_since = now;
+    if (now - srv->drain_quiet_since < DRAIN_LINGER_MS && now - srv->drain_start < DRAIN_MAX_MS)
         return;
     uv_timer_stop(timer);
     nng_close(srv->sock);
@@ -256,11 +270,10 @@ static void drain_poll(uv_timer_t *timer)
 void gcd_server_drain(gcd_server *s, void (*done)(void *arg), void *arg)
 {
     atomic_store(&s->refuse, 1);
-    for (int i = 0; i < s->nlisteners; i++)
-        nng_listener_close(s->listeners[i]);
     s->drain_done = done;
     s->drain_arg = arg;
-    uv_timer_start(&s->drain_timer, drain_poll, 0, 2);
+    s->drain_start = s->drain_quiet_since = uv_now(s->loop);
+    uv_timer_start(&s->drain_timer, drain_poll, 0, DRAIN_POLL_MS);
 }
 
 void gcd_server_free(gcd_server *s)

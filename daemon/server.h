@@ -18,7 +18,7 @@ typedef struct gcd_server gcd_server;
 int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err, size_t errlen);
 
 /*
- * Stops accepting connections, refuses requests not yet started, lets the ones
+ * Stops accepting connections (once d->draining is set), refuses requests not yet started, lets the ones
  * running finish and their replies go out, then closes the socket and calls
  * done on the loop thread.
  */
