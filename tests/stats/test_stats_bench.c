@@ -1,0 +1,278 @@
+/*
+ * test_stats_bench.c - `gpucdctl bench` against a CPU-backend daemon: a short
+ * concurrency sweep of pings over ipc:// and a conv2 preset over tcp://; the
+ * requests bench says it made are exactly what the daemon counted, with no
+ * errors.  A daemon that goes away mid-run makes bench report errors and exit
+ * 1; bad options exit 2.  argv[2] is gpucdctl.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "scrape.h"
+
+static const char *gpucdctl_;
+static th_daemon daemon_;
+static int port_;
+static char dir_[64];
+
+/* Runs gpucdctl with args (NULL-terminated), output to a log; returns the exit status. */
+static int run_ctl(const char *const *args, const char *log)
+{
+    const char *argv[64] = {gpucdctl_};
+    int n = 1;
+    for (int i = 0; args[i] != NULL && n < 63; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        FILE *f = freopen(log, "w", stdout);
+        if (f == NULL || dup2(fileno(stdout), 2) < 0)
+            _exit(126);
+        execv(gpucdctl_, (char *const *)argv);
+        _exit(127);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    size_t got = fread(s, 1, (size_t)n, f);
+    s[got] = '\0';
+    fclose(f);
+    return s;
+}
+
+static void dump(const char *path)
+{
+    char *s = slurp(path);
+    fprintf(stderr, "---- %s ----\n%s---- end ----\n", path, s != NULL ? s : "(none)\n");
+    free(s);
+}
+
+/* The number after "key": at the top level of bench's JSON (the first occurrence). */
+static double json_number(const char *json, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(json, pat);
+    if (p == NULL)
+        fail_msg("bench JSON has no %s: %s", key, json);
+    return strtod(p + strlen(pat), NULL);
+}
+
+static int count_of(const char *s, const char *what)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, what)) != NULL; p += strlen(what))
+        n++;
+    return n;
+}
+
+static void test_ping_sweep_counts_match(void **state)
+{
+    char json[128], csv[128], log[128];
+    snprintf(json, sizeof json, "%s/ping.json", dir_);
+    snprintf(csv, sizeof csv, "%s/ping.csv", dir_);
+    snprintf(log, sizeof log, "%s/ping.log", dir_);
+    ts_metrics a, b;
+    ts_scrape(port_, &a);
+    const char *args[] = {"--url", daemon_.ipc_url, "bench", "--op", "ping", "--concurrency",
+                          "1:4:x2", "--warmup-s", "0.1", "--window-s", "0.1", "--max-windows",
+                          "4", "--json", json, "--csv", csv, NULL};
+    int rc = run_ctl(args, log);
+    if (rc != 0) {
+        dump(log);
+        fail_msg("gpucdctl bench exited %d", rc);
+    }
+    ts_scrape(port_, &b);
+    char *j = slurp(json), *c = slurp(csv);
+    assert_non_null(j);
+    assert_non_null(c);
+    double made = json_number(j, "requests");
+    double counted = ts_metric(&b, "gpucd_requests_total{op=\"ping\",status=\"OK\"}") -
+                     ts_metric(&a, "gpucd_requests_total{op=\"ping\",status=\"OK\"}");
+    const char *ping_any[] = {"op=\"ping\"", NULL};
+    double all = ts_metric_sum(&b, "gpucd_requests_total", ping_any) -
+                 ts_metric_sum(&a, "gpucd_requests_total", ping_any);
+    fprintf(stderr, "bench made %.0f pings; the daemon counted %.0f OK, %.0f in all\n", made,
+            counted, all);
+    assert_true(made > 0);
+    assert_true(counted == made);
+    assert_true(all == made);
+    assert_true(json_number(j, "errors") == 0);
+    assert_int_equal(count_of(j, "\"concurrency\":"), 3);
+    assert_non_null(strstr(j, "\"concurrency\":1,"));
+    assert_non_null(strstr(j, "\"concurrency\":2,"));
+    assert_non_null(strstr(j, "\"concurrency\":4,"));
+    assert_non_null(strstr(j, "\"p99\":"));
+    assert_int_equal(count_of(c, "\n"), 4); /* header and one row a level */
+    assert_int_equal(strncmp(c, "op,tensors,batch,dtype,concurrency,", 35), 0);
+    free(j);
+    free(c);
+    ts_metrics_free(&a);
+    ts_metrics_free(&b);
+}
+
+/* conv2 over tcp, tensors inline: the check request plus every timed one, as the daemon saw. */
+static void test_conv2_preset_over_tcp(void **state)
+{
+    char json[128], log[128];
+    snprintf(json, sizeof json, "%s/conv2.json", dir_);
+    snprintf(log, sizeof log, "%s/conv2.log", dir_);
+    ts_metrics a, b;
+    ts_scrape(port_, &a);
+    const char *args[] = {"--url", daemon_.tcp_url, "bench", "--op", "conv2", "--batch", "4",
+                          "--concurrency", "2", "--warmup-s", "0.1", "--window-s", "0.1",
+                          "--max-windows", "4", "--json", json, NULL};
+    int rc = run_ctl(args, log);
+    if (rc != 0) {
+        dump(log);
+        fail_msg("gpucdctl bench exited %d", rc);
+    }
+    ts_scrape(port_, &b);
+    char *j = slurp(json);
+    double made = json_number(j, "requests");
+    double counted = ts_metric(&b, "gpucd_requests_total{op=\"conv2d_forward\",status=\"OK\"}") -
+                     ts_metric(&a, "gpucd_requests_total{op=\"conv2d_forward\",status=\"OK\"}");
+    fprintf(stderr, "bench made %.0f conv2d_forward; the daemon counted %.0f\n", made, counted);
+    assert_true(made > 1);
+    assert_true(counted == made);
+    assert_non_null(strstr(j, "\"tensors\":\"inline\""));
+    assert_non_null(strstr(j, "\"check\":{\"done\":true"));
+    /* the weights went up once and were freed at the end */
+    assert_true(ts_metric(&b, "gpucd_requests_total{op=\"tensor_put\",status=\"OK\"}") -
+                    ts_metric(&a, "gpucd_requests_total{op=\"tensor_put\",status=\"OK\"}") == 2);
+    assert_true(ts_metric(&b, "gpucd_resident_tensors") == 0);
+    free(j);
+    ts_metrics_free(&a);
+    ts_metrics_free(&b);
+}
+
+static void test_bad_options_exit_2(void **state)
+{
+    char log[128];
+    snprintf(log, sizeof log, "%s/bad.log", dir_);
+    static const char *const bad[][3] = {
+        {"--op", "nonesuch", NULL},     {"--concurrency", "0", NULL},
+        {"--concurrency", "4:2", NULL}, {"--concurrency", "1:8:y2", NULL},
+        {"--batch", "-3", NULL},        {"--dtype", "f64", NULL},
+        {"--window-s", "0", NULL},      {"--frobnicate", NULL, NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *args[8] = {"--url", daemon_.ipc_url, "bench", bad[i][0], bad[i][1], NULL};
+        int rc = run_ctl(args, log);
+        if (rc != 2) {
+            dump(log);
+            fail_msg("bench %s %s exited %d, expected 2", bad[i][0], bad[i][1], rc);
+        }
+    }
+}
+
+/* The daemon goes away mid-run: the failures are counted and reported, and bench exits 1. */
+static void test_failures_are_errors(void **state)
+{
+    th_daemon d;
+    th_daemon_start(&d, NULL);
+    char json[128], log[128];
+    snprintf(json, sizeof json, "%s/gone.json", dir_);
+    snprintf(log, sizeof log, "%s/gone.log", dir_);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        usleep(400000);
+        kill(d.pid, SIGTERM);
+        _exit(0);
+    }
+    const char *args[] = {"--url", d.tcp_url, "--timeout-ms", "200", "bench", "--op", "ping",
+                          "--warmup-s", "0.1", "--window-s", "0.2", "--max-windows", "5",
+                          "--tolerance", "0", "--json", json, NULL};
+    int rc = run_ctl(args, log);
+    waitpid(pid, NULL, 0);
+    char *j = slurp(json);
+    if (rc != 1 || j == NULL || json_number(j, "errors") < 1) {
+        dump(log);
+        fail_msg("bench against a daemon that left exited %d, JSON %s", rc, j ? j : "(none)");
+    }
+    assert_non_null(strstr(j, "\"first_error\":"));
+    free(j);
+    /* It drains and exits by itself once bench stops sending; a second SIGTERM from
+     * th_daemon_stop before then would make it exit at once, non-zero. */
+    int status = 0;
+    for (int i = 0; i < 1000 && waitpid(d.pid, &status, WNOHANG) != d.pid; i++)
+        usleep(10000);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    char sock[300];
+    snprintf(sock, sizeof sock, "%s/gpucd.sock", d.dir);
+    unlink(d.log_path);
+    unlink(sock);
+    rmdir(d.dir);
+}
+
+static int group_setup(void **state)
+{
+    snprintf(dir_, sizeof dir_, "/tmp/gpucd-bench-XXXXXX");
+    if (mkdtemp(dir_) == NULL)
+        return -1;
+    port_ = ts_free_port();
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", port_);
+    const char *extra[] = {"--stats-listen", url, NULL};
+    th_daemon_start(&daemon_, extra);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    int rc = th_daemon_stop(&daemon_);
+    static const char *const files[] = {"ping.json", "ping.csv", "ping.log", "conv2.json",
+                                        "conv2.log", "bad.log", "gone.json", "gone.log"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char p[160];
+        snprintf(p, sizeof p, "%s/%s", dir_, files[i]);
+        unlink(p);
+    }
+    rmdir(dir_);
+    if (rc != 0) {
+        fprintf(stderr, "daemon exit status %d, expected 0\n", rc);
+        return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    th_init(argc, argv);
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s GPUCD GPUCDCTL\n", argv[0]);
+        return 1;
+    }
+    gpucdctl_ = argv[2];
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ping_sweep_counts_match),
+        cmocka_unit_test(test_conv2_preset_over_tcp),
+        cmocka_unit_test(test_bad_options_exit_2),
+        cmocka_unit_test(test_failures_are_errors),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
