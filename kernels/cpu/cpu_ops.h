@@ -45,8 +45,5 @@ int cpu_conv_backward(const cpu_conv_shape *s, const void *x, gk_dtype xdt, cons
 /* Every observation value below its feature's slot count, or GK_ERANGE naming agent, tile, feature. */
 int cpu_multihot_validate(const gk_multihot_layout *l, const uint8_t *obs, int64_t b,
                           int64_t row_bytes, gk_err *err);
-/* out (b, channels, H, W) f32 = multihot of b validated observation rows. */
-void cpu_multihot_fill(const gk_multihot_layout *l, const uint8_t *obs, int64_t b,
-                       int64_t row_bytes, float *out);
 
 #endif /* GK_CPU_OPS_H */

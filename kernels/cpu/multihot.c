@@ -46,12 +46,6 @@ static void multihot_fill(const gk_multihot_layout *l, const uint8_t *obs, int64
     }
 }
 
-void cpu_multihot_fill(const gk_multihot_layout *l, const uint8_t *obs, int64_t b,
-                       int64_t row_bytes, float *out)
-{
-    multihot_fill(l, obs, b, row_bytes, out, GK_F32);
-}
-
 int gk_cpu_multihot_encode(const gk_multihot_layout *l, const gk_tensor *obs,
                            const gk_tensor *out, gk_err *err)
 {

@@ -4,6 +4,13 @@
  * [flatten 256 | embedding of the 47 player bytes 1504 | player bytes 47 |
  * reward bytes 10] = 1817 features -> optionally relu(features . proj_w^T + proj_b).
  *
+ * conv1's input is one-hot, so conv1 is computed sparsely: each output sums,
+ * over its 5x5 taps, the weight columns of the 10 channels set at that pixel
+ * (250 terms instead of 1475), in (tap, feature) order; its weight gradient
+ * likewise adds the output gradient into those columns only, agents and output
+ * pixels in ascending order.  Both run vectorised over output channels on a
+ * transposed weight layout (59*5*5, 128).
+ *
  * Agents are processed a chunk at a time so scratch stays bounded at any
  * batch.  With bf16 weights each layer's output is rounded to bf16, as a
  * chain of bf16 kernels would store it; gradients stay f32 throughout.  The
@@ -18,10 +25,14 @@
 #include <string.h>
 
 enum {
-    CHUNK = 256,
+    CHUNK = 64,
     MAP_C = 59, MAP_H = 11, MAP_W = 15,
     C1_H = 3, C1_W = 4, C2_H = 1, C2_W = 2,
     CH = GK_NMMO3_CONV_CH,
+    TAPS = 25,           /* conv1 is 5x5 */
+    C1_P = C1_H * C1_W,  /* 12 output pixels */
+    C1_K = MAP_C * TAPS, /* 1475 weights an output channel */
+    NFEAT = 10,          /* categorical features a map pixel (gk_nmmo3_layout.nfeat) */
     C2_SIZE = CH * C2_H * C2_W, /* 256 */
     EMB_D = GK_NMMO3_EMBED_DIM,
     FEAT = GK_NMMO3_FEATURES,
@@ -35,6 +46,7 @@ _Static_assert(REWARD_AT + GK_NMMO3_REWARD_COUNT == GK_NMMO3_FEATURES, "feature 
 /* The weights as f32 (views of f32 tensors, widened copies of bf16 ones). */
 typedef struct nmmo3_f32 {
     const float *c1w, *c1b, *c2w, *c2b, *emb, *pw, *pb;
+    float *c1wt;  /* conv1_w^T (59*25, 128): a channel's tap is a row over output channels */
     float *projt; /* proj_w^T (1817, hidden), for the forward product */
     float *own[7];
     int64_t hidden;
@@ -45,6 +57,7 @@ static void nmmo3_f32_free(nmmo3_f32 *f)
 {
     for (int i = 0; i < 7; i++)
         free(f->own[i]);
+    free(f->c1wt);
     free(f->projt);
 }
 
@@ -59,6 +72,9 @@ static int nmmo3_f32_init(nmmo3_f32 *f, const gk_nmmo3_weights *w)
         if (gk_tensor_present(t[i]) && (*v[i] = gk_cpu_f32_view(t[i], &f->own[i])) == NULL)
             return GK_ENOMEM;
     }
+    if ((f->c1wt = malloc(sizeof(float) * C1_K * CH)) == NULL)
+        return GK_ENOMEM;
+    cpu_transpose(CH, C1_K, f->c1w, f->c1wt);
     if (f->pw != NULL) {
         f->hidden = w->proj_w.shape[0];
         if ((f->projt = malloc((size_t)(f->hidden * FEAT) * sizeof *f->projt)) == NULL)
@@ -85,10 +101,102 @@ static int nmmo3_validate(const uint8_t *obs, int64_t b, gk_err *err)
     return rc;
 }
 
-static cpu_conv_shape conv1_shape(int64_t nb)
+/*
+ * dst[0..n) += src[0..n), n a multiple of 8: the vector loop of the sparse conv1,
+ * written with vector types because the auto-vectoriser leaves it scalar here.
+ */
+typedef float vec8 __attribute__((vector_size(32)));
+static inline __attribute__((always_inline)) void rows_add(float *restrict dst,
+                                                           const float *restrict src, int n)
 {
-    return (cpu_conv_shape){.n = nb, .c = MAP_C, .h = MAP_H, .w = MAP_W, .oc = CH, .kh = 5,
-                            .kw = 5, .oh = C1_H, .ow = C1_W, .sh = 3, .sw = 3};
+    for (int i = 0; i < n; i += 8) {
+        vec8 a, b;
+        memcpy(&a, dst + i, sizeof a);
+        memcpy(&b, src + i, sizeof b);
+        a += b;
+        memcpy(dst + i, &a, sizeof a);
+    }
+}
+
+/* Each map pixel's hot weight rows: (offsets[f] + value) * 25 for its features f, pixel-major. */
+static void conv1_hot_rows(const uint8_t *map, int32_t *hot)
+{
+    const gk_multihot_layout *l = &gk_nmmo3_layout;
+    for (int t = 0; t < MAP_H * MAP_W; t++)
+        for (int f = 0; f < NFEAT; f++)
+            hot[t * NFEAT + f] = (l->offsets[f] + map[t * NFEAT + f]) * TAPS;
+}
+
+/*
+ * One agent's c1 (128, 3, 4) = relu(conv1(multihot(map)) + b), summing only the
+ * hot channels.  Compiled for several vector widths: the same additions in the
+ * same order, so the same bits.
+ */
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+conv1_agent_forward(const float *c1wt, const float *c1b, const uint8_t *map, float *c1)
+{
+    int32_t hot[MAP_H * MAP_W * NFEAT];
+    conv1_hot_rows(map, hot);
+    for (int p = 0; p < C1_P; p++) {
+        const int oh = p / C1_W, ow = p % C1_W;
+        float acc[CH];
+        memset(acc, 0, sizeof acc);
+        for (int tap = 0; tap < TAPS; tap++) {
+            const int32_t *h = hot + ((oh * 3 + tap / 5) * MAP_W + ow * 3 + tap % 5) * NFEAT;
+            for (int fe = 0; fe < NFEAT; fe++)
+                rows_add(acc, c1wt + (int64_t)(h[fe] + tap) * CH, CH);
+        }
+        for (int oc = 0; oc < CH; oc++) {
+            const float v = acc[oc] + c1b[oc];
+            c1[oc * C1_P + p] = v > 0.0f ? v : 0.0f;
+        }
+    }
+}
+
+static void conv1_forward(const float *c1wt, const float *c1b, const uint8_t *rows, int64_t nb,
+                          float *c1)
+{
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < nb; n++)
+        conv1_agent_forward(c1wt, c1b, rows + n * GK_NMMO3_OBS_BYTES, c1 + n * CH * C1_P);
+}
+
+/* One agent's conv1 gradient terms for output channels [ob, ob + OC_BLOCK). */
+enum { OC_BLOCK = 32 };
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+conv1_agent_backward(const uint8_t *map, const float *dc1, int ob, float *dw1t, float *db1)
+{
+    int32_t hot[MAP_H * MAP_W * NFEAT];
+    conv1_hot_rows(map, hot);
+    for (int p = 0; p < C1_P; p++) {
+        const int oh = p / C1_W, ow = p % C1_W;
+        float d[OC_BLOCK];
+        for (int q = 0; q < OC_BLOCK; q++) {
+            d[q] = dc1[(ob + q) * C1_P + p];
+            db1[ob + q] += d[q];
+        }
+        for (int tap = 0; tap < TAPS; tap++) {
+            const int32_t *h = hot + ((oh * 3 + tap / 5) * MAP_W + ow * 3 + tap % 5) * NFEAT;
+            for (int fe = 0; fe < NFEAT; fe++)
+                rows_add(dw1t + (int64_t)(h[fe] + tap) * CH + ob, d, OC_BLOCK);
+        }
+    }
+}
+
+/*
+ * dw1t (59*25, 128) and db1 (128) += the conv1 gradients from dc1 (nb, 128, 3, 4),
+ * already masked by the ReLU.  Threads split the output channels, so each
+ * element's terms arrive in agent, then pixel order whatever the thread count.
+ */
+static void conv1_backward(const uint8_t *rows, int64_t nb, const float *dc1, float *dw1t,
+                           float *db1)
+{
+#pragma omp parallel for schedule(static)
+    for (int ob = 0; ob < CH; ob += OC_BLOCK) {
+        for (int64_t n = 0; n < nb; n++)
+            conv1_agent_backward(rows + n * GK_NMMO3_OBS_BYTES, dc1 + n * CH * C1_P, ob, dw1t,
+                                 db1);
+    }
 }
 
 static cpu_conv_shape conv2_shape(int64_t nb)
@@ -99,7 +207,6 @@ static cpu_conv_shape conv2_shape(int64_t nb)
 
 /* A chunk's activations: the forward's intermediates, kept for its backward. */
 typedef struct nmmo3_act {
-    float *x;    /* (nb, 59, 11, 15) multihot */
     float *c1;   /* (nb, 128, 3, 4) after ReLU */
     float *c2;   /* (nb, 128, 1, 2) */
     float *feat; /* (nb, 1817) */
@@ -108,7 +215,6 @@ typedef struct nmmo3_act {
 
 static void nmmo3_act_free(nmmo3_act *a)
 {
-    free(a->x);
     free(a->c1);
     free(a->c2);
     free(a->feat);
@@ -117,12 +223,11 @@ static void nmmo3_act_free(nmmo3_act *a)
 
 static int nmmo3_act_init(nmmo3_act *a, int64_t hidden)
 {
-    a->x = malloc(sizeof(float) * CHUNK * MAP_C * MAP_H * MAP_W);
     a->c1 = malloc(sizeof(float) * CHUNK * CH * C1_H * C1_W);
     a->c2 = malloc(sizeof(float) * CHUNK * C2_SIZE);
     a->feat = malloc(sizeof(float) * CHUNK * FEAT);
     a->pre = hidden > 0 ? malloc(sizeof(float) * (size_t)(CHUNK * hidden)) : NULL;
-    return a->x && a->c1 && a->c2 && a->feat && (a->pre || hidden == 0) ? GK_OK : GK_ENOMEM;
+    return a->c1 && a->c2 && a->feat && (a->pre || hidden == 0) ? GK_OK : GK_ENOMEM;
 }
 
 static void round_all(gk_dtype dt, float *v, int64_t n)
@@ -138,12 +243,10 @@ static int nmmo3_chunk_forward(const nmmo3_f32 *f, const uint8_t *obs, int64_t n
                                nmmo3_act *a)
 {
     const uint8_t *rows = obs + n0 * GK_NMMO3_OBS_BYTES;
-    cpu_multihot_fill(&gk_nmmo3_layout, rows, nb, GK_NMMO3_OBS_BYTES, a->x);
-    const cpu_conv_shape s1 = conv1_shape(nb), s2 = conv2_shape(nb);
-    int rc = cpu_conv_forward(&s1, a->x, GK_F32, f->c1w, f->c1b, 1, a->c1, GK_F32);
-    if (rc != GK_OK)
-        return rc;
-    round_all(f->dt, a->c1, nb * CH * C1_H * C1_W);
+    const cpu_conv_shape s2 = conv2_shape(nb);
+    conv1_forward(f->c1wt, f->c1b, rows, nb, a->c1);
+    round_all(f->dt, a->c1, nb * CH * C1_P);
+    int rc;
     if ((rc = cpu_conv_forward(&s2, a->c1, GK_F32, f->c2w, f->c2b, 0, a->c2, GK_F32)) != GK_OK)
         return rc;
     round_all(f->dt, a->c2, nb * C2_SIZE);
@@ -169,6 +272,11 @@ static int nmmo3_chunk_forward(const nmmo3_f32 *f, const uint8_t *obs, int64_t n
     return GK_OK;
 }
 
+/*
+ * Threads take whole chunks (one parallel region a call: on a shared machine,
+ * many short regions cost more than they compute); a batch of one chunk runs
+ * alone, its convolutions and products spreading over the threads instead.
+ */
 int gk_cpu_nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor *obs,
                          const gk_tensor *features, const gk_tensor *hidden, gk_err *err)
 {
@@ -178,31 +286,138 @@ int gk_cpu_nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor *obs,
     if (rc != GK_OK)
         return rc;
     nmmo3_f32 f;
-    nmmo3_act a = {0};
-    if ((rc = nmmo3_f32_init(&f, w)) == GK_OK)
-        rc = nmmo3_act_init(&a, f.hidden);
-    for (int64_t n0 = 0; rc == GK_OK && n0 < obs->shape[0]; n0 += CHUNK) {
-        const int64_t nb = obs->shape[0] - n0 < CHUNK ? obs->shape[0] - n0 : CHUNK;
-        if ((rc = nmmo3_chunk_forward(&f, obs->data, n0, nb, &a)) != GK_OK)
-            break;
-        if (gk_tensor_present(features))
-            gk_cpu_store_f32(features->data, features->dtype, n0 * FEAT, nb * FEAT, a.feat);
-        if (f.pw != NULL) {
-            for (int64_t i = 0; i < nb * f.hidden; i++)
-                a.pre[i] = a.pre[i] > 0.0f ? a.pre[i] : 0.0f;
-            gk_cpu_store_f32(hidden->data, hidden->dtype, n0 * f.hidden, nb * f.hidden, a.pre);
+    const int64_t b = obs->shape[0], nchunks = (b + CHUNK - 1) / CHUNK;
+    if ((rc = nmmo3_f32_init(&f, w)) != GK_OK)
+        goto out;
+#pragma omp parallel if (nchunks > 1)
+    {
+        nmmo3_act a = {0};
+        int trc = nmmo3_act_init(&a, f.hidden);
+#pragma omp for schedule(dynamic)
+        for (int64_t c = 0; c < nchunks; c++) {
+            const int64_t n0 = c * CHUNK, nb = b - n0 < CHUNK ? b - n0 : CHUNK;
+            if (trc != GK_OK || (trc = nmmo3_chunk_forward(&f, obs->data, n0, nb, &a)) != GK_OK)
+                continue;
+            if (gk_tensor_present(features))
+                gk_cpu_store_f32(features->data, features->dtype, n0 * FEAT, nb * FEAT, a.feat);
+            if (f.pw != NULL) {
+                for (int64_t i = 0; i < nb * f.hidden; i++)
+                    a.pre[i] = a.pre[i] > 0.0f ? a.pre[i] : 0.0f;
+                gk_cpu_store_f32(hidden->data, hidden->dtype, n0 * f.hidden, nb * f.hidden,
+                                 a.pre);
+            }
         }
+        if (trc != GK_OK) {
+#pragma omp atomic write
+            rc = trc;
+        }
+        nmmo3_act_free(&a);
     }
-    nmmo3_act_free(&a);
+out:
     nmmo3_f32_free(&f);
     return rc == GK_OK ? GK_OK : gk_fail(err, rc, "nmmo3 forward: out of memory for scratch");
 }
 
-/* Gradient scratch of one chunk. */
+/* Every weight's gradient, f32, conv1's transposed (59*25, 128); carved from one buffer. */
+typedef struct nmmo3_grad {
+    float *c1wt, *c1b, *c2w, *c2b, *emb, *pw, *pb;
+} nmmo3_grad;
+
+static int64_t nmmo3_grad_size(int64_t hidden)
+{
+    return C1_K * CH + CH + CH * CH * 9 + CH + GK_NMMO3_EMBED_VOCAB * EMB_D + hidden * FEAT +
+           hidden;
+}
+
+static nmmo3_grad nmmo3_grad_at(float *base, int64_t hidden)
+{
+    nmmo3_grad g;
+    g.c1wt = base;
+    g.c1b = g.c1wt + C1_K * CH;
+    g.c2w = g.c1b + CH;
+    g.c2b = g.c2w + CH * CH * 9;
+    g.emb = g.c2b + CH;
+    g.pw = g.emb + GK_NMMO3_EMBED_VOCAB * EMB_D;
+    g.pb = g.pw + hidden * FEAT;
+    return g;
+}
+
+/* One thread's gradient scratch for a chunk. */
 typedef struct nmmo3_grad_scratch {
     float *dout, *dpret, *dfeat, *dc2, *dc1;
 } nmmo3_grad_scratch;
 
+static void nmmo3_grad_scratch_free(nmmo3_grad_scratch *g)
+{
+    free(g->dout);
+    free(g->dpret);
+    free(g->dfeat);
+    free(g->dc2);
+    free(g->dc1);
+}
+
+static int nmmo3_grad_scratch_init(nmmo3_grad_scratch *g, int64_t hidden)
+{
+    const int64_t nout = hidden > 0 ? hidden : FEAT;
+    g->dout = malloc(sizeof(float) * (size_t)(CHUNK * nout));
+    g->dpret = hidden > 0 ? malloc(sizeof(float) * (size_t)(CHUNK * hidden)) : NULL;
+    g->dfeat = malloc(sizeof(float) * CHUNK * FEAT);
+    g->dc2 = malloc(sizeof(float) * CHUNK * C2_SIZE);
+    g->dc1 = malloc(sizeof(float) * CHUNK * CH * C1_P);
+    return g->dout && (g->dpret || hidden == 0) && g->dfeat && g->dc2 && g->dc1 ? GK_OK
+                                                                                : GK_ENOMEM;
+}
+
+/* Adds the gradients of agents [n0, n0 + nb) to acc, recomputing their forward. */
+static int nmmo3_chunk_backward(const nmmo3_f32 *f, const uint8_t *obs, const gk_tensor *dout,
+                                int64_t n0, int64_t nb, nmmo3_act *a, nmmo3_grad_scratch *g,
+                                const nmmo3_grad *acc)
+{
+    int rc = nmmo3_chunk_forward(f, obs, n0, nb, a);
+    if (rc != GK_OK)
+        return rc;
+    const int64_t nh = f->hidden, nout = f->pw != NULL ? nh : FEAT;
+    gk_cpu_load_f32(dout->data, dout->dtype, n0 * nout, nb * nout, g->dout);
+    if (f->pw != NULL) {
+        for (int64_t i = 0; i < nb * nh; i++) /* through the projection's ReLU */
+            g->dout[i] = a->pre[i] > 0.0f ? g->dout[i] : 0.0f;
+        for (int64_t n = 0; n < nb; n++)
+            for (int64_t h = 0; h < nh; h++)
+                acc->pb[h] += g->dout[n * nh + h];
+        cpu_transpose(nb, nh, g->dout, g->dpret);
+        cpu_gemm(nh, FEAT, nb, g->dpret, nb, a->feat, FEAT, acc->pw, FEAT, 1);
+        cpu_gemm(nb, FEAT, nh, g->dout, nh, f->pw, FEAT, g->dfeat, FEAT, 0);
+    } else {
+        memcpy(g->dfeat, g->dout, sizeof(float) * (size_t)(nb * FEAT));
+    }
+    for (int64_t n = 0; n < nb; n++) {
+        const float *df = g->dfeat + n * FEAT;
+        const uint8_t *player = obs + (n0 + n) * GK_NMMO3_OBS_BYTES + GK_NMMO3_PLAYER_OFFSET;
+        memcpy(g->dc2 + n * C2_SIZE, df, sizeof(float) * C2_SIZE);
+        for (int i = 0; i < GK_NMMO3_PLAYER_COUNT; i++) {
+            float *row = acc->emb + player[i] * EMB_D;
+            for (int d = 0; d < EMB_D; d++)
+                row[d] += df[EMB_AT + i * EMB_D + d];
+        }
+    }
+    const cpu_conv_shape s2 = conv2_shape(nb);
+    if ((rc = cpu_conv_backward(&s2, a->c1, GK_F32, f->c2w, NULL, g->dc2, GK_F32, g->dc1,
+                                acc->c2w, acc->c2b)) != GK_OK)
+        return rc;
+    for (int64_t i = 0; i < nb * CH * C1_P; i++) /* through conv1's ReLU */
+        g->dc1[i] = a->c1[i] > 0.0f ? g->dc1[i] : 0.0f;
+    conv1_backward(obs + n0 * GK_NMMO3_OBS_BYTES, nb, g->dc1, acc->c1wt, acc->c1b);
+    return GK_OK;
+}
+
+/* At most this many partial gradient sets: groups of chunks summed in parallel. */
+enum { NMMO3_MAX_GROUPS = 8 };
+
+/*
+ * The chunks form groups fixed by the batch size alone; each group sums its
+ * chunks in order into its own partial gradients, and the partials are added
+ * in group order: the same bits at any thread count.
+ */
 int gk_cpu_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *dout,
                           const gk_nmmo3_weights *grads, gk_err *err)
 {
@@ -211,75 +426,63 @@ int gk_cpu_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const
         rc = nmmo3_validate(obs->data, obs->shape[0], err);
     if (rc != GK_OK)
         return rc;
-    const uint8_t *obs_bytes = obs->data;
+    const int64_t b = obs->shape[0], nchunks = (b + CHUNK - 1) / CHUNK;
+    const int64_t per_group = (nchunks + NMMO3_MAX_GROUPS - 1) / NMMO3_MAX_GROUPS;
+    const int64_t groups = (nchunks + per_group - 1) / per_group;
     nmmo3_f32 f;
-    nmmo3_act a = {0};
-    nmmo3_grad_scratch g = {0};
-    if ((rc = nmmo3_f32_init(&f, w)) == GK_OK)
-        rc = nmmo3_act_init(&a, f.hidden);
-    const int64_t nout = f.pw != NULL ? f.hidden : FEAT;
-    if (rc == GK_OK) {
-        g.dout = malloc(sizeof(float) * (size_t)(CHUNK * nout));
-        g.dpret = f.pw != NULL ? malloc(sizeof(float) * (size_t)(CHUNK * nout)) : NULL;
-        g.dfeat = malloc(sizeof(float) * CHUNK * FEAT);
-        g.dc2 = malloc(sizeof(float) * CHUNK * C2_SIZE);
-        g.dc1 = malloc(sizeof(float) * CHUNK * CH * C1_H * C1_W);
-        if (!g.dout || (f.pw != NULL && !g.dpret) || !g.dfeat || !g.dc2 || !g.dc1)
-            rc = GK_ENOMEM;
+    float *parts = NULL;
+    if ((rc = nmmo3_f32_init(&f, w)) != GK_OK)
+        goto out;
+    const int64_t gsize = nmmo3_grad_size(f.hidden);
+    if ((parts = calloc((size_t)(groups * gsize), sizeof *parts)) == NULL) {
+        rc = GK_ENOMEM;
+        goto out;
     }
-    /* The gradients are f32 tensors: they accumulate in place from zero. */
-    const gk_tensor *gt[7] = {&grads->conv1_w, &grads->conv1_b, &grads->conv2_w,
-                              &grads->conv2_b, &grads->embed,   &grads->proj_w,
-                              &grads->proj_b};
-    for (int i = 0; rc == GK_OK && i < 7; i++) {
-        if (gk_tensor_present(gt[i]))
-            memset(gt[i]->data, 0, (size_t)gk_tensor_bytes(gt[i]));
-    }
-    float *dc1w = grads->conv1_w.data, *dc1b = grads->conv1_b.data, *dc2w = grads->conv2_w.data,
-          *dc2b = grads->conv2_b.data, *demb = grads->embed.data, *dpw = grads->proj_w.data,
-          *dpb = grads->proj_b.data;
-    for (int64_t n0 = 0; rc == GK_OK && n0 < obs->shape[0]; n0 += CHUNK) {
-        const int64_t nb = obs->shape[0] - n0 < CHUNK ? obs->shape[0] - n0 : CHUNK;
-        if ((rc = nmmo3_chunk_forward(&f, obs_bytes, n0, nb, &a)) != GK_OK)
-            break;
-        gk_cpu_load_f32(dout->data, dout->dtype, n0 * nout, nb * nout, g.dout);
-        if (f.pw != NULL) {
-            const int64_t nh = f.hidden;
-            for (int64_t i = 0; i < nb * nh; i++) /* through the ReLU */
-                g.dout[i] = a.pre[i] > 0.0f ? g.dout[i] : 0.0f;
-            for (int64_t n = 0; n < nb; n++)
-                for (int64_t h = 0; h < nh; h++)
-                    dpb[h] += g.dout[n * nh + h];
-            cpu_transpose(nb, nh, g.dout, g.dpret);
-            cpu_gemm(nh, FEAT, nb, g.dpret, nb, a.feat, FEAT, dpw, FEAT, 1);
-            cpu_gemm(nb, FEAT, nh, g.dout, nh, f.pw, FEAT, g.dfeat, FEAT, 0);
-        } else {
-            memcpy(g.dfeat, g.dout, sizeof(float) * (size_t)(nb * FEAT));
-        }
-        for (int64_t n = 0; n < nb; n++) {
-            const float *df = g.dfeat + n * FEAT;
-            const uint8_t *player =
-                obs_bytes + (n0 + n) * GK_NMMO3_OBS_BYTES + GK_NMMO3_PLAYER_OFFSET;
-            memcpy(g.dc2 + n * C2_SIZE, df, sizeof(float) * C2_SIZE);
-            for (int i = 0; i < GK_NMMO3_PLAYER_COUNT; i++) {
-                float *row = demb + player[i] * EMB_D;
-                for (int d = 0; d < EMB_D; d++)
-                    row[d] += df[EMB_AT + i * EMB_D + d];
+#pragma omp parallel if (groups > 1)
+    {
+        nmmo3_act a = {0};
+        nmmo3_grad_scratch g = {0};
+        int trc = nmmo3_act_init(&a, f.hidden);
+        if (trc == GK_OK)
+            trc = nmmo3_grad_scratch_init(&g, f.hidden);
+#pragma omp for schedule(dynamic)
+        for (int64_t grp = 0; grp < groups; grp++) {
+            const nmmo3_grad acc = nmmo3_grad_at(parts + grp * gsize, f.hidden);
+            for (int64_t c = grp * per_group; trc == GK_OK && c < (grp + 1) * per_group &&
+                                              c < nchunks;
+                 c++) {
+                const int64_t n0 = c * CHUNK, nb = b - n0 < CHUNK ? b - n0 : CHUNK;
+                trc = nmmo3_chunk_backward(&f, obs->data, dout, n0, nb, &a, &g, &acc);
             }
         }
-        const cpu_conv_shape s1 = conv1_shape(nb), s2 = conv2_shape(nb);
-        if ((rc = cpu_conv_backward(&s2, a.c1, GK_F32, f.c2w, NULL, g.dc2, GK_F32, g.dc1, dc2w,
-                                    dc2b)) != GK_OK ||
-            (rc = cpu_conv_backward(&s1, a.x, GK_F32, f.c1w, a.c1, g.dc1, GK_F32, NULL, dc1w,
-                                    dc1b)) != GK_OK)
-            break;
+        if (trc != GK_OK) {
+#pragma omp atomic write
+            rc = trc;
+        }
+        nmmo3_grad_scratch_free(&g);
+        nmmo3_act_free(&a);
     }
-    free(g.dout);
-    free(g.dpret);
-    free(g.dfeat);
-    free(g.dc2);
-    free(g.dc1);
-    nmmo3_act_free(&a);
+    if (rc != GK_OK)
+        goto out;
+#pragma omp parallel for schedule(static) if (groups > 1)
+    for (int64_t i = 0; i < gsize; i++) {
+        float sum = parts[i];
+        for (int64_t grp = 1; grp < groups; grp++)
+            sum += parts[grp * gsize + i];
+        parts[i] = sum;
+    }
+    const nmmo3_grad total = nmmo3_grad_at(parts, f.hidden);
+    cpu_transpose(C1_K, CH, total.c1wt, grads->conv1_w.data);
+    memcpy(grads->conv1_b.data, total.c1b, sizeof(float) * CH);
+    memcpy(grads->conv2_w.data, total.c2w, sizeof(float) * CH * CH * 9);
+    memcpy(grads->conv2_b.data, total.c2b, sizeof(float) * CH);
+    memcpy(grads->embed.data, total.emb, sizeof(float) * GK_NMMO3_EMBED_VOCAB * EMB_D);
+    if (f.pw != NULL) {
+        memcpy(grads->proj_w.data, total.pw, sizeof(float) * (size_t)(f.hidden * FEAT));
+        memcpy(grads->proj_b.data, total.pb, sizeof(float) * (size_t)f.hidden);
+    }
+out:
+    free(parts);
     nmmo3_f32_free(&f);
     return rc == GK_OK ? GK_OK : gk_fail(err, rc, "nmmo3 backward: out of memory for scratch");
 }
