@@ -276,6 +276,57 @@ static void test_nmmo3_forward_reference(void **state)
     check_forward(5, 128, GK_BF16);
 }
 
+/*
+ * Worked by hand: conv1 weights 0 and bias 0.5 make every c1 value 0.5 whatever
+ * the map; conv2 weights 1 and bias o give 128*9*0.5 + o = 576 + o at both of
+ * channel o's pixels; embedding row r holds r + d/32; then the raw bytes.
+ * Projection rows of ones with bias -1000: hidden = sum(features) - 1000.
+ */
+static void test_nmmo3_hand_worked(void **state)
+{
+    nm_run r = nm_new(2, 3, GK_F32);
+    for (int64_t i = 0; i < r.w[0].n; i++)
+        ktensor_set(&r.w[0], i, 0.0);
+    for (int64_t o = 0; o < 128; o++) {
+        ktensor_set(&r.w[1], o, 0.5);
+        ktensor_set(&r.w[3], o, (double)o);
+    }
+    for (int64_t i = 0; i < r.w[2].n; i++)
+        ktensor_set(&r.w[2], i, 1.0);
+    for (int64_t i = 0; i < r.w[4].n; i++)
+        ktensor_set(&r.w[4], i, (double)(i / 32) + (double)(i % 32) / 32.0);
+    for (int64_t i = 0; i < r.w[5].n; i++)
+        ktensor_set(&r.w[5], i, 1.0);
+    for (int64_t h = 0; h < 3; h++)
+        ktensor_set(&r.w[6], h, -1000.0);
+    gk_err err = {{0}};
+    assert_int_equal(nm_forward(&r, &err), GK_OK);
+    for (int64_t n = 0; n < 2; n++) {
+        const uint8_t *o = r.obs + n * OBS;
+        double want[FEAT], sum = 0;
+        for (int c = 0; c < 256; c++)
+            want[c] = 576 + c / 2;
+        for (int i = 0; i < 47; i++) {
+            for (int d = 0; d < 32; d++)
+                want[256 + i * 32 + d] = o[MAPB + i] + d / 32.0;
+            want[1760 + i] = o[MAPB + i];
+        }
+        for (int i = 0; i < 10; i++)
+            want[1807 + i] = o[1697 + i];
+        for (int k = 0; k < FEAT; k++) {
+            ktest_check(ktensor_get(&r.feat, n * FEAT + k) == want[k], "agent %lld feature %d: %g, want %g",
+                        (long long)n, k, ktensor_get(&r.feat, n * FEAT + k), want[k]);
+            sum += want[k];
+        }
+        for (int64_t h = 0; h < 3; h++) {
+            double got = ktensor_get(&r.hid, n * 3 + h);
+            ktest_check(fabs(got - (sum - 1000)) <= 1e-6 * sum, "agent %lld hidden %lld: %g, want %g",
+                        (long long)n, (long long)h, got, sum - 1000);
+        }
+    }
+    nm_free(&r);
+}
+
 static void check_backward(int64_t b, int64_t hidden, gk_dtype dt)
 {
     const double tol = dt == GK_F32 ? 1e-5 : 2e-2;
@@ -489,6 +540,7 @@ int main(void)
 {
     ktest_seed_init("kernels_nmmo3");
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nmmo3_hand_worked),
         cmocka_unit_test(test_nmmo3_forward_reference),
         cmocka_unit_test(test_nmmo3_backward_reference),
         cmocka_unit_test(test_nmmo3_backward_batches_add),
