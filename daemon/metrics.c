@@ -105,6 +105,25 @@ static void durations(strbuf *b, gcd_stats *s)
     }
 }
 
+/*
+ * The wall-clock start, derived once from the first scrape and kept, so that
+ * it never jitters between scrapes (changes() of it counts restarts).
+ */
+static double start_time_seconds(double uptime)
+{
+    static atomic_uint_fast64_t start_ms;
+    uint64_t ms = atomic_load(&start_ms);
+    if (ms == 0) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        ms = (uint64_t)((double)now.tv_sec * 1e3 + (double)now.tv_nsec * 1e-6 - uptime * 1e3);
+        uint_fast64_t expected = 0;
+        if (!atomic_compare_exchange_strong(&start_ms, &expected, ms))
+            ms = expected;
+    }
+    return (double)ms * 1e-3;
+}
+
 static void build_and_state(strbuf *b, gcd_daemon *d, int opened)
 {
     family(b, "gpucd_build_info", "gauge", "Always 1; the labels say what is running.");
@@ -126,10 +145,8 @@ static void build_and_state(strbuf *b, gcd_daemon *d, int opened)
              (uint64_t)(atomic_load(&d->draining) != 0));
     double up = (double)(gcd_now_us() - d->stats.start_us) * 1e-6;
     single_f(b, "gpucd_uptime_seconds", "gauge", "Seconds since the daemon started.", up);
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
     single_f(b, "gpucd_start_time_seconds", "gauge", "When the daemon started, in Unix seconds.",
-             (double)now.tv_sec + (double)now.tv_nsec * 1e-9 - up);
+             start_time_seconds(up));
 }
 
 static void load_and_traffic(strbuf *b, gcd_stats *s)

@@ -82,28 +82,31 @@ typedef struct long_call {
     int64_t n, d, v;
 } long_call;
 
-/* A linear cross entropy with dE: about a second of CPU work. */
+/* A linear cross entropy with dE, tensors in a region: about a second of CPU work. */
 static void *run_long_call(void *arg)
 {
     long_call *lc = arg;
     size_t ne = (size_t)(lc->n * lc->d), nc = (size_t)(lc->v * lc->d);
-    float *E = malloc(ne * 4), *C = malloc(nc * 4), *dE = malloc(ne * 4), loss;
-    int64_t *tg = malloc((size_t)lc->n * 8);
-    th_fill_f32(E, ne);
-    th_fill_f32(C, nc);
+    size_t off_c = ne * 4, off_t = off_c + nc * 4, off_l = off_t + (size_t)lc->n * 8,
+           off_d = off_l + 64, total = off_d + ne * 4;
+    gpucd_region *r;
+    lc->rc = gpucd_region_create(lc->c, total, &r);
+    if (lc->rc != 0)
+        return NULL;
+    char *base = gpucd_region_data(r);
+    th_fill_f32((float *)base, ne);
+    th_fill_f32((float *)(base + off_c), nc);
+    int64_t *tg = (int64_t *)(base + off_t);
     for (int64_t i = 0; i < lc->n; i++)
         tg[i] = (int64_t)(th_rand_u64() % (uint64_t)lc->v);
-    gpucd_tensor tE = gpucd_tensor_host(E, GPUCD_F32, 2, TH_SHAPE(lc->n, lc->d));
-    gpucd_tensor tC = gpucd_tensor_host(C, GPUCD_F32, 2, TH_SHAPE(lc->v, lc->d));
-    gpucd_tensor tt = gpucd_tensor_host(tg, GPUCD_I64, 1, TH_SHAPE(lc->n));
-    gpucd_tensor tl = gpucd_tensor_host(&loss, GPUCD_F32, 0, NULL);
-    gpucd_tensor td = gpucd_tensor_host(dE, GPUCD_F32, 2, TH_SHAPE(lc->n, lc->d));
+    gpucd_tensor tE = gpucd_tensor_region(r, 0, GPUCD_F32, 2, TH_SHAPE(lc->n, lc->d));
+    gpucd_tensor tC = gpucd_tensor_region(r, off_c, GPUCD_F32, 2, TH_SHAPE(lc->v, lc->d));
+    gpucd_tensor tt = gpucd_tensor_region(r, off_t, GPUCD_I64, 1, TH_SHAPE(lc->n));
+    gpucd_tensor tl = gpucd_tensor_region(r, off_l, GPUCD_F32, 0, NULL);
+    gpucd_tensor td = gpucd_tensor_region(r, off_d, GPUCD_F32, 2, TH_SHAPE(lc->n, lc->d));
     lc->rc = gpucd_linear_cross_entropy(lc->c, NULL, &tE, &tC, NULL, &tt, &tl, NULL, &td, NULL,
                                         NULL, NULL);
-    free(E);
-    free(C);
-    free(dE);
-    free(tg);
+    gpucd_region_destroy(r);
     return NULL;
 }
 
