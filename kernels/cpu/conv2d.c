@@ -24,11 +24,18 @@ static int64_t conv_block_samples(const cpu_conv_shape *s)
     return nb < s->n ? nb : s->n;
 }
 
-/* malloc of a*b floats, NULL on overflow or exhaustion. */
+/*
+ * The largest scratch buffer a convolution may take.  im2col grows with the
+ * kernel size times the output size of one sample; a request that would need
+ * more fails with GK_ENOMEM rather than driving the host into swap.
+ */
+#define CONV_SCRATCH_MAX_FLOATS ((int64_t)1 << 27) /* 512 MiB */
+
+/* malloc of a*b floats, NULL on overflow, past the scratch limit or on exhaustion. */
 static float *floats_alloc(int64_t a, int64_t b)
 {
     int64_t n;
-    if (a <= 0 || b <= 0 || __builtin_mul_overflow(a, b, &n) || n > INT64_MAX / 4)
+    if (a <= 0 || b <= 0 || __builtin_mul_overflow(a, b, &n) || n > CONV_SCRATCH_MAX_FLOATS)
         return NULL;
     return malloc((size_t)n * sizeof(float));
 }
@@ -307,7 +314,8 @@ int gk_cpu_conv2d_forward(const gk_conv2d *p, const gk_tensor *x, const gk_tenso
         rc = GK_ENOMEM;
     free(wown);
     free(bown);
-    return rc == GK_OK ? GK_OK : gk_fail(err, rc, "conv2d forward: out of memory for scratch");
+    return rc == GK_OK ? GK_OK : gk_fail(err, rc, "conv2d forward: scratch memory unavailable (limit %lld MiB a buffer)",
+                              (long long)(CONV_SCRATCH_MAX_FLOATS * 4 >> 20));
 }
 
 int gk_cpu_conv2d_backward(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w,
@@ -336,5 +344,6 @@ int gk_cpu_conv2d_backward(const gk_conv2d *p, const gk_tensor *x, const gk_tens
     free(wown);
     free(dwf);
     free(dbf);
-    return rc == GK_OK ? GK_OK : gk_fail(err, rc, "conv2d backward: out of memory for scratch");
+    return rc == GK_OK ? GK_OK : gk_fail(err, rc, "conv2d backward: scratch memory unavailable (limit %lld MiB a buffer)",
+                              (long long)(CONV_SCRATCH_MAX_FLOATS * 4 >> 20));
 }

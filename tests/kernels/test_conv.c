@@ -344,6 +344,55 @@ static void test_conv_deterministic(void **state)
     run_free(&r);
 }
 
+/* A convolution whose im2col scratch would pass the CPU backend's limit fails cleanly. */
+static void test_conv_scratch_limit(void **state)
+{
+    /* 1024 channels, a 16x16 kernel over 47x47: im2col holds 262144 x 1024 floats (1 GiB). */
+    const int64_t xs[4] = {1, 1024, 47, 47}, ws[4] = {1, 1024, 16, 16}, ys[4] = {1, 1, 32, 32};
+    float *x = calloc(1024 * 47 * 47, sizeof *x), *w = calloc(1024 * 16 * 16, sizeof *w),
+          *y = calloc(32 * 32, sizeof *y);
+    assert_non_null(x);
+    assert_non_null(w);
+    assert_non_null(y);
+    gk_tensor tx = gk_tensor_make(x, GK_F32, 4, xs), tw = gk_tensor_make(w, GK_F32, 4, ws),
+              ty = gk_tensor_make(y, GK_F32, 4, ys), none = {0};
+    gk_conv2d p = {.stride_h = 1, .stride_w = 1};
+    gk_err err = {{0}};
+    assert_int_equal(gk_cpu_conv2d_forward(&p, &tx, &tw, &none, &ty, &err), GK_ENOMEM);
+    ktest_check(strstr(err.msg, "scratch") != NULL, "message: %s", err.msg);
+    free(x);
+    free(w);
+    free(y);
+}
+
+/* Prints conv1 and conv2 of NMMO3 at a rollout batch; asserts nothing about time. */
+static void test_conv_timing(void **state)
+{
+    const char *env = getenv("GK_TEST_TIMING_BATCH");
+#ifdef __SANITIZE_ADDRESS__
+    int64_t b = env != NULL ? strtoll(env, NULL, 10) : 32;
+#else
+    int64_t b = env != NULL ? strtoll(env, NULL, 10) : 256;
+#endif
+    if (b <= 0)
+        skip();
+    const conv_case layers[2] = {{b, 59, 11, 15, 128, 5, 5, 3, 3, 0, 0, 1, 1},
+                                 {b, 128, 3, 4, 128, 3, 3, 1, 1, 0, 0, 0, 1}};
+    for (int q = 0; q < 4; q++) {
+        gk_dtype dt = q % 2 ? GK_BF16 : GK_F32;
+        conv_run r = run_new(&layers[q / 2], dt);
+        double t0 = ktest_seconds();
+        run_forward(&r);
+        double t1 = ktest_seconds();
+        run_backward(&r, q >= 2, 1); /* conv1's input is data: no dx, as in the encoder */
+        double t2 = ktest_seconds();
+        printf("conv%d %s B=%lld (%d threads): forward %.1f ms, backward %.1f ms\n", q / 2 + 1,
+               gk_dtype_name(dt), (long long)b, omp_get_max_threads(), 1e3 * (t1 - t0),
+               1e3 * (t2 - t1));
+        run_free(&r);
+    }
+}
+
 int main(void)
 {
     ktest_seed_init("kernels_conv");
@@ -353,6 +402,8 @@ int main(void)
         cmocka_unit_test(test_conv_random_shapes),
         cmocka_unit_test(test_conv_finite_differences),
         cmocka_unit_test(test_conv_deterministic),
+        cmocka_unit_test(test_conv_scratch_limit),
+        cmocka_unit_test(test_conv_timing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
