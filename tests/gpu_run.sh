@@ -42,12 +42,13 @@ if [ -z "$filter" ]; then
 fi
 ctest_rc=0
 if [ -n "$filter" ]; then
-    ctest --test-dir "$build" -L gpu -R "^($filter)\$" --output-on-failure >"$out/ctest.log" 2>&1 || ctest_rc=$?
+    ctest --test-dir "$build" -L gpu -R "^($filter)\$" -V >"$out/ctest.log" 2>&1 || ctest_rc=$?
 else
     echo "no gpu test executables built" >"$out/ctest.log"
     ctest_rc=1
 fi
-tail -n 30 "$out/ctest.log"
+grep -E "rel err" "$out/ctest.log" | awk '{print $NF, $0}' | sort -g | tail -n 4 | cut -d" " -f2-
+tail -n 8 "$out/ctest.log"
 
 bench_rc=0
 "$build/tests/bench/conv_bench" "$@" >"$out/bench.log" 2>&1 || bench_rc=$?

@@ -4,14 +4,14 @@
  *
  * GEMM views (k is the reduction index; all maps are in index_map.cuh terms):
  *   forward  M = N*OH*OW, N = OC, K = C*KH*KW:  A = x gathered, B = w rows.
- *   dgrad    M = N*H*W, N = C, K = OC*KH*KW:    A = dy gathered (stride 1), B = w.
+ *   dgrad    one GEMM per stride phase (h % sh, w % sw): M = N*(H/sh)*(W/sw), N = C,
+ *            K = OC * (the taps kh, kw that reach that phase): A = dy gathered, B = w.
  *   wgrad    M = OC, N = C*KH*KW (+1: db), K = N*OH*OW: A = dy rows, B = x gathered;
  *            the extra constant-one row of B makes the last column the bias gradient.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "dgrad_direct.cuh"
 #include "gk_cuda.h"
 #include "igemm.cuh"
 
@@ -30,7 +30,7 @@ int g_occupancy[VAR_COUNT];
 template <class T, int MATH> int occupancy_of()
 {
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, igemm_kernel<T, MATH>, IG_THREADS, 0) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, igemm_kernel<T, MATH, false>, IG_THREADS, 0) !=
             cudaSuccess ||
         n < 1)
         n = 1;
@@ -143,24 +143,38 @@ ig_params<T> forward_params(const conv_shape &s, const T *x, const T *w, const T
     return prm;
 }
 
-/* Stride 1 only: dx(n, c, h, w) = sum over (oc, kh, kw) dy(n, oc, h + ph - kh, w + pw - kw) w(oc, c, kh, kw). */
+/*
+ * Input gradient of the output pixels h = rh + sh*i, w = rw + sw*j (one stride phase).
+ * The taps that reach them are kh = krh + sh*t with krh = (rh + ph) % sh, and then
+ * oh = q0h + i - t with q0h = (rh + ph - krh) / sh: a stride-1 gather again.
+ */
 template <class T>
-ig_params<T> dgrad_params(const conv_shape &s, const T *dy, const T *y, const T *w, T *dx)
+ig_params<T> dgrad_phase_params(const conv_shape &s, int rh, int rw, const T *dy, const T *y,
+                                const T *w, T *dx)
 {
     ig_params<T> prm = params_empty<T>();
-    const int hw = s.H * s.W, ohw = s.OH * s.OW, kk = s.KH * s.KW;
-    prm.M = s.N * hw;
+    const int hi = (s.H - rh + s.sh - 1) / s.sh, wi = (s.W - rw + s.sw - 1) / s.sw;
+    const int krh = (rh + s.ph) % s.sh, krw = (rw + s.pw) % s.sw;
+    const int th = krh < s.KH ? (s.KH - krh + s.sh - 1) / s.sh : 0;
+    const int tw = krw < s.KW ? (s.KW - krw + s.sw - 1) / s.sw : 0;
+    const int q0h = (rh + s.ph - krh) / s.sh, q0w = (rw + s.pw - krw) / s.sw;
+    const int ohw = s.OH * s.OW, kk = s.KH * s.KW, taps = th * tw > 0 ? th * tw : 1;
+    prm.M = s.N * hi * wi;
     prm.N = s.C;
-    prm.K = s.OC * kk;
+    prm.K = s.OC * th * tw; /* 0: no tap reaches the phase, its dx is 0 */
     prm.a = {dy, y,
-             imap(prm.M, hw, s.W, s.OC * ohw, s.OW, 1, s.ph * s.OW + s.pw, 1, s.ph, 1, s.pw),
-             imap(prm.K, kk, s.KW, ohw, -s.OW, -1, 0, -1, 0, -1, 0), (uint32_t)s.OH,
+             imap(prm.M, hi * wi > 0 ? hi * wi : 1, wi > 0 ? wi : 1, s.OC * ohw, s.OW, 1,
+                  q0h * s.OW + q0w, 1, q0h, 1, q0w),
+             imap(prm.K, taps, tw > 0 ? tw : 1, ohw, -s.OW, -1, 0, -1, 0, -1, 0), (uint32_t)s.OH,
              (uint32_t)s.OW};
-    prm.b = {w, nullptr, index_map_linear(s.C, kk), imap(prm.K, kk, 1, s.C * kk, 1, 0, 0, 0, 0, 0, 0),
+    prm.b = {w, nullptr, index_map_linear(s.C, kk),
+             imap(prm.K, taps, tw > 0 ? tw : 1, s.C * kk, s.sh * s.KW, s.sw, krh * s.KW + krw, 0, 0,
+                  0, 0),
              1, 1};
     prm.out = dx;
-    prm.orow = imap(prm.M, hw, 1, s.C * hw, 1, 0, 0, 0, 0, 0, 0);
-    prm.ocol = index_map_linear(s.C, hw);
+    prm.orow = imap(prm.M, hi * wi > 0 ? hi * wi : 1, wi > 0 ? wi : 1, s.C * s.H * s.W,
+                    s.sh * s.W, s.sw, rh * s.W + rw, 0, 0, 0, 0);
+    prm.ocol = index_map_linear(s.C, s.H * s.W);
     return prm;
 }
 
@@ -197,7 +211,7 @@ launch_plan plan_splits(ig_params<T> &prm, int var, int sm_count, bool force_par
     prm.tiles_m = (prm.M + IG_BM - 1) / IG_BM;
     prm.tiles_n = (prm.N + IG_BN - 1) / IG_BN;
     const int tiles = prm.tiles_m * prm.tiles_n;
-    const int ksteps = (prm.K + bk - 1) / bk;
+    const int ksteps = prm.K > 0 ? (prm.K + bk - 1) / bk : 1;
     int splits = 1;
     if (tiles < cap) {
         splits = cap / tiles;
@@ -243,7 +257,10 @@ int igemm_run(ig_params<T> prm, const launch_plan &lp, const gk_cuda_exec *ex, T
         prm.bias = nullptr;
         prm.relu = 0;
     }
-    igemm_kernel<T, MATH><<<lp.grid, IG_THREADS, 0, ex->stream>>>(prm);
+    if (prm.a.mask != nullptr)
+        igemm_kernel<T, MATH, true><<<lp.grid, IG_THREADS, 0, ex->stream>>>(prm);
+    else
+        igemm_kernel<T, MATH, false><<<lp.grid, IG_THREADS, 0, ex->stream>>>(prm);
     int rc = launch_check<T>(what, err);
     if (rc || !partial)
         return rc;
@@ -279,16 +296,15 @@ int backward_run(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, con
     int rc = igemm_run<T, MATH>(wg, lw, ex, with_db ? (T *)db->data : nullptr, "wgrad", err);
     if (rc || !gk_tensor_present(dx))
         return rc;
-    if (s.sh == 1 && s.sw == 1) {
-        ig_params<T> dg = dgrad_params<T>(s, (const T *)dy->data, mask, (const T *)w->data,
-                                          (T *)dx->data);
-        const launch_plan ld = plan_splits(dg, var, ex->sm_count, false);
-        return igemm_run<T, MATH>(dg, ld, ex, nullptr, "dgrad", err);
-    }
-    const dgrad_dims d = {s.N, s.C, s.H, s.W, s.OC, s.KH, s.KW, s.OH, s.OW, s.sh, s.sw, s.ph, s.pw};
-    dgrad_direct_kernel<T><<<ex->sm_count * 8, 256, 0, ex->stream>>>(
-        d, (const T *)dy->data, mask, (const T *)w->data, (T *)dx->data);
-    return launch_check<T>("dgrad (strided)", err);
+    for (int rh = 0; rh < s.sh && rh < s.H; rh++)
+        for (int rw = 0; rw < s.sw && rw < s.W; rw++) {
+            ig_params<T> dg = dgrad_phase_params<T>(s, rh, rw, (const T *)dy->data, mask,
+                                                    (const T *)w->data, (T *)dx->data);
+            const launch_plan ld = plan_splits(dg, var, ex->sm_count, false);
+            if ((rc = igemm_run<T, MATH>(dg, ld, ex, nullptr, "dgrad", err)))
+                return rc;
+        }
+    return GK_OK;
 }
 
 int exec_check(const gk_cuda_exec *ex, gk_err *err)
@@ -313,11 +329,12 @@ size_t workspace_of(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, 
     ig_params<T> wg = wgrad_params<T>(s, nullptr, nullptr, nullptr, nullptr, 1);
     size_t b = plan_splits(wg, var, sm, true).ws_bytes;
     most = b > most ? b : most;
-    if (s.sh == 1 && s.sw == 1) {
-        ig_params<T> dg = dgrad_params<T>(s, nullptr, nullptr, nullptr, nullptr);
-        b = plan_splits(dg, var, sm, false).ws_bytes;
-        most = b > most ? b : most;
-    }
+    for (int rh = 0; rh < s.sh && rh < s.H; rh++)
+        for (int rw = 0; rw < s.sw && rw < s.W; rw++) {
+            ig_params<T> dg = dgrad_phase_params<T>(s, rh, rw, nullptr, nullptr, nullptr, nullptr);
+            b = plan_splits(dg, var, sm, false).ws_bytes;
+            most = b > most ? b : most;
+        }
     return most;
 }
 
@@ -333,10 +350,14 @@ template <class F> cudaError_t kernel_load(F *fn)
 extern "C" int gk_cuda_conv_warmup(gk_err *err)
 {
     const cudaError_t e[] = {
-        kernel_load(igemm_kernel<float, MATH_FFMA>),   kernel_load(igemm_kernel<float, MATH_TF32>),
-        kernel_load(igemm_kernel<uint16_t, MATH_BF16>), kernel_load(finalize_kernel<float>),
-        kernel_load(finalize_kernel<uint16_t>),         kernel_load(dgrad_direct_kernel<float>),
-        kernel_load(dgrad_direct_kernel<uint16_t>),
+        kernel_load(igemm_kernel<float, MATH_FFMA, false>),
+        kernel_load(igemm_kernel<float, MATH_FFMA, true>),
+        kernel_load(igemm_kernel<float, MATH_TF32, false>),
+        kernel_load(igemm_kernel<float, MATH_TF32, true>),
+        kernel_load(igemm_kernel<uint16_t, MATH_BF16, false>),
+        kernel_load(igemm_kernel<uint16_t, MATH_BF16, true>),
+        kernel_load(finalize_kernel<float>),
+        kernel_load(finalize_kernel<uint16_t>),
     };
     for (cudaError_t one : e) {
         if (one != cudaSuccess)

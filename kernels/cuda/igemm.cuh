@@ -59,19 +59,26 @@ template <class T> __device__ __forceinline__ T elem_one();
 template <> __device__ __forceinline__ float elem_one<float>() { return 1.0f; }
 template <> __device__ __forceinline__ uint16_t elem_one<uint16_t>() { return 0x3f80; }
 
+/* The constant 1 that the bias-gradient row of B reads (a real load: no branch per element). */
+__device__ const float g_one_f32 = 1.0f;
+__device__ const uint16_t g_one_bf16 = 0x3f80;
+__device__ __forceinline__ const float *one_ptr(const float *) { return &g_one_f32; }
+__device__ __forceinline__ const uint16_t *one_ptr(const uint16_t *) { return &g_one_bf16; }
+
+/*
+ * Where element (ri, ci) of o lives, and whether it is present.  Absent
+ * elements read base[0] (always valid) and are zeroed when stored, so every
+ * load is unconditional and all loads of a k tile are in flight together.
+ */
 template <class T>
-__device__ __forceinline__ T operand_load(const ig_operand<T> &o, int4 ri, int4 ci)
+__device__ __forceinline__ const T *operand_addr(const ig_operand<T> &o, int4 ri, int4 ci, bool &ok)
 {
-    if (ri.w) /* the constant-one row: present wherever the column is */
-        return ci.y != GK_IDX_INVALID ? elem_one<T>() : T(0);
-    T v = T(0);
-    if ((uint32_t)ri.y + (uint32_t)ci.y < o.hlim && (uint32_t)ri.z + (uint32_t)ci.z < o.wlim) {
-        int off = ri.x + ci.x;
-        v = __ldg(o.base + off);
-        if (o.mask != nullptr && !(elem_to_float(__ldg(o.mask + off)) > 0.0f))
-            v = T(0);
+    if (ri.w) { /* the constant-one row: present wherever the column is */
+        ok = ci.y != GK_IDX_INVALID;
+        return one_ptr(o.base);
     }
-    return v;
+    ok = (uint32_t)ri.y + (uint32_t)ci.y < o.hlim && (uint32_t)ri.z + (uint32_t)ci.z < o.wlim;
+    return o.base + (ok ? ri.x + ci.x : 0);
 }
 
 __device__ __forceinline__ uint32_t f32_to_tf32(float v)
@@ -139,8 +146,9 @@ __device__ __forceinline__ void epilogue_store(const ig_params<T> &p, int split,
 
 /* ---- the kernel ----------------------------------------------------------------- */
 
-template <class T, int MATH>
-__global__ void __launch_bounds__(IG_THREADS) igemm_kernel(const __grid_constant__ ig_params<T> p)
+/* MASK: A is masked by p.a.mask > 0 (the relu of the layer, in its backward). */
+template <class T, int MATH, bool MASK>
+__global__ void __launch_bounds__(IG_THREADS, (MASK && MATH == MATH_BF16) ? 1 : 2) igemm_kernel(const __grid_constant__ ig_params<T> p)
 {
     using G = ig_geom<MATH>;
     constexpr int BK = G::BK, RSTEP = G::RSTEP, RPT = G::RPT;
@@ -166,31 +174,47 @@ __global__ void __launch_bounds__(IG_THREADS) igemm_kernel(const __grid_constant
             rowb[tid - IG_BM] = index_map_info(p.b.row, n0 + tid - IG_BM);
         __syncthreads();
 
-        T ra[RPT], rb[RPT];
+        T ra[RPT], rb[RPT], ma[MASK ? RPT : 1];
+        uint32_t oka = 0, okb = 0; /* bit i: element i of ra / rb is present */
         auto load = [&](int k0) {
             const int4 ca = index_map_info(p.a.col, k0 + kl);
             const int4 cb = index_map_info(p.b.col, k0 + kl);
+            oka = 0;
+            okb = 0;
 #pragma unroll
-            for (int i = 0; i < RPT; i++)
-                ra[i] = operand_load(p.a, rowa[r0 + i * RSTEP], ca);
+            for (int i = 0; i < RPT; i++) {
+                bool ok;
+                const T *src = operand_addr(p.a, rowa[r0 + i * RSTEP], ca, ok);
+                ra[i] = __ldg(src);
+                if constexpr (MASK)
+                    ma[i] = __ldg(p.a.mask + (src - p.a.base));
+                oka |= (uint32_t)ok << i;
+            }
 #pragma unroll
-            for (int i = 0; i < RPT; i++)
-                rb[i] = operand_load(p.b, rowb[r0 + i * RSTEP], cb);
+            for (int i = 0; i < RPT; i++) {
+                bool ok;
+                rb[i] = __ldg(operand_addr(p.b, rowb[r0 + i * RSTEP], cb, ok));
+                okb |= (uint32_t)ok << i;
+            }
         };
         auto store = [&](int buf) {
             unsigned char *da = sa + buf * G::STAGE_BYTES, *db = sb + buf * G::STAGE_BYTES;
 #pragma unroll
             for (int i = 0; i < RPT; i++) {
                 const int r = r0 + i * RSTEP;
+                bool a_ok = (oka >> i) & 1;
+                if constexpr (MASK)
+                    a_ok = a_ok && elem_to_float(ma[i]) > 0.0f;
+                const T va = a_ok ? ra[i] : T(0), vb = ((okb >> i) & 1) ? rb[i] : T(0);
                 if constexpr (MATH == MATH_BF16) {
-                    *(uint16_t *)(da + r * G::MMA_ROW_BYTES + kl * 2) = ra[i];
-                    *(uint16_t *)(db + r * G::MMA_ROW_BYTES + kl * 2) = rb[i];
+                    *(uint16_t *)(da + r * G::MMA_ROW_BYTES + kl * 2) = va;
+                    *(uint16_t *)(db + r * G::MMA_ROW_BYTES + kl * 2) = vb;
                 } else if constexpr (MATH == MATH_TF32) {
-                    *(uint32_t *)(da + r * G::MMA_ROW_BYTES + kl * 4) = f32_to_tf32(ra[i]);
-                    *(uint32_t *)(db + r * G::MMA_ROW_BYTES + kl * 4) = f32_to_tf32(rb[i]);
+                    *(uint32_t *)(da + r * G::MMA_ROW_BYTES + kl * 4) = f32_to_tf32(va);
+                    *(uint32_t *)(db + r * G::MMA_ROW_BYTES + kl * 4) = f32_to_tf32(vb);
                 } else {
-                    ((float *)da)[kl * G::FFMA_LD + r] = ra[i];
-                    ((float *)db)[kl * G::FFMA_LD + r] = rb[i];
+                    ((float *)da)[kl * G::FFMA_LD + r] = va;
+                    ((float *)db)[kl * G::FFMA_LD + r] = vb;
                 }
             }
         };

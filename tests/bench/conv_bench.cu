@@ -13,6 +13,8 @@
  * (backward with dx) - (backward without dx): the API always computes dw.
  *
  * Usage: conv_bench [--quick]   (--quick: B = 1024 only, fewer repetitions)
+ *        conv_bench --case LAYER PREC B   (gpucd only, forward and backward 5 times each:
+ *                                           a target for a profiler)
  */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -45,6 +47,13 @@
             fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudnnGetErrorString(s_)); \
             exit(1);                                                                               \
         }                                                                                          \
+    } while (0)
+/* Inside a lambda that returns the failing cuDNN status. */
+#define DNN_TRY(call)                                                                              \
+    do {                                                                                           \
+        cudnnStatus_t s_ = (call);                                                                 \
+        if (s_ != CUDNN_STATUS_SUCCESS)                                                            \
+            return s_;                                                                             \
     } while (0)
 #define CKBLAS(call)                                                                               \
     do {                                                                                           \
@@ -329,8 +338,18 @@ static sampled ref_bgrad(const case_ctx &cx)
 
 static double combine(double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }
 
+__global__ void fill_ones(void *dst, int n, int bf16)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        if (bf16)
+            ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(1.0f);
+        else
+            ((float *)dst)[i] = 1.0f;
+    }
+}
+
 static void run_case(const layer &L, int B, int prec, int reps, cudaStream_t st, cudnnHandle_t dnn,
-                     int sms, std::vector<result> &out)
+                     cublasHandle_t blas, int sms, std::vector<result> &out)
 {
     gk_err err = {{0}};
     const int bf = prec == P_BF16;
@@ -420,6 +439,26 @@ static void run_case(const layer &L, int B, int prec, int reps, cudaStream_t st,
         CK(cudaMalloc(&dnn_ws, dws));
     CKDNN(cudnnSetConvolutionMathType(cv, fp[fi].mathType));
     const float one = 1.0f, zero = 0.0f;
+    /* Bias gradient beside cuDNN's wgrad: two cuBLAS GEMVs (sum over N, then over OH*OW) into
+       fp32, since cuDNN 9.14 answers CUDNN_STATUS_NOT_SUPPORTED to both
+       cudnnConvolutionBackwardBias and cudnnReduceTensor here. */
+    const int ohw = cx.OH * cx.OW;
+    void *ones_n, *ones_r, *tmp_r, *db_f32;
+    CK(cudaMalloc(&ones_n, (size_t)B * es));
+    CK(cudaMalloc(&ones_r, (size_t)ohw * 4));
+    CK(cudaMalloc(&tmp_r, (size_t)L.oc * ohw * 4));
+    CK(cudaMalloc(&db_f32, (size_t)L.oc * 4));
+    fill_ones<<<64, 256, 0, st>>>(ones_n, B, bf);
+    fill_ones<<<1, 256, 0, st>>>(ones_r, ohw, 0);
+    const cudaDataType bdt = bf ? CUDA_R_16BF : CUDA_R_32F;
+    auto d_bias = [&] {
+        CKBLAS(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, L.oc * ohw, 1, B, &one, dy, bdt,
+                            L.oc * ohw, ones_n, bdt, B, &zero, tmp_r, CUDA_R_32F, L.oc * ohw,
+                            CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+        CKBLAS(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, L.oc, 1, ohw, &one, tmp_r, CUDA_R_32F,
+                            ohw, ones_r, CUDA_R_32F, ohw, &zero, db_f32, CUDA_R_32F, L.oc,
+                            CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+    };
 
     auto g_fwd = [&] { CKGK(gk_cuda_conv2d_forward(&p, &tx, &tw, &tb, &ty, &ex, &err)); };
     auto g_wgrad = [&] {
@@ -428,22 +467,25 @@ static void run_case(const layer &L, int B, int prec, int reps, cudaStream_t st,
     auto g_bwd = [&] {
         CKGK(gk_cuda_conv2d_backward(&p, &tx, &tw, &none, &tdy, &tdx, &tdw, &tdb, &ex, &err));
     };
-    auto d_fwd = [&] {
-        CKDNN(cudnnSetConvolutionMathType(cv, fp[fi].mathType));
-        CKDNN(cudnnConvolutionForward(dnn, &one, dx_d, x, dw_d, w, cv, fp[fi].algo, dnn_ws, dws,
+    auto d_fwd = [&]() -> cudnnStatus_t {
+        DNN_TRY(cudnnSetConvolutionMathType(cv, fp[fi].mathType));
+        DNN_TRY(cudnnConvolutionForward(dnn, &one, dx_d, x, dw_d, w, cv, fp[fi].algo, dnn_ws, dws,
                                       &zero, dy_d, y));
-        CKDNN(cudnnAddTensor(dnn, &one, db_d, b, &one, dy_d, y));
+        DNN_TRY(cudnnAddTensor(dnn, &one, db_d, b, &one, dy_d, y));
+        return CUDNN_STATUS_SUCCESS;
     };
-    auto d_wgrad = [&] {
-        CKDNN(cudnnSetConvolutionMathType(cv, wp[wi].mathType));
-        CKDNN(cudnnConvolutionBackwardFilter(dnn, &one, dx_d, x, dy_d, dy, cv, wp[wi].algo, dnn_ws,
+    auto d_wgrad = [&]() -> cudnnStatus_t {
+        DNN_TRY(cudnnSetConvolutionMathType(cv, wp[wi].mathType));
+        DNN_TRY(cudnnConvolutionBackwardFilter(dnn, &one, dx_d, x, dy_d, dy, cv, wp[wi].algo, dnn_ws,
                                              dws, &zero, dw_d, dw));
-        CKDNN(cudnnConvolutionBackwardBias(dnn, &one, dy_d, dy, &zero, db_d, db));
+        d_bias();
+        return CUDNN_STATUS_SUCCESS;
     };
-    auto d_dgrad = [&] {
-        CKDNN(cudnnSetConvolutionMathType(cv, dp[di].mathType));
-        CKDNN(cudnnConvolutionBackwardData(dnn, &one, dw_d, w, dy_d, dy, cv, dp[di].algo, dnn_ws,
+    auto d_dgrad = [&]() -> cudnnStatus_t {
+        DNN_TRY(cudnnSetConvolutionMathType(cv, dp[di].mathType));
+        DNN_TRY(cudnnConvolutionBackwardData(dnn, &one, dw_d, w, dy_d, dy, cv, dp[di].algo, dnn_ws,
                                            dws, &zero, dx_d, dx));
+        return CUDNN_STATUS_SUCCESS;
     };
 
     /* references, then each op: poison, run once, check, time */
@@ -465,22 +507,24 @@ static void run_case(const layer &L, int B, int prec, int reps, cudaStream_t st,
     e_g[1] = combine(rw.err(download(dw, nw * es), bf), rb.err(download(db, L.oc * es), bf));
     e_g[2] = rd.err(download(dx, nx * es), bf);
     poison();
-    CKDNN(cudnnSetStream(dnn, st));
-    d_fwd();
-    d_wgrad();
-    d_dgrad();
+    CK(cudaMemsetAsync(db_f32, 0xff, L.oc * 4, st));
+    cudnnStatus_t d_st[3] = {d_fwd(), d_wgrad(), d_dgrad()};
+    for (int i = 0; i < 3; i++)
+        if (d_st[i] != CUDNN_STATUS_SUCCESS)
+            printf("%s B=%d %s: cuDNN op %d failed: %s (its column shows nan)\n", L.name, B,
+                   prec_name[prec], i, cudnnGetErrorString(d_st[i]));
     CK(cudaStreamSynchronize(st));
     e_d[0] = rf.err(download(y, ny * es), bf);
-    e_d[1] = combine(rw.err(download(dw, nw * es), bf), rb.err(download(db, L.oc * es), bf));
+    e_d[1] = combine(rw.err(download(dw, nw * es), bf), rb.err(download(db_f32, L.oc * 4), 0));
     e_d[2] = rd.err(download(dx, nx * es), bf);
 
     const int warm = 3;
     const double tg_f = time_median_us(g_fwd, warm, reps, st);
     const double tg_w = time_median_us(g_wgrad, warm, reps, st);
     const double tg_b = time_median_us(g_bwd, warm, reps, st);
-    const double td_f = time_median_us(d_fwd, warm, reps, st);
-    const double td_w = time_median_us(d_wgrad, warm, reps, st);
-    const double td_d = time_median_us(d_dgrad, warm, reps, st);
+    const double td_f = d_st[0] ? NAN : time_median_us(d_fwd, warm, reps, st);
+    const double td_w = d_st[1] ? NAN : time_median_us(d_wgrad, warm, reps, st);
+    const double td_d = d_st[2] ? NAN : time_median_us(d_dgrad, warm, reps, st);
 
     const double flop = 2.0 * B * cx.OH * cx.OW * (double)L.oc * L.c * L.k * L.k;
     const double bx = nx * es, bw = nw * es, by = ny * es, bb = L.oc * es;
@@ -496,10 +540,67 @@ static void run_case(const layer &L, int B, int prec, int reps, cudaStream_t st,
     cudnnDestroyTensorDescriptor(db_d);
     cudnnDestroyFilterDescriptor(dw_d);
     cudnnDestroyConvolutionDescriptor(cv);
-    void *all[] = {x, w, b, y, dy, dx, dw, db, gws, dnn_ws};
+    void *all[] = {x, w, b, y, dy, dx, dw, db, gws, dnn_ws, ones_n, ones_r, tmp_r, db_f32};
     for (void *q : all)
         if (q)
             CK(cudaFree(q));
+}
+
+/* gpucd only, one case, a few calls of each op: for ncu. */
+static int run_profile_case(const char *lname, const char *pname, int B, cudaStream_t st, int sms)
+{
+    const layer *L = nullptr;
+    for (const layer &l : layers)
+        if (strcmp(l.name, lname) == 0)
+            L = &l;
+    int prec = -1;
+    for (int i = 0; i < 3; i++)
+        if (strcmp(prec_name[i], pname) == 0)
+            prec = i;
+    if (L == nullptr || prec < 0 || B <= 0) {
+        fprintf(stderr, "conv_bench --case: unknown layer, precision or batch\n");
+        return 2;
+    }
+    gk_err err = {{0}};
+    const int bf = prec == P_BF16, OH = (L->h - L->k) / L->s + 1, OW = (L->w - L->k) / L->s + 1;
+    const size_t es = bf ? 2 : 4, nx = (size_t)B * L->c * L->h * L->w;
+    const size_t nw = (size_t)L->oc * L->c * L->k * L->k, ny = (size_t)B * L->oc * OH * OW;
+    void *x, *w, *b, *y, *dy, *dx, *dw, *db, *ws;
+    CK(cudaMalloc(&x, nx * es));
+    CK(cudaMalloc(&w, nw * es));
+    CK(cudaMalloc(&b, L->oc * es));
+    CK(cudaMalloc(&y, ny * es));
+    CK(cudaMalloc(&dy, ny * es));
+    CK(cudaMalloc(&dx, nx * es));
+    CK(cudaMalloc(&dw, nw * es));
+    CK(cudaMalloc(&db, L->oc * es));
+    gen_kernel<<<sms * 8, 256, 0, st>>>(x, nx, SEED_X, 1.0f, bf);
+    gen_kernel<<<sms * 8, 256, 0, st>>>(w, nw, SEED_W, 0.05f, bf);
+    gen_kernel<<<sms * 8, 256, 0, st>>>(b, L->oc, SEED_B, 0.5f, bf);
+    gen_kernel<<<sms * 8, 256, 0, st>>>(dy, ny, SEED_DY, 1.0f, bf);
+    const gk_dtype dt = bf ? GK_BF16 : GK_F32;
+    const gk_conv2d p = {L->s, L->s, 0, 0, 0, prec == P_TF32};
+    const int64_t xs[4] = {B, L->c, L->h, L->w}, wsh[4] = {L->oc, L->c, L->k, L->k};
+    const int64_t ys[4] = {B, L->oc, OH, OW}, bs[1] = {L->oc};
+    gk_tensor tx = gk_tensor_make(x, dt, 4, xs), tw = gk_tensor_make(w, dt, 4, wsh);
+    gk_tensor tb = gk_tensor_make(b, dt, 1, bs), ty = gk_tensor_make(y, dt, 4, ys);
+    gk_tensor tdy = gk_tensor_make(dy, dt, 4, ys), tdx = gk_tensor_make(dx, dt, 4, xs);
+    gk_tensor tdw = gk_tensor_make(dw, dt, 4, wsh), tdb = gk_tensor_make(db, dt, 1, bs);
+    gk_tensor none = gk_tensor_make(NULL, dt, 0, NULL);
+    size_t wsb = 0;
+    CKGK(gk_cuda_conv2d_workspace_bytes(&p, &tx, &tw, sms, &wsb, &err));
+    CK(cudaMalloc(&ws, wsb + 256));
+    const gk_cuda_exec ex = {st, ws, wsb, sms};
+    for (int i = 0; i < 5; i++)
+        CKGK(gk_cuda_conv2d_forward(&p, &tx, &tw, &tb, &ty, &ex, &err));
+    for (int i = 0; i < 5; i++)
+        CKGK(gk_cuda_conv2d_backward(&p, &tx, &tw, &none, &tdy, &none, &tdw, &tdb, &ex, &err));
+    for (int i = 0; i < 2; i++)
+        CKGK(gk_cuda_conv2d_backward(&p, &tx, &tw, &none, &tdy, &tdx, &tdw, &tdb, &ex, &err));
+    CK(cudaStreamSynchronize(st));
+    printf("profile case %s %s B=%d done\n", lname, pname, B);
+    (void)none;
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -522,6 +623,8 @@ int main(int argc, char **argv)
     printf("device %s, %d SMs, cuDNN %zu, cuBLAS %d\n", prop.name, sms, cudnnGetVersion(),
            CUBLAS_VERSION);
 
+    if (argc == 5 && strcmp(argv[1], "--case") == 0)
+        return run_profile_case(argv[2], argv[3], atoi(argv[4]), st, sms);
     const ceilings c = measure_ceilings(st, blas);
     printf("ceilings: GEMM fp32 %.1f, tf32 %.1f, bf16 %.1f TFLOP/s; copy %.2f TB/s (read+write)\n",
            c.flops[0] / 1e12, c.flops[1] / 1e12, c.flops[2] / 1e12, c.copy_bw / 1e12);
@@ -531,7 +634,7 @@ int main(int argc, char **argv)
     for (int bi = 0; bi < (quick ? 1 : 2); bi++)
         for (const layer &L : layers)
             for (int prec = 0; prec < 3; prec++) {
-                run_case(L, batches[bi], prec, quick ? 10 : (bi ? 15 : 40), st, dnn, sms, rs);
+                run_case(L, batches[bi], prec, quick ? 10 : (bi ? 15 : 40), st, dnn, blas, sms, rs);
                 fflush(stdout);
             }
 

@@ -43,6 +43,7 @@ static const layer layers[] = {
     {"B=1 pad 1, OC tail", 1, 59, 6, 5, 130, 3, 3, 1, 1, 1, 1, 1},
     {"stride (2,1) pad (0,2)", 2, 7, 10, 6, 9, 3, 2, 2, 1, 0, 2, 1},
     {"stride 1 pad 2, K > H, OC 129", 5, 3, 4, 4, 129, 5, 5, 1, 1, 2, 2, 0},
+    {"stride 3 K 2: rows no tap reads", 2, 4, 8, 9, 5, 2, 2, 3, 3, 0, 0, 1},
 };
 
 static uint64_t g_seed;
