@@ -15,7 +15,8 @@
  * batch.  With bf16 weights each layer's output is rounded to bf16, as a
  * chain of bf16 kernels would store it; gradients stay f32 throughout.  The
  * backward recomputes the activations (the call is stateless) and sums every
- * weight gradient over agents in ascending order.
+ * weight gradient over groups of agents fixed by the batch size, then over the
+ * groups in order: the same bits at any thread count.
  */
 #include "cpu_ops.h"
 #include "cpu_tensor.h"
