@@ -118,11 +118,12 @@ static void timings_fill(gpucd_timings *t, const Gpucd__V1__Reply *rep, uint64_t
 int gpucdc_call(gpucdc_request *req, gpucd_timings *t, gpucdc_reply *out)
 {
     uint64_t start = now_us();
+    gpucdc_clear_error();
     nng_msg *msg, *reply_msg;
     int rv = gpucdc_request_pack(req, &msg);
     if (rv < 0)
         return rv;
-    rv = gpucdc_client_exchange(req->client, msg, &reply_msg);
+    rv = gpucdc_client_exchange(req->client, req->op, msg, &reply_msg);
     if (rv < 0)
         return rv;
     gpucdc_reply r;

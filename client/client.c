@@ -102,7 +102,7 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
         pthread_mutex_destroy(&c->lock);
         free(c->client_name);
         free(c);
-        return gpucdc_fail_nng(rv, "gpucd_connect: opening the socket");
+        return gpucdc_fail_nng(rv, "gpucd_connect", "opening the socket");
     }
     const char *what = "setting socket options";
     /*
@@ -123,9 +123,7 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
     return 0;
 
 fail:;
-    char where[600];
-    snprintf(where, sizeof where, "gpucd_connect: %s", what);
-    int code = gpucdc_fail_nng(rv, where);
+    int code = gpucdc_fail_nng(rv, "gpucd_connect", what);
     gpucd_close(c);
     return code;
 }
@@ -149,14 +147,14 @@ static int slot_acquire(gpucd_client *c, gpucdc_slot **out)
     int rv = nng_ctx_open(&s->ctx, c->sock);
     if (rv != 0) {
         free(s);
-        return gpucdc_fail_nng(rv, "opening a context");
+        return gpucdc_fail_nng(rv, "gpucd", "opening a context");
     }
     /* Contexts copy the resend time at creation; set it here too to be sure. */
     if ((rv = nng_ctx_set_ms(s->ctx, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) != 0 ||
         (rv = nng_aio_alloc(&s->aio, NULL, NULL)) != 0) {
         nng_ctx_close(s->ctx);
         free(s);
-        return gpucdc_fail_nng(rv, "setting up a context");
+        return gpucdc_fail_nng(rv, "gpucd", "setting up a context");
     }
     pthread_mutex_lock(&c->lock);
     s->next_all = c->all_slots;
@@ -182,7 +180,7 @@ static nng_duration remaining_ms(nng_duration timeout, nng_time start)
     return left > 0 ? left : 1;
 }
 
-int gpucdc_client_exchange(gpucd_client *c, nng_msg *request, nng_msg **reply)
+int gpucdc_client_exchange(gpucd_client *c, const char *op, nng_msg *request, nng_msg **reply)
 {
     gpucdc_slot *s = NULL;
     int rv = slot_acquire(c, &s);
@@ -201,7 +199,7 @@ int gpucdc_client_exchange(gpucd_client *c, nng_msg *request, nng_msg **reply)
             nng_msg_free(unsent);
         nng_aio_set_msg(s->aio, NULL);
         slot_release(c, s);
-        return gpucdc_fail_nng(rv, "sending the request");
+        return gpucdc_fail_nng(rv, op, "sending the request");
     }
     nng_aio_set_timeout(s->aio, remaining_ms(c->timeout_ms, start));
     nng_ctx_recv(s->ctx, s->aio);
@@ -211,6 +209,6 @@ int gpucdc_client_exchange(gpucd_client *c, nng_msg *request, nng_msg **reply)
     nng_aio_set_msg(s->aio, NULL);
     slot_release(c, s);
     if (rv != 0)
-        return gpucdc_fail_nng(rv, "waiting for the reply");
+        return gpucdc_fail_nng(rv, op, "waiting for the reply");
     return 0;
 }

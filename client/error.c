@@ -16,13 +16,18 @@ int gpucdc_fail(int code, const char *fmt, ...)
     return code;
 }
 
+void gpucdc_clear_error(void)
+{
+    gpucdc_errbuf[0] = '\0';
+}
+
 const char *gpucd_errmsg(const gpucd_client *client)
 {
     (void)client;
     return gpucdc_errbuf;
 }
 
-int gpucdc_fail_nng(int nng_rv, const char *what)
+int gpucdc_fail_nng(int nng_rv, const char *op, const char *what)
 {
     int code;
     switch (nng_rv) {
@@ -53,7 +58,7 @@ int gpucdc_fail_nng(int nng_rv, const char *what)
         code = GPUCD_ETRANSPORT;
         break;
     }
-    return gpucdc_fail(code, "%s: %s", what, nng_strerror(nng_rv));
+    return gpucdc_fail(code, "%s: %s: %s", op, what, nng_strerror(nng_rv));
 }
 
 int gpucdc_status_code(int status)

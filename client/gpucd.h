@@ -9,8 +9,9 @@
  * Conventions (libuv style): functions return 0 or a negative GPUCD_E* code;
  * gpucd_strerror(code) names the code and gpucd_errmsg(client) gives the
  * calling thread's last error message (the daemon's own message when the
- * daemon refused the request).  Every struct is caller-owned: the library
- * keeps no pointer to it after the call returns.
+ * daemon refused the request; empty after a call to the daemon succeeds).
+ * Every struct is caller-owned: the library keeps no pointer to it after the
+ * call returns.
  *
  * Tensors: a gpucd_tensor is a dtype, a shape and where its bytes are:
  *   GPUCD_HOST          caller memory; input bytes travel in the request,
@@ -147,7 +148,9 @@ typedef struct gpucd_client gpucd_client;
 
 typedef struct gpucd_options {
     int timeout_ms;           /* per call; 0: the default 30000; < 0: wait forever */
-    size_t max_reply_bytes;   /* largest reply accepted; 0: unlimited */
+    size_t max_reply_bytes;   /* largest reply accepted (0: unlimited); nng drops the
+                                 connection on a larger one: that call fails with
+                                 GPUCD_ECLOSED and the client reconnects */
     const char *client_name;  /* sent with gpucd_info; NULL: "libgpucd" */
 } gpucd_options;
 
@@ -163,8 +166,8 @@ GPUCD_EXPORT void gpucd_options_init(gpucd_options *opts);
 GPUCD_EXPORT int gpucd_default_url(char *buf, size_t len);
 
 /*
- * Connects to the daemon at url (NULL: gpucd_default_url) and stores the
- * client in *out.  opts may be NULL for the defaults.  Fails with
+ * Connects to the daemon at url (NULL: gpucd_default_url; ipc:// or tcp://,
+ * and inproc:// for a server in the same process) and stores the client in *out.  opts may be NULL for the defaults.  Fails with
  * GPUCD_ECONNREFUSED when nothing listens at the URL.  Should the connection
  * drop later, calls in flight fail with GPUCD_ECLOSED and the client
  * reconnects by itself; regions and resident tensors do not survive that.
@@ -216,7 +219,8 @@ typedef struct gpucd_info {
     char operations[GPUCD_INFO_MAX_OPS][GPUCD_INFO_NAME_LEN];
 } gpucd_info;
 
-/* Hello: the daemon's identity, device and limits. */
+/* Hello: the daemon's identity, device and limits.  (Not named gpucd_info:
+ * C gives a function and a typedef one namespace.) */
 GPUCD_EXPORT int gpucd_info_get(gpucd_client *client, gpucd_info *out);
 /* A no-op round trip; t (optional) receives the timings. */
 GPUCD_EXPORT int gpucd_ping(gpucd_client *client, gpucd_timings *t);

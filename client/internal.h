@@ -22,8 +22,10 @@
 
 /* Formats the calling thread's error message and returns code. */
 int gpucdc_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Maps an nng error to a gpucd code, with a message naming what failed. */
-int gpucdc_fail_nng(int nng_rv, const char *what);
+/* Empties the calling thread's error message (a call that succeeds leaves none). */
+void gpucdc_clear_error(void);
+/* Maps an nng error to a gpucd code, with a message "op: what: nng reason". */
+int gpucdc_fail_nng(int nng_rv, const char *op, const char *what);
 /* Maps a daemon status (gpucd.v1.Status) to a code; 0 for OK. */
 int gpucdc_status_code(int status);
 
@@ -136,6 +138,6 @@ void gpucdc_reply_free(gpucdc_reply *r);
 int gpucdc_reply_accept(gpucdc_request *req, const gpucdc_reply *r);
 
 /* Exchanges one message on a free context of the client (client.c). */
-int gpucdc_client_exchange(gpucd_client *c, nng_msg *request, nng_msg **reply);
+int gpucdc_client_exchange(gpucd_client *c, const char *op, nng_msg *request, nng_msg **reply);
 
 #endif /* GPUCDC_INTERNAL_H */

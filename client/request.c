@@ -129,7 +129,7 @@ int gpucdc_request_pack(gpucdc_request *req, nng_msg **out)
     nng_msg *msg;
     int rv = nng_msg_alloc(&msg, total);
     if (rv != 0)
-        return gpucdc_fail_nng(rv, "allocating the request");
+        return gpucdc_fail_nng(rv, req->op, "allocating the request");
     uint8_t *body = nng_msg_body(msg);
     wire_pack_header(body, &req->msg.base, hlen);
     uint64_t end = 0;

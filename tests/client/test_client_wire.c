@@ -710,8 +710,10 @@ static void test_timeout_then_recover(void **state)
     assert_int_equal(gpucd_ping(c, NULL), GPUCD_ETIMEDOUT);
     uint64_t waited = now_ms() - t0;
     assert_true(waited >= 150 && waited < 5000);
-    /* the context is reused; the next call gets its own reply */
+    assert_string_equal(gpucd_errmsg(c), "ping: waiting for the reply: Timed out");
+    /* the context is reused; the next call gets its own reply and leaves no message */
     assert_int_equal(gpucd_ping(c, NULL), 0);
+    assert_string_equal(gpucd_errmsg(c), "");
     assert_int_equal(calls, 2);
     gpucd_close(c);
     fake_daemon_stop(&fd);
