@@ -77,7 +77,13 @@ static void output_deliver(const gpucdc_request *req, const gpucdc_reply *r, int
 int gpucdc_reply_accept(gpucdc_request *req, const gpucdc_reply *r)
 {
     const Gpucd__V1__Reply *rep = r->reply;
-    if (rep->id != req->msg.id)
+    /*
+     * nng routes each reply to the context that sent the request, so an id
+     * of 0 on an error reply means the daemon refused the request before it
+     * could read its id (oversize, undecodable): that refusal is ours.
+     */
+    bool unread_id = rep->id == 0 && rep->status != GPUCD__V1__STATUS__OK;
+    if (rep->id != req->msg.id && !unread_id)
         return gpucdc_fail(GPUCD_EPROTO, "%s: reply id %llu does not match request id %llu",
                            req->op, (unsigned long long)rep->id,
                            (unsigned long long)req->msg.id);

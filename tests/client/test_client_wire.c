@@ -546,6 +546,8 @@ static fake_action status_handler(void *arg, const Gpucd__V1__Request *req,
     }
     snprintf(message, sizeof message, "the daemon says no: %d", *status);
     fake_reply_status(out, req, (Gpucd__V1__Status)*status, message);
+    if (*status == GPUCD__V1__STATUS__RESOURCE_EXHAUSTED)
+        out->reply.id = 0; /* refused before the daemon could read the id (oversize) */
     return FAKE_REPLY;
 }
 
@@ -574,6 +576,7 @@ static void test_daemon_statuses(void **state)
 
 typedef enum bad_kind {
     BAD_ID,
+    BAD_ID_ZERO_OK,
     BAD_NO_OUTPUTS,
     BAD_OFFSET,
     BAD_OFFSET_WRAP,
@@ -595,6 +598,11 @@ static fake_action bad_handler(void *arg, const Gpucd__V1__Request *req, const u
     switch (*kind) {
     case BAD_ID:
         out->reply.id = req->id + 1;
+        break;
+    case BAD_ID_ZERO_OK: /* id 0 passes only on an error reply */
+        out->reply.id = 0;
+        fake_reply_output_payload(out, 0);
+        fake_reply_payload(out, bytes, sizeof bytes);
         break;
     case BAD_NO_OUTPUTS:
         break;
@@ -640,6 +648,7 @@ static void test_malformed_replies(void **state)
         const char *needle;
     } cases[] = {
         {BAD_ID, "does not match request id"},
+        {BAD_ID_ZERO_OK, "reply id 0 does not match"},
         {BAD_NO_OUTPUTS, "reply lists 0 outputs, the request set 1"},
         {BAD_OFFSET, "outside the 256-byte payload"},
         {BAD_OFFSET_WRAP, "outside the 256-byte payload"},
