@@ -61,6 +61,10 @@ static gcd_status bind_one(const gcd_bind_ctx *ctx, const gcd_ref *ref, int outp
         snprintf(why, whylen, "%s: the size of the shape overflows 64 bits", name);
         return GCD_INVALID_ARGUMENT;
     }
+    if (bytes == 0) { /* no kernel takes an empty tensor; saying so here is clearest */
+        snprintf(why, whylen, "%s: a dimension is 0 (the tensor has no elements)", name);
+        return GCD_INVALID_ARGUMENT;
+    }
     uint64_t n = (uint64_t)bytes;
     size_t esz = gk_dtype_size(t->dtype);
 

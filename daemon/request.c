@@ -179,8 +179,6 @@ static gcd_status do_tensor_put(const gcd_bind_ctx *ctx, const Gpucd__V1__Tensor
     gcd_status st = gcd_bind(ctx, &op, refs, names, bound, rs->why, sizeof rs->why);
     if (st != GCD_OK)
         return st;
-    if (gk_tensor_numel(&op.args[0].t) == 0)
-        return fail(rs, GCD_INVALID_ARGUMENT, "tensor_put: src has no elements");
     gcd_resident *r;
     st = gcd_residents_create(d->residents, ctx->pipe, ctx->uid, &op.args[0].t, &r, rs->why,
                               sizeof rs->why);

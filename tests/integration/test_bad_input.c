@@ -222,6 +222,10 @@ static void test_range_and_overflow(void **state)
     c.x.shape[0] = INT64_MAX / 2; /* bytes overflow 64 bits */
     expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT, "overflows");
     conv_req_init(&c);
+    c.x.shape[0] = 0;
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "a dimension is 0");
+    conv_req_init(&c);
     c.x.shape[0] = -2;
     expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT, "negative");
     /* Inline input beyond the payload. */
