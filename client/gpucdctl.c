@@ -33,7 +33,9 @@ static int ctl_fail(const char *what, int code)
 
 static void print_bytes(const char *label, uint64_t bytes)
 {
-    if (bytes >= (1ull << 30))
+    if (bytes >= (uint64_t)INT64_MAX) /* what the daemon reports for "no limit" */
+        printf("%-20s no limit\n", label);
+    else if (bytes >= (1ull << 30))
         printf("%-20s %.2f GiB (%llu bytes)\n", label, (double)bytes / (1ull << 30),
                (unsigned long long)bytes);
     else if (bytes >= (1ull << 20))
