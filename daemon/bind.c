@@ -231,6 +231,9 @@ gcd_status gcd_bind(const gcd_bind_ctx *ctx, gcd_op *op, const gcd_ref *const re
                 snprintf(why, whylen, "out of memory for %zu bytes of inline outputs", total);
                 st = GCD_RESOURCE_EXHAUSTED;
             } else {
+                /* Zeroed: the padding between outputs must never carry stale heap bytes
+                 * (another client's data) to this client. */
+                memset(bound->out_payload, 0, total);
                 bound->out_payload_len = total;
                 for (int i = 0; i < op->nargs; i++)
                     if (bound->b[i].to_payload)

@@ -100,12 +100,28 @@ void th_daemon_start(th_daemon *d, const char *const *extra)
             dup2(fd, STDERR_FILENO);
             dup2(fd, STDOUT_FILENO);
         }
-        execv(th_daemon_exe, (char *const *)argv);
+        /* GPUCD_TEST_WRAPPER runs the daemon under a tool, e.g. valgrind. */
+        const char *wrapper = getenv("GPUCD_TEST_WRAPPER");
+        if (wrapper != NULL && *wrapper != '\0') {
+            const char *wargv[96];
+            int wargc = 0;
+            static char words[1024];
+            snprintf(words, sizeof words, "%s", wrapper);
+            for (char *tok = strtok(words, " "); tok != NULL && wargc < 32;
+                 tok = strtok(NULL, " "))
+                wargv[wargc++] = tok;
+            for (int i = 0; i < argc && wargc < 95; i++)
+                wargv[wargc++] = argv[i];
+            wargv[wargc] = NULL;
+            execvp(wargv[0], (char *const *)wargv);
+        } else {
+            execv(th_daemon_exe, (char *const *)argv);
+        }
         _exit(127);
     }
     d->pid = pid;
     /* Ready when it answers a ping on both URLs; a daemon that died is a failure. */
-    for (int tries = 0; tries < 1000; tries++) {
+    for (int tries = 0; tries < 6000; tries++) { /* 60 s: valgrind starts slowly */
         int status;
         if (waitpid(pid, &status, WNOHANG) == pid) {
             th_daemon_dump_log(d);
@@ -124,7 +140,7 @@ void th_daemon_start(th_daemon *d, const char *const *extra)
         usleep(10000);
     }
     th_daemon_dump_log(d);
-    th_die("the daemon did not answer within 10 s");
+    th_die("the daemon did not answer within 60 s");
 }
 
 int th_daemon_stop(th_daemon *d)
