@@ -18,6 +18,8 @@ typedef struct ctl_command {
     const char *name;
     const char *summary;
     int (*run)(gpucd_client *client, int argc, char **argv);
+    /* Optional: checks the command's arguments before connecting; 0 or exit status 2. */
+    int (*check)(int argc, char **argv);
 } ctl_command;
 
 /* Prints why the call failed and gives the exit status. */
@@ -74,18 +76,44 @@ static int cmd_info(gpucd_client *client, int argc, char **argv)
     return 0;
 }
 
+/* ping [COUNT]: COUNT in 1..1000000, default 1; -1 when malformed. */
+static int ping_count(int argc, char **argv)
+{
+    if (argc < 2)
+        return 1;
+    char *end;
+    long n = strtol(argv[1], &end, 10);
+    if (*end != '\0' || n < 1 || n > 1000000)
+        return -1;
+    return (int)n;
+}
+
+/* For commands that take no arguments. */
+static int check_no_args(int argc, char **argv)
+{
+    if (argc > 1) {
+        fprintf(stderr, "gpucdctl: %s: unexpected argument '%s'\n", argv[0], argv[1]);
+        return 2;
+    }
+    return 0;
+}
+
+static int check_ping(int argc, char **argv)
+{
+    if (argc > 2) {
+        fprintf(stderr, "gpucdctl: ping: unexpected argument '%s'\n", argv[2]);
+        return 2;
+    }
+    if (ping_count(argc, argv) < 0) {
+        fprintf(stderr, "gpucdctl: ping: COUNT '%s' is not a number in 1..1000000\n", argv[1]);
+        return 2;
+    }
+    return 0;
+}
+
 static int cmd_ping(gpucd_client *client, int argc, char **argv)
 {
-    int count = 1;
-    if (argc > 1) {
-        char *end;
-        long n = strtol(argv[1], &end, 10);
-        if (*end != '\0' || n < 1 || n > 1000000) {
-            fprintf(stderr, "gpucdctl: ping: COUNT '%s' is not a number in 1..1000000\n", argv[1]);
-            return 2;
-        }
-        count = (int)n;
-    }
+    int count = ping_count(argc, argv);
     for (int i = 0; i < count; i++) {
         gpucd_timings t;
         int rv = gpucd_ping(client, &t);
@@ -139,12 +167,14 @@ static int cmd_bench(gpucd_client *client, int argc, char **argv)
 }
 
 static const ctl_command ctl_commands[] = {
-    {"info", "the daemon's version, backend, device, limits and operations", cmd_info},
-    {"ping", "[COUNT] round trips through the daemon, with timings", cmd_ping},
-    {"regions", "the shared-memory regions registered on this connection", cmd_regions},
-    {"stats", "the daemon's counters and latency histograms, as JSON", cmd_stats},
+    {"info", "the daemon's version, backend, device, limits and operations", cmd_info,
+     check_no_args},
+    {"ping", "[COUNT] round trips through the daemon, with timings", cmd_ping, check_ping},
+    {"regions", "the shared-memory regions registered on this connection", cmd_regions,
+     check_no_args},
+    {"stats", "the daemon's counters and latency histograms, as JSON", cmd_stats, check_no_args},
     {"bench", "[OPTIONS] drive the daemon with an operation and measure (bench --help)",
-     cmd_bench},
+     cmd_bench, NULL}, /* bench checks its own options */
 };
 
 static void usage(FILE *out)
@@ -222,6 +252,11 @@ int main(int argc, char **argv)
     if (cmd == NULL) {
         fprintf(stderr, "gpucdctl: unknown command '%s' (see gpucdctl --help)\n", argv[optind]);
         return 2;
+    }
+    if (cmd->check != NULL) {
+        int status = cmd->check(argc - optind, argv + optind);
+        if (status != 0)
+            return status;
     }
     ctl_url = url;
     gpucd_client *client;

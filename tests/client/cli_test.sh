@@ -1,0 +1,83 @@
+#!/bin/sh
+# gpucdctl and the rl_worker example against a real daemon (CPU backend):
+# exit codes, what they print, and that the daemon and the library agree on
+# the default URL.
+#   cli_test.sh GPUCD_DAEMON GPUCDCTL RL_WORKER
+set -u
+daemon=$1
+ctl=$2
+worker=$3
+dir=$(mktemp -d /tmp/gpucd-cli-test.XXXXXX)
+pid=
+cleanup() {
+  if [ -n "$pid" ]; then kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; fi
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() { echo "cli_test: $*" >&2; exit 1; }
+
+# expect RC CMD...: runs CMD, output in $dir/out, and checks its exit status.
+expect() {
+  want=$1
+  shift
+  "$@" >"$dir/out" 2>&1
+  got=$?
+  [ "$got" -eq "$want" ] || { cat "$dir/out" >&2; fail "'$*' exited $got, want $want"; }
+}
+contains() { grep -q -- "$1" "$dir/out" || { cat "$dir/out" >&2; fail "output lacks '$1'"; }; }
+
+# Usage errors: 2; help: 0.
+expect 0 "$ctl" --help
+contains "commands:"
+for c in info ping regions; do contains "  $c "; done
+expect 2 "$ctl"
+contains "no command given"
+expect 2 "$ctl" frobnicate
+contains "unknown command 'frobnicate'"
+expect 2 "$ctl" --timeout-ms 0 info
+contains "--timeout-ms '0'"
+expect 2 "$ctl" ping 0
+contains "COUNT '0'"
+expect 2 "$ctl" ping 3 4
+contains "unexpected argument '4'"
+expect 2 "$ctl" info now
+contains "info: unexpected argument 'now'"
+expect 2 "$worker" --batch 0
+
+# No daemon: 1, with the reason.
+expect 1 "$ctl" --url "ipc://$dir/nobody.sock" info
+contains "connection refused"
+contains "$dir/nobody.sock"
+expect 1 "$ctl" --url "http://x" ping
+contains "ipc:// or tcp://"
+
+# A daemon on its default URL under XDG_RUNTIME_DIR; gpucdctl finds it without --url.
+export XDG_RUNTIME_DIR="$dir"
+"$daemon" --backend cpu --stats-listen none --workspace-mb 16 >"$dir/daemon.log" 2>&1 &
+pid=$!
+i=0
+until [ -S "$dir/gpucd.sock" ]; do
+  i=$((i + 1))
+  [ $i -le 100 ] || { cat "$dir/daemon.log" >&2; fail "daemon did not create $dir/gpucd.sock"; }
+  kill -0 "$pid" 2>/dev/null || { cat "$dir/daemon.log" >&2; fail "daemon exited"; }
+  sleep 0.1
+done
+
+expect 0 "$ctl" info
+contains "backend              cpu"
+contains "protocol             1"
+contains "nmmo3_encode"
+expect 0 "$ctl" ping 3
+[ "$(grep -c '^ping [0-9]*: round trip' "$dir/out")" -eq 3 ] || fail "ping 3 did not print 3 lines"
+expect 0 "$ctl" --url "ipc://$dir/gpucd.sock" regions
+contains "0 regions"
+expect 0 "$worker" --batch 8 --steps 3 --hidden 32 --seed 7
+contains "round trip us: p50"
+contains "backend cpu"
+
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+pid=
+[ "$rc" -eq 0 ] || fail "daemon exited $rc on SIGTERM"
+echo "cli_test: ok"
