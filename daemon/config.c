@@ -157,8 +157,10 @@ static const config_option config_options[] = {
     {"workspace-mb", "MB", "device workspace preallocated at start (default 1024)", set_workspace},
     {"resident-mb", "MB", "most memory resident tensors may hold, all clients together "
                           "(default 16384)", set_resident},
-    {"max-message-mb", "MB", "largest request accepted; larger ones are dropped by the "
-                             "transport before decoding (default 256)", set_max_message},
+    {"max-message-mb", "MB", "largest request or inline reply (default 256); a request up to "
+                             "1 MiB larger gets an error reply, a larger one is dropped by the "
+                             "transport with its connection before anything decodes it",
+     set_max_message},
     {"max-inflight", "N", "requests received and served at once (default 64)", set_max_inflight},
     {"log-level", "LEVEL", "error, warn, info or debug (default info)", set_log_level},
     {"stats-listen", "URL", "HTTP stats endpoint, http://ADDR:PORT or none "
