@@ -1,0 +1,169 @@
+/* test_registries.c - regions and resident tensors: ownership, references, limits. */
+#include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "region.h"
+#include "resident.h"
+
+static gcd_backend *cpu;
+
+static void shm_make(char name[64], size_t size)
+{
+    static int n;
+    snprintf(name, 64, "/gpucd-regtest-%d-%d", (int)getpid(), n++);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)size), 0);
+    close(fd);
+}
+
+typedef struct unregister_call {
+    gcd_regions *rs;
+    uint64_t id;
+    volatile int done;
+} unregister_call;
+
+static void *unregister_thread(void *arg)
+{
+    unregister_call *u = arg;
+    char why[256];
+    assert_int_equal(gcd_regions_unregister(u->rs, 1, u->id, why, sizeof why), GCD_OK);
+    u->done = 1;
+    return NULL;
+}
+
+static void test_regions(void **state)
+{
+    gcd_regions *rs;
+    assert_int_equal(gcd_regions_init(&rs, cpu, &gcd_backend_cpu), 0);
+    char name[64], why[256];
+    shm_make(name, 8192);
+    uint64_t id;
+    assert_int_equal(gcd_regions_register(rs, 1, getuid(), name, 8192, &id, why, sizeof why),
+                     GCD_OK);
+    shm_unlink(name); /* the registry keeps its own mapping */
+
+    gcd_region *r;
+    assert_int_equal(gcd_regions_acquire(rs, 2, id, &r, why, sizeof why), GCD_PERMISSION_DENIED);
+    assert_int_equal(gcd_regions_acquire(rs, 1, id + 100, &r, why, sizeof why), GCD_NOT_FOUND);
+    assert_int_equal(gcd_regions_acquire(rs, 1, id, &r, why, sizeof why), GCD_OK);
+    r->base[8191] = 42; /* the whole mapping is usable */
+
+    gcd_region_summary list[4];
+    assert_int_equal(gcd_regions_list(rs, 1, list, 4), 1);
+    assert_int_equal(list[0].users, 1);
+    assert_int_equal(gcd_regions_list(rs, 2, list, 4), 0);
+
+    /* Unregistering waits for the request holding it. */
+    unregister_call u = {.rs = rs, .id = id};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, unregister_thread, &u), 0);
+    struct timespec pause = {0, 50 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    assert_false(u.done);
+    assert_int_equal(r->base[8191], 42);
+    gcd_regions_release(rs, r);
+    pthread_join(t, NULL);
+    assert_true(u.done);
+    uint64_t count, bytes;
+    gcd_regions_totals(rs, &count, &bytes);
+    assert_int_equal(count, 0);
+    assert_int_equal(bytes, 0);
+
+    /* A departed client's regions go; one still in use goes with its last reference. */
+    shm_make(name, 4096);
+    assert_int_equal(gcd_regions_register(rs, 3, getuid(), name, 4096, &id, why, sizeof why),
+                     GCD_OK);
+    shm_unlink(name);
+    assert_int_equal(gcd_regions_acquire(rs, 3, id, &r, why, sizeof why), GCD_OK);
+    gcd_regions_drop_owner(rs, 3);
+    assert_int_equal(gcd_regions_list(rs, 3, list, 4), 0);
+    gcd_regions_totals(rs, &count, &bytes);
+    assert_int_equal(count, 1);
+    r->base[0] = 1; /* still mapped */
+    gcd_regions_release(rs, r);
+    gcd_regions_totals(rs, &count, &bytes);
+    assert_int_equal(count, 0);
+    gcd_regions_fini(rs);
+}
+
+static void test_residents(void **state)
+{
+    gcd_residents *rs;
+    assert_int_equal(gcd_residents_init(&rs, cpu, &gcd_backend_cpu, 1 << 20), 0);
+    char why[256];
+    gk_tensor shape = gk_tensor_make(NULL, GK_F32, 2, (const int64_t[]){128, 256});
+    gcd_resident *a;
+    assert_int_equal(gcd_residents_create(rs, 1, 1000, &shape, &a, why, sizeof why), GCD_OK);
+    uint64_t id = a->id;
+    memset(a->t.data, 1, a->bytes);
+    gcd_residents_release(rs, a);
+
+    gcd_resident *b;
+    /* Same uid on another local connection: shared (workers sharing weights). */
+    assert_int_equal(gcd_residents_acquire(rs, 2, 1000, id, &b, why, sizeof why), GCD_OK);
+    gcd_residents_release(rs, b);
+    /* Another uid, or a remote peer: not theirs. */
+    assert_int_equal(gcd_residents_acquire(rs, 3, 1001, id, &b, why, sizeof why),
+                     GCD_PERMISSION_DENIED);
+    assert_int_equal(gcd_residents_acquire(rs, 4, GCD_UID_REMOTE, id, &b, why, sizeof why),
+                     GCD_PERMISSION_DENIED);
+    /* Only the owner frees it. */
+    assert_int_equal(gcd_residents_free(rs, 2, id, why, sizeof why), GCD_PERMISSION_DENIED);
+
+    /* The limit holds across tensors: 128 KiB used of 1 MiB, so 1 MiB more does not fit. */
+    gk_tensor big = gk_tensor_make(NULL, GK_F32, 1, (const int64_t[]){1 << 18});
+    assert_int_equal(gcd_residents_create(rs, 1, 1000, &big, &b, why, sizeof why),
+                     GCD_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(why, "limit"));
+
+    /* Freed while in use: the storage stays until the last user lets go. */
+    assert_int_equal(gcd_residents_acquire(rs, 1, 1000, id, &b, why, sizeof why), GCD_OK);
+    assert_int_equal(gcd_residents_free(rs, 1, id, why, sizeof why), GCD_OK);
+    assert_int_equal(gcd_residents_acquire(rs, 1, 1000, id, &a, why, sizeof why), GCD_NOT_FOUND);
+    uint64_t count, bytes;
+    gcd_residents_totals(rs, &count, &bytes);
+    assert_int_equal(count, 1);
+    assert_int_equal(((unsigned char *)b->t.data)[b->bytes - 1], 1);
+    gcd_residents_release(rs, b);
+    gcd_residents_totals(rs, &count, &bytes);
+    assert_int_equal(count, 0);
+    assert_int_equal(bytes, 0);
+
+    /* A departed client's tensors go. */
+    assert_int_equal(gcd_residents_create(rs, 7, 1000, &shape, &a, why, sizeof why), GCD_OK);
+    gcd_residents_release(rs, a);
+    gcd_residents_drop_owner(rs, 7);
+    gcd_residents_totals(rs, &count, &bytes);
+    assert_int_equal(count, 0);
+    gcd_residents_fini(rs);
+}
+
+int main(void)
+{
+    gcd_config cfg;
+    gcd_config_defaults(&cfg);
+    gk_err err;
+    if (gcd_backend_cpu.open(&cfg, &cpu, &err) != 0)
+        return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_regions),
+        cmocka_unit_test(test_residents),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    gcd_backend_cpu.close(cpu);
+    return rc;
+}
