@@ -169,6 +169,29 @@ static void test_conv2_preset_over_tcp(void **state)
     ts_metrics_free(&b);
 }
 
+/* `gpucdctl stats` prints the daemon's JSON through the socket; `bench --help` lists the presets. */
+static void test_stats_command_and_help(void **state)
+{
+    char log[128];
+    snprintf(log, sizeof log, "%s/stats.log", dir_);
+    const char *args[] = {"--url", daemon_.tcp_url, "stats", NULL};
+    assert_int_equal(run_ctl(args, log), 0);
+    char *out = slurp(log);
+    assert_non_null(out);
+    if (out[0] != '{' || strstr(out, "\"requests\":{") == NULL || strstr(out, "\"ready\":true") == NULL)
+        fail_msg("gpucdctl stats printed: %s", out);
+    free(out);
+    const char *help[] = {"--url", daemon_.ipc_url, "bench", "--help", NULL};
+    assert_int_equal(run_ctl(help, log), 0);
+    out = slurp(log);
+    static const char *const presets[] = {"ping", "conv1", "conv2", "conv1_backward",
+                                          "conv2_backward", "nmmo3_encode", "nmmo3_train",
+                                          "loss", "loss_32k"};
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        assert_non_null(strstr(out, presets[i]));
+    free(out);
+}
+
 static void test_bad_options_exit_2(void **state)
 {
     char log[128];
@@ -246,7 +269,8 @@ static int group_teardown(void **state)
 {
     int rc = th_daemon_stop(&daemon_);
     static const char *const files[] = {"ping.json", "ping.csv", "ping.log", "conv2.json",
-                                        "conv2.log", "bad.log", "gone.json", "gone.log"};
+                                        "conv2.log", "bad.log", "gone.json", "gone.log",
+                                        "stats.log"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char p[160];
         snprintf(p, sizeof p, "%s/%s", dir_, files[i]);
@@ -271,6 +295,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ping_sweep_counts_match),
         cmocka_unit_test(test_conv2_preset_over_tcp),
+        cmocka_unit_test(test_stats_command_and_help),
         cmocka_unit_test(test_bad_options_exit_2),
         cmocka_unit_test(test_failures_are_errors),
     };
