@@ -377,6 +377,7 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
     const uint8_t *header, *payload;
     size_t header_len, payload_len;
     const char *why = NULL;
+    uint8_t *aligned_payload = NULL;
     Gpucd__V1__Request *req = NULL;
     gcd_status st;
     uint64_t limit = d->cfg.max_message_mb << 20;
@@ -389,7 +390,21 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
         st = fail(rs, GCD_BAD_MESSAGE, "%s", why);
     } else if ((req = gpucd__v1__request__unpack(NULL, header_len, header)) == NULL) {
         st = fail(rs, GCD_BAD_MESSAGE, "the request header is not a valid gpucd.v1.Request");
+    } else if (payload_len > 0 && (uintptr_t)payload % WIRE_ALIGN != 0 &&
+               (aligned_payload = aligned_alloc(WIRE_ALIGN, wire_align_up(payload_len))) ==
+                   NULL) {
+        st = fail(rs, GCD_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte payload",
+                  payload_len);
     } else {
+        /*
+         * nng's REP protocol strips its routing header from the front of the
+         * message, so the body (and each inline tensor in it) is not aligned
+         * as the sender laid it out: kernels get an aligned copy instead.
+         */
+        if (aligned_payload != NULL) {
+            memcpy(aligned_payload, payload, payload_len);
+            payload = aligned_payload;
+        }
         rs->rep.id = req->id;
         ctx.payload = payload;
         ctx.payload_len = payload_len;
@@ -424,6 +439,7 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
     gcd_unbind(&ctx, &bound, st == GCD_OK);
     if (req != NULL)
         gpucd__v1__request__free_unpacked(req, NULL);
+    free(aligned_payload);
     nng_msg_free(msg);
 
     gcd_stats *s = &d->stats;
