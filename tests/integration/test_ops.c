@@ -153,7 +153,7 @@ static void test_conv2d_backward_inline_tcp_bf16(void **state)
 /* multihot with the preset and with a custom layout; embedding forward/backward. */
 static void test_multihot_and_embedding(void **state)
 {
-    gpucd_client *c = th_connect(daemon_.ipc_url);
+    gpucd_client *c = th_connect(*state);
     const int B = 5;
     uint8_t *obs = xmalloc((size_t)B * 1707);
     th_fill_nmmo3_obs(obs, B);
@@ -234,7 +234,7 @@ static void test_multihot_and_embedding(void **state)
 /* linear cross entropy with every output, C resident, the rest inline. */
 static void test_linear_cross_entropy(void **state)
 {
-    gpucd_client *c = th_connect(daemon_.ipc_url);
+    gpucd_client *c = th_connect(*state);
     const int N = 33, D = 24, V = 300;
     float *E = xmalloc((size_t)N * D * 4), *C = xmalloc((size_t)V * D * 4), *bias = xmalloc(V * 4);
     int64_t *tg = xmalloc((size_t)N * 8);
@@ -341,7 +341,10 @@ static void nmmo3_host_init(nmmo3_host *h, int hidden)
 /* nmmo3 forward and backward: weights resident, obs and outputs in a region. */
 static void test_nmmo3_encode(void **state)
 {
-    gpucd_client *c = th_connect(daemon_.ipc_url);
+    /* Over tcp the same bytes travel inline instead of in a region. */
+    const char *url = *state;
+    int remote = strncmp(url, "tcp://", 6) == 0;
+    gpucd_client *c = th_connect(url);
     const int B = 4, HID = 64;
     nmmo3_host h;
     nmmo3_host_init(&h, HID);
@@ -354,14 +357,28 @@ static void test_nmmo3_encode(void **state)
     }
     gpucd_nmmo3_weights w = {&rt[0], &rt[1], &rt[2], &rt[3], &rt[4], &rt[5], &rt[6]};
     size_t obs_bytes = (size_t)B * 1707, feat_off = 4096 * 2, hid_off = feat_off + B * 1817 * 4;
-    gpucd_region *r;
-    assert_int_equal(gpucd_region_create(c, hid_off + B * HID * 4, &r), 0);
-    uint8_t *base = gpucd_region_data(r);
+    gpucd_region *r = NULL;
+    uint8_t *base;
+    size_t total = hid_off + B * HID * 4;
+    if (remote) {
+        base = aligned_alloc(64, total);
+        assert_non_null(base);
+    } else {
+        assert_int_equal(gpucd_region_create(c, total, &r), 0);
+        base = gpucd_region_data(r);
+    }
     th_fill_nmmo3_obs(base, B);
     poison(base + feat_off, hid_off - feat_off + B * HID * 4);
-    gpucd_tensor tobs = gpucd_tensor_region(r, 0, GPUCD_U8, 2, TH_SHAPE(B, 1707));
-    gpucd_tensor tf = gpucd_tensor_region(r, feat_off, GPUCD_F32, 2, TH_SHAPE(B, 1817));
-    gpucd_tensor th = gpucd_tensor_region(r, hid_off, GPUCD_F32, 2, TH_SHAPE(B, HID));
+    gpucd_tensor tobs, tf, th;
+    if (remote) {
+        tobs = gpucd_tensor_host(base, GPUCD_U8, 2, TH_SHAPE(B, 1707));
+        tf = gpucd_tensor_host(base + feat_off, GPUCD_F32, 2, TH_SHAPE(B, 1817));
+        th = gpucd_tensor_host(base + hid_off, GPUCD_F32, 2, TH_SHAPE(B, HID));
+    } else {
+        tobs = gpucd_tensor_region(r, 0, GPUCD_U8, 2, TH_SHAPE(B, 1707));
+        tf = gpucd_tensor_region(r, feat_off, GPUCD_F32, 2, TH_SHAPE(B, 1817));
+        th = gpucd_tensor_region(r, hid_off, GPUCD_F32, 2, TH_SHAPE(B, HID));
+    }
     int rc = gpucd_nmmo3_encode(c, &w, &tobs, &tf, &th, NULL);
     if (rc != 0)
         fail_msg("nmmo3_encode: %s: %s", gpucd_strerror(rc), gpucd_errmsg(c));
@@ -410,7 +427,10 @@ static void test_nmmo3_encode(void **state)
         free(h.w[i]), free(g[i]), free(gwant[i]);
     }
     (void)obs_bytes;
-    assert_int_equal(gpucd_region_destroy(r), 0);
+    if (remote)
+        free(base);
+    else
+        assert_int_equal(gpucd_region_destroy(r), 0);
     free(wf), free(wh), free(dout);
     gpucd_close(c);
 }
@@ -477,9 +497,12 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_control),
         cmocka_unit_test(test_conv2d_forward_region_resident_inline),
         cmocka_unit_test(test_conv2d_backward_inline_tcp_bf16),
-        cmocka_unit_test(test_multihot_and_embedding),
-        cmocka_unit_test(test_linear_cross_entropy),
-        cmocka_unit_test(test_nmmo3_encode),
+        cmocka_unit_test_prestate(test_multihot_and_embedding, daemon_.ipc_url),
+        cmocka_unit_test_prestate(test_multihot_and_embedding, daemon_.tcp_url),
+        cmocka_unit_test_prestate(test_linear_cross_entropy, daemon_.ipc_url),
+        cmocka_unit_test_prestate(test_linear_cross_entropy, daemon_.tcp_url),
+        cmocka_unit_test_prestate(test_nmmo3_encode, daemon_.ipc_url),
+        cmocka_unit_test_prestate(test_nmmo3_encode, daemon_.tcp_url),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
