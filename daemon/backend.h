@@ -45,6 +45,13 @@ typedef struct gcd_backend_ops {
     int (*run)(gcd_backend *b, gcd_op *op, gcd_run_timing *timing, gk_err *err);
     /* Allocations of device memory since open (constant after warm-up: never on the request path). */
     uint64_t (*allocations)(gcd_backend *b);
+    /*
+     * NULL while the device works; once an error has lost it for good (a sticky
+     * CUDA error: the context is unusable), a message saying why.  The daemon
+     * polls it, stops reporting ready, drains and exits non-zero so that a
+     * supervisor restarts it.  May be NULL for a backend that cannot be lost.
+     */
+    const char *(*lost)(gcd_backend *b);
 } gcd_backend_ops;
 
 extern const gcd_backend_ops gcd_backend_cpu;

@@ -1,7 +1,8 @@
 /*
  * main.c - gpucd: parse the configuration, open the backend (kernels warm,
  * buffers allocated), serve until SIGINT/SIGTERM, drain, exit 0.  A second
- * signal exits at once.
+ * signal exits at once.  A backend that loses its device makes the daemon
+ * drain and exit 3, for a supervisor to restart it.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -19,10 +20,14 @@ typedef struct gcd_main {
     gcd_daemon d;
     uv_loop_t loop;
     uv_signal_t sigint, sigterm;
+    uv_timer_t device_watch;
     gcd_server *server;
     gcd_http_stats *http;
     int signals;
+    int exit_code;
 } gcd_main;
+
+enum { DEVICE_WATCH_MS = 50, EXIT_DEVICE_LOST = 3 };
 
 static void drained(void *arg)
 {
@@ -41,6 +46,23 @@ static void on_signal(uv_signal_t *h, int signum)
     atomic_store(&m->d.ready, 0);
     atomic_store(&m->d.draining, 1);
     gcd_server_drain(m->server, drained, m);
+}
+
+/* A lost device cannot serve again: stop being ready, drain (requests in flight
+ * fail fast on the lost device, queued ones are refused) and exit non-zero. */
+static void on_device_watch(uv_timer_t *h)
+{
+    gcd_main *m = h->data;
+    const char *why = m->d.ops->lost(m->d.backend);
+    if (why == NULL)
+        return;
+    uv_timer_stop(h);
+    gcd_log_error("the %s device is lost: %s; draining and exiting %d", m->d.ops->name, why,
+                  EXIT_DEVICE_LOST);
+    m->exit_code = EXIT_DEVICE_LOST;
+    atomic_store(&m->d.ready, 0);
+    if (atomic_exchange(&m->d.draining, 1) == 0)
+        gcd_server_drain(m->server, drained, m);
 }
 
 static const gcd_backend_ops *backend_choose(const gcd_config *cfg, char *err, size_t errlen)
@@ -124,6 +146,10 @@ int main(int argc, char **argv)
     m.sigint.data = m.sigterm.data = &m;
     uv_signal_start(&m.sigint, on_signal, SIGINT);
     uv_signal_start(&m.sigterm, on_signal, SIGTERM);
+    uv_timer_init(&m.loop, &m.device_watch);
+    m.device_watch.data = &m;
+    if (d->ops->lost != NULL)
+        uv_timer_start(&m.device_watch, on_device_watch, DEVICE_WATCH_MS, DEVICE_WATCH_MS);
     atomic_store(&d->ready, 1);
     gcd_log_info("ready: backend %s on %s, %u contexts", d->ops->name, d->device.name,
                  d->cfg.max_inflight);
@@ -131,6 +157,7 @@ int main(int argc, char **argv)
     uv_run(&m.loop, UV_RUN_DEFAULT); /* until drained() stops it */
     uv_close((uv_handle_t *)&m.sigint, NULL);
     uv_close((uv_handle_t *)&m.sigterm, NULL);
+    uv_close((uv_handle_t *)&m.device_watch, NULL);
     gcd_server_free(m.server);
     uv_run(&m.loop, UV_RUN_DEFAULT);
     uv_loop_close(&m.loop);
@@ -139,5 +166,5 @@ int main(int argc, char **argv)
     gcd_regions_fini(d->regions);
     d->ops->close(d->backend);
     gcd_log_info("stopped");
-    return 0;
+    return m.exit_code;
 }
