@@ -64,8 +64,9 @@ static void requests_total(strbuf *b, gcd_stats *s)
     for (int k = 0; k < GCD_REQ_KIND_COUNT; k++)
         for (int st = 0; st < GCD_STATUS_COUNT; st++) {
             uint64_t n = load_u(&s->requests[k][st]);
-            /* OK is always present so that rates exist before the first request. */
-            if (n == 0 && st != GCD_OK)
+            /* OK is always present so that rates exist before the first request
+             * (but an undecodable request is never OK). */
+            if (n == 0 && (st != GCD_OK || k == GCD_REQ_INVALID))
                 continue;
             strbuf_printf(b, "gpucd_requests_total{op=\"%s\",status=\"%s\"} %" PRIu64 "\n",
                           gcd_req_kind_name((gcd_req_kind)k), gcd_status_name((gcd_status)st), n);

@@ -11,6 +11,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -79,6 +80,7 @@ static void *poll_startup(void *arg)
 typedef struct long_call {
     gpucd_client *c;
     int rc;
+    atomic_int sending; /* 1: the region is registered, the next request is the long one; -1: failed */
     int64_t n, d, v;
 } long_call;
 
@@ -91,8 +93,10 @@ static void *run_long_call(void *arg)
            off_d = off_l + 64, total = off_d + ne * 4;
     gpucd_region *r;
     lc->rc = gpucd_region_create(lc->c, total, &r);
-    if (lc->rc != 0)
+    if (lc->rc != 0) {
+        atomic_store(&lc->sending, -1);
         return NULL;
+    }
     char *base = gpucd_region_data(r);
     th_fill_f32((float *)base, ne);
     th_fill_f32((float *)(base + off_c), nc);
@@ -104,6 +108,7 @@ static void *run_long_call(void *arg)
     gpucd_tensor tt = gpucd_tensor_region(r, off_t, GPUCD_I64, 1, TH_SHAPE(lc->n));
     gpucd_tensor tl = gpucd_tensor_region(r, off_l, GPUCD_F32, 0, NULL);
     gpucd_tensor td = gpucd_tensor_region(r, off_d, GPUCD_F32, 2, TH_SHAPE(lc->n, lc->d));
+    atomic_store(&lc->sending, 1);
     lc->rc = gpucd_linear_cross_entropy(lc->c, NULL, &tE, &tC, NULL, &tt, &tl, NULL, &td, NULL,
                                         NULL, NULL);
     gpucd_region_destroy(r);
@@ -154,6 +159,11 @@ static void test_ready_across_startup_and_drain(void **state)
     pthread_t worker;
     assert_int_equal(pthread_create(&worker, NULL, run_long_call, &lc), 0);
     uint64_t deadline = now_ms() + 20000;
+    /* In flight once the region is registered can only be the long request. */
+    while (atomic_load(&lc.sending) == 0 && now_ms() < deadline)
+        usleep(200);
+    if (atomic_load(&lc.sending) != 1)
+        fail_msg("cannot create the long request's region");
     for (;;) {
         ts_metrics m;
         ts_scrape(port, &m);
