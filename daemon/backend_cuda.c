@@ -1,0 +1,712 @@
+/*
+ * backend_cuda.c - the CUDA backend: one context on --device, every byte of
+ * device and pinned host memory taken in open(), the kernels of kernels/cuda/.
+ *
+ * Memory, all allocated once, when the backend opens:
+ *   - the workspace arena (--workspace-mb), cut into execution slots;
+ *   - pinned host staging, one buffer per slot, for inline (payload) tensors;
+ *   - the resident pool (--resident-mb), carved by the first-fit allocator of
+ *     pool.c, so that tensor_put and tensor_free never reach cudaMalloc.
+ * Shared-memory regions are pinned when registered (cudaHostRegister), and
+ * copies to and from them go straight to the device at PCIe speed.
+ *
+ * A run takes an execution slot (a non-blocking stream, a slice of the
+ * workspace, a staging buffer, timing events): copies its host inputs into
+ * the slice, runs the kernel, copies the outputs back and synchronises only
+ * its own stream, so the copies and kernels of requests in different slots
+ * overlap.  Resident tensors are used in place.
+ *
+ * Errors: a CUDA error of one request fails that request (GK_EDEVICE).  A
+ * sticky one (the context is unusable, as after an illegal address) marks the
+ * backend lost: every later call fails at once and ops->lost tells the daemon
+ * to drain and exit non-zero, so that a supervisor restarts it.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backend.h"
+#include "clock.h"
+#include "gk_cuda.h"
+#include "log.h"
+#include "pool.h"
+
+/*
+ * Few slots: two already overlap one request's copies with another's
+ * kernels, and each slot is a slice of the workspace, so more slots mean a
+ * smaller largest request.
+ */
+enum { SLOTS_MAX = 4, SLOT_ALIGN = GCD_POOL_ALIGN };
+
+/* The events of one run: start, inputs on the device, computed, outputs back. */
+enum { EV_START, EV_COPIED_IN, EV_COMPUTED, EV_COPIED_OUT, EV_COUNT };
+
+typedef struct exec_slot {
+    cudaStream_t stream;
+    cudaEvent_t ev[EV_COUNT];
+    uint8_t *ws;      /* device: the slot's slice of the workspace */
+    uint8_t *staging; /* pinned host */
+    struct exec_slot *next_free;
+} exec_slot;
+
+typedef struct pinned_range {
+    uintptr_t lo, hi;
+} pinned_range;
+
+struct gcd_backend {
+    int device;
+    char name[128];
+    int sm_count;
+    uint64_t memory_bytes;
+    uint64_t workspace_mb;
+
+    uint8_t *arena; /* device workspace, nslots * slot_bytes */
+    size_t slot_bytes;
+    uint8_t *staging; /* pinned host, nslots * staging_bytes */
+    size_t staging_bytes;
+    exec_slot slots[SLOTS_MAX];
+    int nslots;
+    exec_slot *free_slots;
+    pthread_mutex_t slot_lock;
+    pthread_cond_t slot_freed;
+
+    uint8_t *resident; /* device, resident_bytes */
+    size_t resident_bytes;
+    gcd_pool *pool;
+    pthread_mutex_t pool_lock;
+
+    pinned_range *pinned; /* registered regions */
+    size_t npinned, pinned_cap;
+    pthread_rwlock_t pinned_lock;
+
+    atomic_uint_fast64_t allocations;
+    atomic_int lost;     /* 0 healthy; 1 being marked; 2 lost, lost_why final */
+    char lost_why[256];
+};
+
+/* ---- errors ------------------------------------------------------------------- */
+
+/* Errors after which the context is unusable: every later call returns them too. */
+static int cuda_error_sticky(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorContextIsDestroyed:
+    case cudaErrorDeviceUninitialized:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorCudartUnloading:
+    case cudaErrorNvlinkUncorrectable:
+    case cudaErrorExternalDevice:
+    case cudaErrorUnknown:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static void backend_lose(gcd_backend *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void backend_lose(gcd_backend *b, const char *fmt, ...)
+{
+    int healthy = 0;
+    if (!atomic_compare_exchange_strong(&b->lost, &healthy, 1))
+        return; /* the first cause is the one reported */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b->lost_why, sizeof b->lost_why, fmt, ap);
+    va_end(ap);
+    atomic_store(&b->lost, 2);
+    gcd_log_error("cuda: device %d lost: %s", b->device, b->lost_why);
+}
+
+static int backend_check_lost(gcd_backend *b, gk_err *err)
+{
+    if (atomic_load(&b->lost) == 0)
+        return 0;
+    return gk_fail(err, GK_EDEVICE, "the CUDA device was lost (%s); the daemon is restarting",
+                   atomic_load(&b->lost) == 2 ? b->lost_why : "a sticky error");
+}
+
+/*
+ * After a failure on slot s (e: what the failing call returned, cudaSuccess
+ * when a kernel wrapper reported it): waits for the slot's stream so that the
+ * slot can be reused, clears the thread's error so that it is not blamed on
+ * the next call, and decides whether the context survived.  Returns 1 when
+ * the device is lost.
+ */
+static int slot_recover(gcd_backend *b, exec_slot *s, cudaError_t e, const char *what)
+{
+    cudaError_t sync = cudaStreamSynchronize(s->stream);
+    cudaError_t last = cudaGetLastError();
+    cudaError_t probe = cudaStreamQuery(s->stream);
+    cudaError_t worst = cuda_error_sticky(e) ? e : cuda_error_sticky(sync) ? sync : last;
+    int sticky = cuda_error_sticky(e) || cuda_error_sticky(sync) || cuda_error_sticky(last) ||
+                 (probe != cudaSuccess && probe != cudaErrorNotReady);
+    if (sticky)
+        backend_lose(b, "%s: %s", what,
+                     cudaGetErrorString(worst != cudaSuccess ? worst : probe));
+    return sticky;
+}
+
+/* Fails a call whose CUDA call returned e, on slot s. */
+static int slot_fail(gcd_backend *b, exec_slot *s, cudaError_t e, const char *what, gk_err *err)
+{
+    int sticky = slot_recover(b, s, e, what);
+    return gk_fail(err, GK_EDEVICE, "%s: %s%s", what, cudaGetErrorString(e),
+                   sticky ? " (the device is lost; the daemon is restarting)" : "");
+}
+
+/* ---- slots ---------------------------------------------------------------------- */
+
+static exec_slot *slot_take(gcd_backend *b)
+{
+    pthread_mutex_lock(&b->slot_lock);
+    while (b->free_slots == NULL)
+        pthread_cond_wait(&b->slot_freed, &b->slot_lock);
+    exec_slot *s = b->free_slots;
+    b->free_slots = s->next_free;
+    pthread_mutex_unlock(&b->slot_lock);
+    return s;
+}
+
+static void slot_give(gcd_backend *b, exec_slot *s)
+{
+    pthread_mutex_lock(&b->slot_lock);
+    s->next_free = b->free_slots;
+    b->free_slots = s;
+    pthread_cond_signal(&b->slot_freed);
+    pthread_mutex_unlock(&b->slot_lock);
+}
+
+/* ---- pinned regions --------------------------------------------------------------- */
+
+/* Whether [p, p + bytes) lies inside one registered region. */
+static int pinned_contains(gcd_backend *b, const void *p, size_t bytes)
+{
+    uintptr_t lo = (uintptr_t)p;
+    int found = 0;
+    pthread_rwlock_rdlock(&b->pinned_lock);
+    for (size_t i = 0; i < b->npinned && !found; i++)
+        found = lo >= b->pinned[i].lo && lo < b->pinned[i].hi && bytes <= b->pinned[i].hi - lo;
+    pthread_rwlock_unlock(&b->pinned_lock);
+    return found;
+}
+
+static int resident_contains(const gcd_backend *b, const void *p)
+{
+    uintptr_t a = (uintptr_t)p, base = (uintptr_t)b->resident;
+    return a >= base && a < base + b->resident_bytes;
+}
+
+static int cuda_host_register(gcd_backend *b, void *base, size_t bytes, gk_err *err)
+{
+    if (backend_check_lost(b, err) != 0)
+        return -1;
+    pthread_rwlock_wrlock(&b->pinned_lock);
+    if (b->npinned == b->pinned_cap) {
+        size_t cap = b->pinned_cap ? b->pinned_cap * 2 : 16;
+        pinned_range *r = realloc(b->pinned, cap * sizeof *r);
+        if (r == NULL) {
+            pthread_rwlock_unlock(&b->pinned_lock);
+            return gk_fail(err, GK_ENOMEM, "out of memory");
+        }
+        b->pinned = r;
+        b->pinned_cap = cap;
+    }
+    /* The mapping covers whole pages; pinning whole pages is what the driver does anyway. */
+    long page = sysconf(_SC_PAGESIZE);
+    size_t pinned = page > 0 ? (bytes + (size_t)page - 1) / (size_t)page * (size_t)page : bytes;
+    cudaSetDevice(b->device);
+    cudaError_t e = cudaHostRegister(base, pinned, cudaHostRegisterDefault);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        pthread_rwlock_unlock(&b->pinned_lock);
+        if (cuda_error_sticky(e))
+            backend_lose(b, "cudaHostRegister: %s", cudaGetErrorString(e));
+        return gk_fail(err, GK_EDEVICE, "cudaHostRegister of %zu bytes: %s", bytes,
+                       cudaGetErrorString(e));
+    }
+    b->pinned[b->npinned++] = (pinned_range){(uintptr_t)base, (uintptr_t)base + bytes};
+    pthread_rwlock_unlock(&b->pinned_lock);
+    return 0;
+}
+
+static void cuda_host_unregister(gcd_backend *b, void *base)
+{
+    pthread_rwlock_wrlock(&b->pinned_lock);
+    for (size_t i = 0; i < b->npinned; i++) {
+        if (b->pinned[i].lo != (uintptr_t)base)
+            continue;
+        b->pinned[i] = b->pinned[--b->npinned];
+        cudaSetDevice(b->device);
+        cudaError_t e = cudaHostUnregister(base);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            gcd_log_warn("cuda: cudaHostUnregister: %s", cudaGetErrorString(e));
+        }
+        break;
+    }
+    pthread_rwlock_unlock(&b->pinned_lock);
+}
+
+/* ---- open and close ------------------------------------------------------------- */
+
+static void cuda_close(gcd_backend *b)
+{
+    if (b == NULL)
+        return;
+    cudaSetDevice(b->device);
+    cudaDeviceSynchronize();
+    for (int i = 0; i < b->nslots; i++) {
+        exec_slot *s = &b->slots[i];
+        for (int k = 0; k < EV_COUNT; k++)
+            if (s->ev[k] != NULL)
+                cudaEventDestroy(s->ev[k]);
+        if (s->stream != NULL)
+            cudaStreamDestroy(s->stream);
+    }
+    /* Regions the daemon did not unregister (it always does) are left pinned to the process. */
+    if (b->arena != NULL)
+        cudaFree(b->arena);
+    if (b->resident != NULL)
+        cudaFree(b->resident);
+    if (b->staging != NULL)
+        cudaFreeHost(b->staging);
+    (void)cudaGetLastError();
+    gcd_pool_destroy(b->pool);
+    free(b->pinned);
+    pthread_mutex_destroy(&b->slot_lock);
+    pthread_cond_destroy(&b->slot_freed);
+    pthread_mutex_destroy(&b->pool_lock);
+    pthread_rwlock_destroy(&b->pinned_lock);
+    free(b);
+}
+
+#define OPEN_CHECK(call, what)                                                                    \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess) {                                                                  \
+            gk_fail(err, GK_EDEVICE, "device %d: %s: %s", cfg->device, what,                     \
+                    cudaGetErrorString(e_));                                                      \
+            goto fail;                                                                            \
+        }                                                                                         \
+    } while (0)
+
+static int cuda_open(const gcd_config *cfg, gcd_backend **out, gk_err *err)
+{
+    gcd_backend *b = calloc(1, sizeof *b);
+    if (b == NULL)
+        return gk_fail(err, GK_ENOMEM, "cannot allocate the CUDA backend");
+    b->device = cfg->device;
+    b->workspace_mb = cfg->workspace_mb;
+    pthread_mutex_init(&b->slot_lock, NULL);
+    pthread_cond_init(&b->slot_freed, NULL);
+    pthread_mutex_init(&b->pool_lock, NULL);
+    pthread_rwlock_init(&b->pinned_lock, NULL);
+
+    OPEN_CHECK(cudaSetDevice(cfg->device), "cudaSetDevice");
+    struct cudaDeviceProp prop;
+    OPEN_CHECK(cudaGetDeviceProperties(&prop, cfg->device), "cudaGetDeviceProperties");
+    snprintf(b->name, sizeof b->name, "%.96s (device %d, cc %d.%d)", prop.name, cfg->device,
+             prop.major, prop.minor);
+    b->sm_count = prop.multiProcessorCount;
+    b->memory_bytes = prop.totalGlobalMem;
+
+    b->nslots = cfg->max_inflight < SLOTS_MAX ? (int)cfg->max_inflight : SLOTS_MAX;
+    if (b->nslots < 1)
+        b->nslots = 1;
+    uint64_t workspace = cfg->workspace_mb << 20;
+    b->slot_bytes = (size_t)(workspace / (uint64_t)b->nslots / SLOT_ALIGN * SLOT_ALIGN);
+    /* Inline inputs all come in one request and inline outputs all go in one
+     * reply, each at most --max-message-mb, and everything staged also lives in
+     * the slot's workspace: the smaller of the two bounds what a slot stages. */
+    uint64_t message = cfg->max_message_mb << 20;
+    b->staging_bytes = message < b->slot_bytes ? (size_t)message : b->slot_bytes;
+    b->resident_bytes = (size_t)(cfg->resident_mb << 20);
+
+    OPEN_CHECK(cudaMalloc((void **)&b->arena, b->slot_bytes * (size_t)b->nslots),
+               "cudaMalloc of the workspace (--workspace-mb)");
+    atomic_fetch_add(&b->allocations, 1);
+    OPEN_CHECK(cudaMalloc((void **)&b->resident, b->resident_bytes),
+               "cudaMalloc of the resident pool (--resident-mb)");
+    atomic_fetch_add(&b->allocations, 1);
+    OPEN_CHECK(cudaHostAlloc((void **)&b->staging, b->staging_bytes * (size_t)b->nslots,
+                             cudaHostAllocDefault),
+               "cudaHostAlloc of the pinned staging buffers");
+    atomic_fetch_add(&b->allocations, 1);
+    b->pool = gcd_pool_create(b->resident_bytes);
+    if (b->pool == NULL) {
+        gk_fail(err, GK_ENOMEM, "cannot allocate the resident pool's bookkeeping");
+        goto fail;
+    }
+    for (int i = 0; i < b->nslots; i++) {
+        exec_slot *s = &b->slots[i];
+        OPEN_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking),
+                   "cudaStreamCreateWithFlags");
+        for (int k = 0; k < EV_COUNT; k++)
+            OPEN_CHECK(cudaEventCreate(&s->ev[k]), "cudaEventCreate");
+        s->ws = b->arena + (size_t)i * b->slot_bytes;
+        s->staging = b->staging + (size_t)i * b->staging_bytes;
+        s->next_free = b->free_slots;
+        b->free_slots = s;
+    }
+    if (gk_cuda_conv_warmup(err) != 0)
+        goto fail;
+    /* Touch every slot's stream and events once, so the first request pays for nothing. */
+    for (int i = 0; i < b->nslots; i++) {
+        exec_slot *s = &b->slots[i];
+        OPEN_CHECK(cudaMemsetAsync(s->ws, 0, SLOT_ALIGN, s->stream), "cudaMemsetAsync");
+        OPEN_CHECK(cudaMemcpyAsync(s->staging, s->ws, SLOT_ALIGN < b->staging_bytes ? SLOT_ALIGN
+                                                                            : b->staging_bytes,
+                                   cudaMemcpyDeviceToHost, s->stream),
+                   "cudaMemcpyAsync");
+        for (int k = 0; k < EV_COUNT; k++)
+            OPEN_CHECK(cudaEventRecord(s->ev[k], s->stream), "cudaEventRecord");
+    }
+    OPEN_CHECK(cudaDeviceSynchronize(), "warm-up");
+    gcd_log_info("cuda: %s, %d SMs, %d execution slots of %zu MiB workspace and %zu MiB pinned "
+                 "staging, %zu MiB resident pool",
+                 b->name, b->sm_count, b->nslots, b->slot_bytes >> 20, b->staging_bytes >> 20,
+                 b->resident_bytes >> 20);
+    *out = b;
+    return 0;
+fail:
+    (void)cudaGetLastError();
+    cuda_close(b);
+    return GK_EDEVICE;
+}
+
+static void cuda_describe(gcd_backend *b, gcd_device_info *out)
+{
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%s", b->name);
+    out->sm_count = (uint32_t)b->sm_count;
+    out->memory_bytes = b->memory_bytes;
+    out->workspace_bytes = (uint64_t)b->slot_bytes * (uint64_t)b->nslots;
+}
+
+static uint64_t cuda_allocations(gcd_backend *b) { return atomic_load(&b->allocations); }
+
+static const char *cuda_lost(gcd_backend *b)
+{
+    return atomic_load(&b->lost) == 2 ? b->lost_why : NULL;
+}
+
+/* ---- resident tensors ---------------------------------------------------------------- */
+
+static void *cuda_tensor_alloc(gcd_backend *b, size_t bytes, gk_err *err)
+{
+    if (backend_check_lost(b, err) != 0)
+        return NULL;
+    uint64_t off;
+    pthread_mutex_lock(&b->pool_lock);
+    int rc = gcd_pool_alloc(b->pool, bytes, &off);
+    gcd_pool_usage use;
+    if (rc != 0)
+        gcd_pool_usage_get(b->pool, &use);
+    pthread_mutex_unlock(&b->pool_lock);
+    if (rc != 0) {
+        gk_fail(err, GK_ENOMEM, "the device's resident pool has no free range of %zu bytes "
+                                "(largest free %" PRIu64 " of %" PRIu64 ", --resident-mb)",
+                bytes, use.largest_free, use.size);
+        return NULL;
+    }
+    return b->resident + off;
+}
+
+static void cuda_tensor_free(gcd_backend *b, void *storage)
+{
+    pthread_mutex_lock(&b->pool_lock);
+    int rc = gcd_pool_free(b->pool, (uint64_t)((uint8_t *)storage - b->resident));
+    pthread_mutex_unlock(&b->pool_lock);
+    if (rc != 0)
+        gcd_log_error("cuda: freeing resident storage %p that the pool never handed out",
+                      storage);
+}
+
+/*
+ * Copies between host memory and a resident tensor on a slot's stream:
+ * straight from or to a pinned region, else through the slot's staging buffer
+ * a piece at a time.  A source that is itself resident is a device copy.
+ */
+static int resident_copy(gcd_backend *b, uint8_t *dev, uint8_t *host, size_t bytes, int to_device,
+                         gk_err *err)
+{
+    if (backend_check_lost(b, err) != 0)
+        return -1;
+    exec_slot *s = slot_take(b);
+    cudaSetDevice(b->device);
+    cudaError_t e = cudaSuccess;
+    const char *what = to_device ? "copy to a resident tensor" : "copy from a resident tensor";
+    if (to_device && resident_contains(b, host)) {
+        e = cudaMemcpyAsync(dev, host, bytes, cudaMemcpyDeviceToDevice, s->stream);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(s->stream);
+    } else if (pinned_contains(b, host, bytes)) {
+        e = to_device ? cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, s->stream)
+                      : cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, s->stream);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(s->stream);
+    } else {
+        for (size_t off = 0; off < bytes && e == cudaSuccess; off += b->staging_bytes) {
+            size_t n = bytes - off < b->staging_bytes ? bytes - off : b->staging_bytes;
+            if (to_device) {
+                memcpy(s->staging, host + off, n);
+                e = cudaMemcpyAsync(dev + off, s->staging, n, cudaMemcpyHostToDevice, s->stream);
+                if (e == cudaSuccess)
+                    e = cudaStreamSynchronize(s->stream);
+            } else {
+                e = cudaMemcpyAsync(s->staging, dev + off, n, cudaMemcpyDeviceToHost, s->stream);
+                if (e == cudaSuccess)
+                    e = cudaStreamSynchronize(s->stream);
+                if (e == cudaSuccess)
+                    memcpy(host + off, s->staging, n);
+            }
+        }
+    }
+    int rc = e == cudaSuccess ? 0 : slot_fail(b, s, e, what, err);
+    slot_give(b, s);
+    return rc;
+}
+
+static int cuda_tensor_write(gcd_backend *b, void *storage, const void *host, size_t bytes,
+                             gk_err *err)
+{
+    return resident_copy(b, storage, (uint8_t *)(uintptr_t)host, bytes, 1, err);
+}
+
+static int cuda_tensor_read(gcd_backend *b, void *host, const void *storage, size_t bytes,
+                            gk_err *err)
+{
+    return resident_copy(b, (uint8_t *)(uintptr_t)storage, host, bytes, 0, err);
+}
+
+/* ---- compute ---------------------------------------------------------------------------- */
+
+/* Where one argument's bytes are during a run. */
+typedef struct arg_place {
+    gk_tensor dev;   /* the kernel's view: device memory */
+    size_t bytes;
+    int copy;        /* host bytes copied in (inputs) or out (outputs) */
+    int staged;      /* through the staging buffer, at staging_off */
+    size_t staging_off;
+} arg_place;
+
+static size_t align_up(size_t n) { return (n + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN; }
+
+static uint64_t add_sat(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+static uint64_t elapsed_us(cudaEvent_t a, cudaEvent_t b)
+{
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, a, b) != cudaSuccess || ms < 0) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return (uint64_t)((double)ms * 1000.0 + 0.5);
+}
+
+static int op_served(gcd_op_kind kind)
+{
+    return kind == GCD_OP_CONV2D_FORWARD || kind == GCD_OP_CONV2D_BACKWARD;
+}
+
+/*
+ * Lays the run out in the slot: host tensors get 256-byte-aligned places in
+ * the workspace, in slot order, and the kernel's scratch the rest; inline
+ * tensors get places in the staging buffer.  Inputs and outputs both start
+ * staging at 0: the output copies are ordered after the input copies on the
+ * stream, so they never meet.  GK_ENOMEM with the sizes when it does not fit.
+ */
+static int run_layout(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *place,
+                      size_t *scratch_off, gk_err *err)
+{
+    uint64_t ws = 0, staged_in = 0, staged_out = 0;
+    for (int i = 0; i < op->nargs; i++) {
+        gcd_arg *a = &op->args[i];
+        arg_place *p = &place[i];
+        memset(p, 0, sizeof *p);
+        p->dev = a->t;
+        if (a->t.data == NULL || a->resident)
+            continue;
+        p->bytes = (size_t)gk_tensor_bytes(&a->t);
+        p->copy = 1;
+        ws = add_sat(ws, SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
+        if (ws <= b->slot_bytes)
+            p->dev.data = s->ws + ws;
+        ws = add_sat(ws, p->bytes);
+        if (!pinned_contains(b, a->t.data, p->bytes)) {
+            uint64_t *staged = a->output ? &staged_out : &staged_in;
+            p->staged = 1;
+            *staged = add_sat(*staged, SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
+            p->staging_off = (size_t)(*staged < b->staging_bytes ? *staged : 0);
+            *staged = add_sat(*staged, p->bytes);
+        }
+    }
+    size_t scratch = 0;
+    int x = op->kind == GCD_OP_CONV2D_FORWARD ? CONV_FWD_X : CONV_BWD_X;
+    int w = op->kind == GCD_OP_CONV2D_FORWARD ? CONV_FWD_W : CONV_BWD_W;
+    int rc = gk_cuda_conv2d_workspace_bytes(&op->p.conv, &place[x].dev, &place[w].dev,
+                                            b->sm_count, &scratch, err);
+    if (rc != 0)
+        return rc;
+    uint64_t tensors = ws;
+    ws = add_sat(add_sat(ws, SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN, scratch);
+    if (ws > b->slot_bytes)
+        return gk_fail(err, GK_ENOMEM,
+                       "needs %" PRIu64 " bytes of device workspace (%" PRIu64 " for its "
+                       "tensors in host memory, %zu of kernel scratch) but a request may use "
+                       "%zu (--workspace-mb %" PRIu64 " shared by %d execution slots); use "
+                       "resident tensors or a smaller batch",
+                       ws, tensors, scratch, b->slot_bytes, b->workspace_mb, b->nslots);
+    uint64_t staged = staged_in > staged_out ? staged_in : staged_out;
+    if (staged > b->staging_bytes)
+        return gk_fail(err, GK_ENOMEM,
+                       "its inline tensors need %" PRIu64 " bytes of pinned staging but a slot "
+                       "has %zu; pass large tensors in a shared-memory region",
+                       staged, b->staging_bytes);
+    *scratch_off = align_up((size_t)tensors);
+    return 0;
+}
+
+static int run_kernel(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
+                      size_t scratch_off, gk_err *err)
+{
+    gk_cuda_exec ex = {
+        .stream = s->stream,
+        .workspace = s->ws + scratch_off,
+        .workspace_bytes = b->slot_bytes - scratch_off,
+        .sm_count = b->sm_count,
+    };
+    if (op->kind == GCD_OP_CONV2D_FORWARD)
+        return gk_cuda_conv2d_forward(&op->p.conv, &pl[CONV_FWD_X].dev, &pl[CONV_FWD_W].dev,
+                                      &pl[CONV_FWD_B].dev, &pl[CONV_FWD_Y].dev, &ex, err);
+    return gk_cuda_conv2d_backward(&op->p.conv, &pl[CONV_BWD_X].dev, &pl[CONV_BWD_W].dev,
+                                   &pl[CONV_BWD_Y].dev, &pl[CONV_BWD_DY].dev,
+                                   &pl[CONV_BWD_DX].dev, &pl[CONV_BWD_DW].dev,
+                                   &pl[CONV_BWD_DB].dev, &ex, err);
+}
+
+static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *timing,
+                    gk_err *err)
+{
+    arg_place pl[GCD_OP_MAX_ARGS];
+    memset(pl, 0, sizeof pl);
+    size_t scratch_off = 0;
+    int rc = run_layout(b, s, op, pl, &scratch_off, err);
+    if (rc != 0)
+        return rc;
+    cudaError_t e;
+#define RUN_CHECK(call, what)                                                                     \
+    do {                                                                                          \
+        if ((e = (call)) != cudaSuccess)                                                          \
+            return slot_fail(b, s, e, what, err);                                                 \
+    } while (0)
+
+    RUN_CHECK(cudaEventRecord(s->ev[EV_START], s->stream), "cudaEventRecord");
+    for (int i = 0; i < op->nargs; i++) {
+        arg_place *p = &pl[i];
+        if (!p->copy || op->args[i].output)
+            continue;
+        const void *src = op->args[i].t.data;
+        if (p->staged) {
+            memcpy(s->staging + p->staging_off, src, p->bytes);
+            src = s->staging + p->staging_off;
+        }
+        RUN_CHECK(cudaMemcpyAsync(p->dev.data, src, p->bytes, cudaMemcpyHostToDevice, s->stream),
+                  "copy in");
+    }
+    RUN_CHECK(cudaEventRecord(s->ev[EV_COPIED_IN], s->stream), "cudaEventRecord");
+    rc = run_kernel(b, s, op, pl, scratch_off, err);
+    if (rc != 0) {
+        /* A kernel wrapper's own failure (shapes, workspace) leaves the device healthy;
+         * a launch failure may not have. */
+        if (slot_recover(b, s, cudaSuccess, err->msg) && rc != GK_EDEVICE)
+            rc = GK_EDEVICE;
+        return rc;
+    }
+    RUN_CHECK(cudaEventRecord(s->ev[EV_COMPUTED], s->stream), "cudaEventRecord");
+    for (int i = 0; i < op->nargs; i++) {
+        arg_place *p = &pl[i];
+        if (!p->copy || !op->args[i].output)
+            continue;
+        void *dst = p->staged ? s->staging + p->staging_off : op->args[i].t.data;
+        RUN_CHECK(cudaMemcpyAsync(dst, p->dev.data, p->bytes, cudaMemcpyDeviceToHost, s->stream),
+                  "copy out");
+    }
+    RUN_CHECK(cudaEventRecord(s->ev[EV_COPIED_OUT], s->stream), "cudaEventRecord");
+    RUN_CHECK(cudaEventSynchronize(s->ev[EV_COPIED_OUT]), "running the request");
+#undef RUN_CHECK
+    uint64_t t0 = gcd_now_us();
+    for (int i = 0; i < op->nargs; i++)
+        if (pl[i].copy && pl[i].staged && op->args[i].output)
+            memcpy(op->args[i].t.data, s->staging + pl[i].staging_off, pl[i].bytes);
+    /* The start event runs as soon as the stream is idle, so copy_in also
+     * covers the host's copies into the staging buffer that the uploads wait for. */
+    timing->copy_in_us = elapsed_us(s->ev[EV_START], s->ev[EV_COPIED_IN]);
+    timing->compute_us = elapsed_us(s->ev[EV_COPIED_IN], s->ev[EV_COMPUTED]);
+    timing->copy_out_us = elapsed_us(s->ev[EV_COMPUTED], s->ev[EV_COPIED_OUT]) +
+                          (gcd_now_us() - t0);
+    return 0;
+}
+
+static int cuda_run(gcd_backend *b, gcd_op *op, gcd_run_timing *timing, gk_err *err)
+{
+    memset(timing, 0, sizeof *timing);
+    if (!op_served(op->kind))
+        return gk_fail(err, GK_EINVAL, "%s is not available on the cuda backend yet",
+                       gcd_op_name(op->kind));
+    if (backend_check_lost(b, err) != 0)
+        return GK_EDEVICE;
+    exec_slot *s = slot_take(b);
+    cudaSetDevice(b->device);
+    int rc = slot_run(b, s, op, timing, err);
+    slot_give(b, s);
+    return rc;
+}
+
+/* ---- the table ---------------------------------------------------------------------------- */
+
+int gcd_backend_cuda_usable(int device)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return device >= 0 && device < n;
+}
+
+static const gcd_backend_ops cuda_ops = {
+    .name = "cuda",
+    .open = cuda_open,
+    .close = cuda_close,
+    .describe = cuda_describe,
+    .tensor_alloc = cuda_tensor_alloc,
+    .tensor_free = cuda_tensor_free,
+    .tensor_write = cuda_tensor_write,
+    .tensor_read = cuda_tensor_read,
+    .host_register = cuda_host_register,
+    .host_unregister = cuda_host_unregister,
+    .run = cuda_run,
+    .allocations = cuda_allocations,
+    .lost = cuda_lost,
+};
+
+const gcd_backend_ops *const gcd_backend_cuda = &cuda_ops;
