@@ -184,6 +184,10 @@ static void memory(strbuf *b, gcd_daemon *d)
     single_u(b, "gpucd_device_allocations_total", "counter",
              "Device memory allocations since start; constant after warm-up.",
              d->ops->allocations(d->backend));
+    if (d->ops->lost != NULL)
+        single_u(b, "gpucd_device_lost", "gauge",
+                 "1 once the device failed for good; the daemon then drains and exits 3.",
+                 (uint64_t)(d->ops->lost(d->backend) != NULL));
     gcd_device_usage u;
     if (gcd_device_usage_get(d->ops->name, d->cfg.device, &u) == 0) {
         single_u(b, "gpucd_device_memory_total_bytes", "gauge", "Device memory, from NVML.",
