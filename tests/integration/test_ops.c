@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cmocka.h>
 
@@ -452,6 +453,12 @@ static void test_control(void **state)
     assert_true(has_nmmo3);
     gpucd_timings t;
     assert_int_equal(gpucd_ping(c, &t), 0);
+    /* The socket is private to the daemon's user. */
+    char sock[300];
+    struct stat st;
+    snprintf(sock, sizeof sock, "%s/gpucd.sock", daemon_.dir);
+    assert_int_equal(stat(sock, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
     gpucd_region *a, *b;
     assert_int_equal(gpucd_region_create(c, 4096, &a), 0);
     assert_int_equal(gpucd_region_create(c, 8192, &b), 0);
