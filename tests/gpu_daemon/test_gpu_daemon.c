@@ -1,0 +1,591 @@
+/*
+ * test_gpu_daemon.c - a daemon on the CUDA backend, driven through libgpucd.
+ *
+ * conv2d forward and backward (both NMMO3 layers at small batches and a
+ * strided, padded case) in fp32, tf32 and bf16, with tensors in shared-memory
+ * regions, inline and resident, each compared with the CPU kernels run here on
+ * the same fresh random inputs by ||gpu - ref|| / ||ref|| (fp32 < 1e-5,
+ * tf32 < 5e-3, bf16 < 2e-2), outputs poisoned with NaN first; region runs are
+ * repeated and must give the same bytes.  Then: requests from several clients
+ * at once, a request too large for an execution slot, an operation the
+ * backend does not serve, per-phase timings, and that the daemon made no
+ * device allocation after it started.
+ * Exits 77 (skipped) without a CUDA device.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <pthread.h>
+
+#include "gk.h"
+#include "gk_bf16.h"
+#include "harness.h"
+
+static th_daemon daemon_;
+static uint64_t allocations_at_start;
+enum { WORKSPACE_MB = 256, RESIDENT_MB = 256 };
+
+typedef struct layer {
+    const char *name;
+    int n, c, h, w, oc, kh, kw, sh, sw, ph, pw, relu;
+} layer;
+
+static const layer layers[] = {
+    {"nmmo3 conv1 B=8", 8, 59, 11, 15, 128, 5, 5, 3, 3, 0, 0, 1},
+    {"nmmo3 conv2 B=16", 16, 128, 3, 4, 128, 3, 3, 1, 1, 0, 0, 0},
+    {"stride 2 pad 1", 3, 5, 9, 7, 6, 3, 3, 2, 2, 1, 1, 1},
+};
+
+enum prec { P_F32, P_TF32, P_BF16, P_COUNT };
+static const char *const prec_name[] = {"fp32", "tf32", "bf16"};
+static const double prec_tol[] = {1e-5, 5e-3, 2e-2};
+
+enum mode { M_REGION, M_INLINE, M_RESIDENT };
+static const char *const mode_name[] = {"region", "inline", "resident"};
+
+enum role { X, W, B, Y, DY, DX, DW, DB, ROLES };
+static const char *const role_name[] = {"x", "w", "b", "y", "dy", "dx", "dw", "db"};
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n);
+    assert_non_null(p);
+    return p;
+}
+
+/* NaN in f32 and in bf16 alike: an element the daemon never wrote fails the comparison. */
+static void poison(void *p, size_t n) { memset(p, 0xff, n); }
+
+/* One convolution's tensors: inputs and the CPU reference outputs in ref[]. */
+typedef struct conv_case {
+    const layer *l;
+    enum prec prec;
+    gpucd_dtype dt;
+    size_t es;
+    int ndim[ROLES];
+    int64_t shape[ROLES][4];
+    size_t bytes[ROLES];
+    void *ref[ROLES];
+    gpucd_conv2d_params p;
+} conv_case;
+
+static gk_tensor gk_of(const conv_case *cc, int r, void *data)
+{
+    return gk_tensor_make(data, (gk_dtype)cc->dt, cc->ndim[r], cc->shape[r]);
+}
+
+static gpucd_tensor host_of(const conv_case *cc, int r, void *data)
+{
+    return gpucd_tensor_host(data, cc->dt, cc->ndim[r], cc->shape[r]);
+}
+
+static void shape_set(conv_case *cc, int r, int ndim, int64_t a, int64_t b, int64_t c, int64_t d)
+{
+    int64_t s[4] = {a, b, c, d};
+    cc->ndim[r] = ndim;
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        cc->shape[r][i] = s[i];
+        n *= (size_t)s[i];
+    }
+    cc->bytes[r] = n * cc->es;
+}
+
+static void fill(const conv_case *cc, void *p, size_t bytes)
+{
+    if (cc->dt == GPUCD_BF16)
+        th_fill_bf16(p, bytes / 2);
+    else
+        th_fill_f32(p, bytes / 4);
+}
+
+/* Fresh inputs, and the CPU kernels' outputs (true fp32, or bf16 with fp32 accumulation). */
+static void conv_case_init(conv_case *cc, const layer *l, enum prec prec)
+{
+    memset(cc, 0, sizeof *cc);
+    cc->l = l;
+    cc->prec = prec;
+    cc->dt = prec == P_BF16 ? GPUCD_BF16 : GPUCD_F32;
+    cc->es = gpucd_dtype_size(cc->dt);
+    int oh = (l->h + 2 * l->ph - l->kh) / l->sh + 1, ow = (l->w + 2 * l->pw - l->kw) / l->sw + 1;
+    shape_set(cc, X, 4, l->n, l->c, l->h, l->w);
+    shape_set(cc, W, 4, l->oc, l->c, l->kh, l->kw);
+    shape_set(cc, B, 1, l->oc, 0, 0, 0);
+    shape_set(cc, Y, 4, l->n, l->oc, oh, ow);
+    shape_set(cc, DY, 4, l->n, l->oc, oh, ow);
+    shape_set(cc, DX, 4, l->n, l->c, l->h, l->w);
+    shape_set(cc, DW, 4, l->oc, l->c, l->kh, l->kw);
+    shape_set(cc, DB, 1, l->oc, 0, 0, 0);
+    for (int r = 0; r < ROLES; r++)
+        cc->ref[r] = xmalloc(cc->bytes[r]);
+    fill(cc, cc->ref[X], cc->bytes[X]);
+    fill(cc, cc->ref[W], cc->bytes[W]);
+    fill(cc, cc->ref[B], cc->bytes[B]);
+    fill(cc, cc->ref[DY], cc->bytes[DY]);
+    gk_conv2d kp = {.stride_h = l->sh, .stride_w = l->sw, .pad_h = l->ph, .pad_w = l->pw,
+                    .relu = l->relu};
+    gk_tensor t[ROLES];
+    for (int r = 0; r < ROLES; r++)
+        t[r] = gk_of(cc, r, cc->ref[r]);
+    gk_err err;
+    if (gk_cpu_conv2d_forward(&kp, &t[X], &t[W], &t[B], &t[Y], &err) != 0 ||
+        gk_cpu_conv2d_backward(&kp, &t[X], &t[W], &t[Y], &t[DY], &t[DX], &t[DW], &t[DB], &err) != 0)
+        fail_msg("CPU reference: %s", err.msg);
+    gpucd_conv2d_params_init(&cc->p);
+    cc->p.stride_h = l->sh, cc->p.stride_w = l->sw;
+    cc->p.pad_h = l->ph, cc->p.pad_w = l->pw;
+    cc->p.relu = l->relu;
+    cc->p.math = prec == P_TF32 ? GPUCD_MATH_TF32 : GPUCD_MATH_DEFAULT;
+}
+
+static void conv_case_free(conv_case *cc)
+{
+    for (int r = 0; r < ROLES; r++)
+        free(cc->ref[r]);
+}
+
+static double value(const void *p, size_t i, gpucd_dtype dt)
+{
+    if (dt == GPUCD_BF16)
+        return gk_bf16_to_f32(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+static double rel_err(const conv_case *cc, int r, const void *got)
+{
+    size_t n = cc->bytes[r] / cc->es;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double g = value(got, i, cc->dt), w = value(cc->ref[r], i, cc->dt);
+        num += (g - w) * (g - w);
+        den += w * w;
+    }
+    return sqrt(num) / sqrt(den);
+}
+
+static void check(const conv_case *cc, enum mode m, int r, const void *got)
+{
+    double e = rel_err(cc, r, got);
+    printf("rel err %-18s %s %-8s %-2s %.3g\n", cc->l->name, prec_name[cc->prec], mode_name[m],
+           role_name[r], e);
+    if (!(e < prec_tol[cc->prec]))
+        fail_msg("%s %s %s: %s rel err %.3g, tolerance %.3g", cc->l->name, prec_name[cc->prec],
+                 mode_name[m], role_name[r], e, prec_tol[cc->prec]);
+}
+
+#define CALL_OK(call)                                                                              \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != 0)                                                                              \
+            fail_msg("%s: %s: %s", #call, gpucd_strerror(rc_), gpucd_errmsg(NULL));                \
+    } while (0)
+
+static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+/* Every tensor in one region; the forward and the backward each run twice and
+ * must give bitwise the same outputs. */
+static void run_region(gpucd_client *c, const conv_case *cc)
+{
+    size_t off[ROLES], total = 0;
+    for (int r = 0; r < ROLES; r++) {
+        off[r] = total;
+        total += align256(cc->bytes[r]);
+    }
+    gpucd_region *reg;
+    CALL_OK(gpucd_region_create(c, total, &reg));
+    uint8_t *base = gpucd_region_data(reg);
+    gpucd_tensor t[ROLES];
+    for (int r = 0; r < ROLES; r++)
+        t[r] = gpucd_tensor_region(reg, off[r], cc->dt, cc->ndim[r], cc->shape[r]);
+    for (int r = 0; r < ROLES; r++)
+        if (r == X || r == W || r == B || r == DY)
+            memcpy(base + off[r], cc->ref[r], cc->bytes[r]);
+    void *first = xmalloc(cc->bytes[Y]);
+    for (int rep = 0; rep < 2; rep++) {
+        poison(base + off[Y], cc->bytes[Y]);
+        CALL_OK(gpucd_conv2d_forward(c, &cc->p, &t[X], &t[W], &t[B], &t[Y], NULL));
+        if (rep == 0) {
+            check(cc, M_REGION, Y, base + off[Y]);
+            memcpy(first, base + off[Y], cc->bytes[Y]);
+        } else if (memcmp(first, base + off[Y], cc->bytes[Y]) != 0) {
+            fail_msg("%s %s: y differs between two identical requests", cc->l->name,
+                     prec_name[cc->prec]);
+        }
+    }
+    free(first);
+    /* The backward sees the reference y, so that the relu mask is the CPU's. */
+    memcpy(base + off[Y], cc->ref[Y], cc->bytes[Y]);
+    void *firsts[ROLES] = {0};
+    for (int rep = 0; rep < 2; rep++) {
+        for (int r = DX; r <= DB; r++)
+            poison(base + off[r], cc->bytes[r]);
+        CALL_OK(gpucd_conv2d_backward(c, &cc->p, &t[X], &t[W], &t[Y], &t[DY], &t[DX], &t[DW],
+                                      &t[DB], NULL));
+        for (int r = DX; r <= DB; r++) {
+            if (rep == 0) {
+                check(cc, M_REGION, r, base + off[r]);
+                firsts[r] = xmalloc(cc->bytes[r]);
+                memcpy(firsts[r], base + off[r], cc->bytes[r]);
+            } else if (memcmp(firsts[r], base + off[r], cc->bytes[r]) != 0) {
+                fail_msg("%s %s: %s differs between two identical requests", cc->l->name,
+                         prec_name[cc->prec], role_name[r]);
+            }
+        }
+    }
+    for (int r = DX; r <= DB; r++)
+        free(firsts[r]);
+    CALL_OK(gpucd_region_destroy(reg));
+}
+
+/* Every tensor inline: inputs in the request, outputs in the reply. */
+static void run_inline(gpucd_client *c, const conv_case *cc)
+{
+    gpucd_tensor t[ROLES];
+    void *out[ROLES] = {0};
+    for (int r = 0; r < ROLES; r++) {
+        if (r == Y || r >= DX) {
+            out[r] = xmalloc(cc->bytes[r]);
+            poison(out[r], cc->bytes[r]);
+            t[r] = host_of(cc, r, out[r]);
+        } else {
+            t[r] = host_of(cc, r, cc->ref[r]);
+        }
+    }
+    CALL_OK(gpucd_conv2d_forward(c, &cc->p, &t[X], &t[W], &t[B], &t[Y], NULL));
+    check(cc, M_INLINE, Y, out[Y]);
+    gpucd_tensor yref = host_of(cc, Y, cc->ref[Y]);
+    CALL_OK(gpucd_conv2d_backward(c, &cc->p, &t[X], &t[W], &yref, &t[DY], &t[DX], &t[DW], &t[DB],
+                                  NULL));
+    for (int r = DX; r <= DB; r++)
+        check(cc, M_INLINE, r, out[r]);
+    for (int r = 0; r < ROLES; r++)
+        free(out[r]);
+}
+
+/*
+ * Resident tensors: x put from a region (pinned: a direct copy), w, b and y
+ * put from inline bytes (through the staging buffers), a copy of w put from
+ * the resident w (a device copy); outputs into new resident tensors read back
+ * inline and into a region, and inline.
+ */
+static void run_resident(gpucd_client *c, const conv_case *cc)
+{
+    gpucd_region *reg;
+    size_t xoff = 0, dwoff = align256(cc->bytes[X]);
+    CALL_OK(gpucd_region_create(c, dwoff + align256(cc->bytes[DW]), &reg));
+    uint8_t *base = gpucd_region_data(reg);
+    memcpy(base + xoff, cc->ref[X], cc->bytes[X]);
+    uint64_t id[ROLES] = {0}, wcopy;
+    gpucd_tensor src = gpucd_tensor_region(reg, xoff, cc->dt, cc->ndim[X], cc->shape[X]);
+    CALL_OK(gpucd_tensor_put(c, &src, &id[X]));
+    for (int r = W; r <= Y; r++) {
+        src = host_of(cc, r, cc->ref[r]);
+        CALL_OK(gpucd_tensor_put(c, &src, &id[r]));
+    }
+    gpucd_tensor wres = gpucd_tensor_resident(id[W], cc->dt, cc->ndim[W], cc->shape[W]);
+    CALL_OK(gpucd_tensor_put(c, &wres, &wcopy));
+
+    gpucd_tensor t[ROLES];
+    for (int r = X; r <= Y; r++)
+        t[r] = gpucd_tensor_resident(r == W ? wcopy : id[r], cc->dt, cc->ndim[r], cc->shape[r]);
+    gpucd_tensor ynew = gpucd_tensor_new_resident(cc->dt, cc->ndim[Y], cc->shape[Y]);
+    CALL_OK(gpucd_conv2d_forward(c, &cc->p, &t[X], &t[W], &t[B], &ynew, NULL));
+    assert_int_equal(ynew.where, GPUCD_RESIDENT);
+    void *out[ROLES] = {0};
+    for (int r = 0; r < ROLES; r++) {
+        out[r] = xmalloc(cc->bytes[r]);
+        poison(out[r], cc->bytes[r]);
+    }
+    gpucd_tensor dst = host_of(cc, Y, out[Y]);
+    CALL_OK(gpucd_tensor_get(c, ynew.resident, &dst));
+    check(cc, M_RESIDENT, Y, out[Y]);
+    CALL_OK(gpucd_tensor_free(c, ynew.resident));
+
+    gpucd_tensor dy = host_of(cc, DY, cc->ref[DY]);
+    gpucd_tensor dx = host_of(cc, DX, out[DX]), db = host_of(cc, DB, out[DB]);
+    gpucd_tensor dw = gpucd_tensor_new_resident(cc->dt, cc->ndim[DW], cc->shape[DW]);
+    CALL_OK(gpucd_conv2d_backward(c, &cc->p, &t[X], &t[W], &t[Y], &dy, &dx, &dw, &db, NULL));
+    poison(base + dwoff, cc->bytes[DW]);
+    dst = gpucd_tensor_region(reg, dwoff, cc->dt, cc->ndim[DW], cc->shape[DW]);
+    CALL_OK(gpucd_tensor_get(c, dw.resident, &dst));
+    check(cc, M_RESIDENT, DX, out[DX]);
+    check(cc, M_RESIDENT, DW, base + dwoff);
+    check(cc, M_RESIDENT, DB, out[DB]);
+    /* The device copy of w holds w's bytes exactly. */
+    dst = host_of(cc, W, out[W]);
+    CALL_OK(gpucd_tensor_get(c, wcopy, &dst));
+    assert_memory_equal(out[W], cc->ref[W], cc->bytes[W]);
+
+    CALL_OK(gpucd_tensor_free(c, dw.resident));
+    CALL_OK(gpucd_tensor_free(c, wcopy));
+    for (int r = X; r <= Y; r++)
+        CALL_OK(gpucd_tensor_free(c, id[r]));
+    for (int r = 0; r < ROLES; r++)
+        free(out[r]);
+    CALL_OK(gpucd_region_destroy(reg));
+}
+
+static void test_conv_matches_cpu(void **state)
+{
+    gpucd_client *c = th_connect(daemon_.ipc_url);
+    for (size_t li = 0; li < sizeof layers / sizeof layers[0]; li++)
+        for (int prec = 0; prec < P_COUNT; prec++) {
+            conv_case cc;
+            conv_case_init(&cc, &layers[li], (enum prec)prec);
+            run_region(c, &cc);
+            run_inline(c, &cc);
+            run_resident(c, &cc);
+            conv_case_free(&cc);
+        }
+    gpucd_close(c);
+}
+
+/* ---- several clients at once: the execution slots are shared, results are not --------- */
+
+enum { THREADS = 6, THREAD_REQUESTS = 8 };
+
+typedef struct worker {
+    pthread_t thread;
+    conv_case cc;
+    char failure[512];
+} worker;
+
+static void *worker_main(void *arg)
+{
+    worker *wk = arg;
+    conv_case *cc = &wk->cc;
+    gpucd_client *c = th_connect(daemon_.ipc_url);
+    gpucd_tensor t[ROLES];
+    void *y = malloc(cc->bytes[Y]);
+    for (int r = 0; r < ROLES; r++)
+        t[r] = host_of(cc, r, r == Y ? y : cc->ref[r]);
+    for (int i = 0; i < THREAD_REQUESTS && wk->failure[0] == '\0' && y != NULL; i++) {
+        poison(y, cc->bytes[Y]);
+        int rc = gpucd_conv2d_forward(c, &cc->p, &t[X], &t[W], &t[B], &t[Y], NULL);
+        double e = rc == 0 ? rel_err(cc, Y, y) : 0;
+        if (rc != 0)
+            snprintf(wk->failure, sizeof wk->failure, "request %d: %s: %s", i, gpucd_strerror(rc),
+                     gpucd_errmsg(c));
+        else if (!(e < prec_tol[cc->prec]))
+            snprintf(wk->failure, sizeof wk->failure, "request %d: rel err %.3g", i, e);
+    }
+    free(y);
+    gpucd_close(c);
+    return NULL;
+}
+
+static void test_concurrent_clients(void **state)
+{
+    static worker wk[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        memset(&wk[i], 0, sizeof wk[i]);
+        conv_case_init(&wk[i].cc, &layers[i % 2], (enum prec)(i % P_COUNT));
+    }
+    for (int i = 0; i < THREADS; i++)
+        assert_int_equal(pthread_create(&wk[i].thread, NULL, worker_main, &wk[i]), 0);
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(wk[i].thread, NULL);
+    for (int i = 0; i < THREADS; i++) {
+        if (wk[i].failure[0] != '\0')
+            fail_msg("client %d (%s %s): %s", i, wk[i].cc.l->name, prec_name[wk[i].cc.prec],
+                     wk[i].failure);
+        conv_case_free(&wk[i].cc);
+    }
+}
+
+/* ---- limits and refusals ------------------------------------------------------------- */
+
+/* 4 slots share the workspace: an x of ~74 MB cannot fit a 64 MB slot. */
+static void test_request_larger_than_a_slot(void **state)
+{
+    gpucd_client *c = th_connect(daemon_.ipc_url);
+    const int64_t n = 12000;
+    size_t xn = (size_t)n * 128 * 3 * 4, wn = 128 * 128 * 9, yn = (size_t)n * 128 * 2;
+    float *x = xmalloc(xn * 4), *w = xmalloc(wn * 4), *y = xmalloc(yn * 4);
+    th_fill_f32(x, xn);
+    th_fill_f32(w, wn);
+    gpucd_tensor tx = gpucd_tensor_host(x, GPUCD_F32, 4, TH_SHAPE(n, 128, 3, 4));
+    gpucd_tensor tw = gpucd_tensor_host(w, GPUCD_F32, 4, TH_SHAPE(128, 128, 3, 3));
+    gpucd_tensor ty = gpucd_tensor_host(y, GPUCD_F32, 4, TH_SHAPE(n, 128, 1, 2));
+    gpucd_conv2d_params p;
+    gpucd_conv2d_params_init(&p);
+    int rc = gpucd_conv2d_forward(c, &p, &tx, &tw, NULL, &ty, NULL);
+    printf("too large: %s: %s\n", gpucd_strerror(rc), gpucd_errmsg(c));
+    assert_int_equal(rc, GPUCD_ERESOURCE_EXHAUSTED);
+    assert_non_null(strstr(gpucd_errmsg(c), "workspace"));
+    free(x), free(w), free(y);
+    gpucd_close(c);
+}
+
+static void test_unsupported_op_names_backend(void **state)
+{
+    gpucd_client *c = th_connect(daemon_.ipc_url);
+    int32_t idx[4] = {0, 3, 7, 1};
+    float table[8 * 16], out[4 * 16];
+    th_fill_f32(table, 8 * 16);
+    gpucd_tensor ti = gpucd_tensor_host(idx, GPUCD_I32, 1, TH_SHAPE(4));
+    gpucd_tensor tt = gpucd_tensor_host(table, GPUCD_F32, 2, TH_SHAPE(8, 16));
+    gpucd_tensor to = gpucd_tensor_host(out, GPUCD_F32, 2, TH_SHAPE(4, 16));
+    int rc = gpucd_embedding_forward(c, &ti, &tt, &to, NULL);
+    printf("unsupported: %s: %s\n", gpucd_strerror(rc), gpucd_errmsg(c));
+    assert_int_equal(rc, GPUCD_EINVALID_ARGUMENT);
+    assert_non_null(strstr(gpucd_errmsg(c), "not available on the cuda backend"));
+    gpucd_close(c);
+}
+
+/* ---- timings, and what they measure ---------------------------------------------------- */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+enum { TIMING_REPS = 21 };
+
+/* NMMO3 conv1 at B = 1024 in bf16, x in a region or inline, w and b resident. */
+static void test_timings_conv1_b1024(void **state)
+{
+    gpucd_client *c = th_connect(daemon_.ipc_url);
+    layer l = {"nmmo3 conv1 B=1024", 1024, 59, 11, 15, 128, 5, 5, 3, 3, 0, 0, 1};
+    conv_case cc;
+    conv_case_init(&cc, &l, P_BF16);
+    gpucd_region *reg;
+    CALL_OK(gpucd_region_create(c, align256(cc.bytes[X]) + cc.bytes[Y], &reg));
+    uint8_t *base = gpucd_region_data(reg);
+    memcpy(base, cc.ref[X], cc.bytes[X]);
+    uint64_t wid, bid;
+    gpucd_tensor src = host_of(&cc, W, cc.ref[W]);
+    CALL_OK(gpucd_tensor_put(c, &src, &wid));
+    src = host_of(&cc, B, cc.ref[B]);
+    CALL_OK(gpucd_tensor_put(c, &src, &bid));
+    gpucd_tensor tw = gpucd_tensor_resident(wid, cc.dt, cc.ndim[W], cc.shape[W]);
+    gpucd_tensor tb = gpucd_tensor_resident(bid, cc.dt, cc.ndim[B], cc.shape[B]);
+    void *y = xmalloc(cc.bytes[Y]);
+    for (int m = 0; m < 2; m++) {
+        gpucd_tensor tx = m == 0 ? gpucd_tensor_region(reg, 0, cc.dt, cc.ndim[X], cc.shape[X])
+                                 : host_of(&cc, X, cc.ref[X]);
+        gpucd_tensor ty = m == 0 ? gpucd_tensor_region(reg, align256(cc.bytes[X]), cc.dt,
+                                                       cc.ndim[Y], cc.shape[Y])
+                                 : host_of(&cc, Y, y);
+        void *yout = m == 0 ? base + align256(cc.bytes[X]) : y;
+        uint64_t ph[5][TIMING_REPS];
+        for (int i = 0; i < TIMING_REPS; i++) {
+            poison(yout, cc.bytes[Y]);
+            gpucd_timings t;
+            CALL_OK(gpucd_conv2d_forward(c, &cc.p, &tx, &tw, &tb, &ty, &t));
+            ph[0][i] = t.copy_in_us, ph[1][i] = t.compute_us, ph[2][i] = t.copy_out_us;
+            ph[3][i] = t.total_us, ph[4][i] = t.round_trip_us;
+            /* 20 MB go to the device: that takes measurable time, and it is inside the total. */
+            assert_true(t.copy_in_us > 0);
+            assert_true(t.copy_in_us + t.compute_us + t.copy_out_us <= t.total_us);
+        }
+        check(&cc, m == 0 ? M_REGION : M_INLINE, Y, yout);
+        for (int k = 0; k < 5; k++)
+            qsort(ph[k], TIMING_REPS, sizeof ph[k][0], cmp_u64);
+        printf("timing conv1 bf16 B=1024 fwd, x %s (%.1f MB), w b resident: median us copy_in "
+               "%llu compute %llu copy_out %llu total %llu round_trip %llu\n",
+               m == 0 ? "region" : "inline", cc.bytes[X] / 1e6,
+               (unsigned long long)ph[0][TIMING_REPS / 2], (unsigned long long)ph[1][TIMING_REPS / 2],
+               (unsigned long long)ph[2][TIMING_REPS / 2], (unsigned long long)ph[3][TIMING_REPS / 2],
+               (unsigned long long)ph[4][TIMING_REPS / 2]);
+    }
+    free(y);
+    CALL_OK(gpucd_tensor_free(c, wid));
+    CALL_OK(gpucd_tensor_free(c, bid));
+    CALL_OK(gpucd_region_destroy(reg));
+    conv_case_free(&cc);
+    gpucd_close(c);
+}
+
+/* ---- no device allocation after start ---------------------------------------------------- */
+
+static void test_no_allocations_after_start(void **state)
+{
+    gpucd_client *c = th_connect(daemon_.ipc_url);
+    conv_case cc;
+    conv_case_init(&cc, &layers[2], P_F32);
+    /* Resident tensors of many sizes come and go, regions too: the pool serves them all. */
+    for (int i = 0; i < 50; i++) {
+        uint64_t ids[3];
+        for (int k = 0; k < 3; k++) {
+            size_t n = 1 + (size_t)(th_rand_u64() % 200000);
+            float *h = xmalloc(n * 4);
+            th_fill_f32(h, n);
+            gpucd_tensor src = gpucd_tensor_host(h, GPUCD_F32, 1, TH_SHAPE((int64_t)n));
+            CALL_OK(gpucd_tensor_put(c, &src, &ids[k]));
+            free(h);
+        }
+        run_inline(c, &cc);
+        for (int k = 0; k < 3; k++)
+            CALL_OK(gpucd_tensor_free(c, ids[k]));
+    }
+    run_region(c, &cc);
+    gpucd_info info;
+    CALL_OK(gpucd_info_get(c, &info));
+    printf("device allocations: %llu at start, %llu now\n",
+           (unsigned long long)allocations_at_start, (unsigned long long)info.device_allocations);
+    assert_int_equal(info.device_allocations, allocations_at_start);
+    conv_case_free(&cc);
+    gpucd_close(c);
+}
+
+static int setup(void **state)
+{
+    setenv("GPUCD_TEST_BACKEND", "cuda", 1);
+    char ws[32], res[32];
+    snprintf(ws, sizeof ws, "%d", WORKSPACE_MB);
+    snprintf(res, sizeof res, "%d", RESIDENT_MB);
+    const char *extra[] = {"--workspace-mb", ws, "--resident-mb", res, NULL};
+    th_daemon_start(&daemon_, extra);
+    gpucd_client *c = th_connect(daemon_.ipc_url);
+    gpucd_info info;
+    CALL_OK(gpucd_info_get(c, &info));
+    printf("daemon: backend %s, device %s, %u SMs, workspace %llu bytes, %llu device allocations\n",
+           info.backend, info.device_name, info.sm_count, (unsigned long long)info.workspace_bytes,
+           (unsigned long long)info.device_allocations);
+    assert_string_equal(info.backend, "cuda");
+    assert_int_equal(info.ready, 1);
+    assert_true(info.sm_count > 0);
+    assert_int_equal(info.workspace_bytes, (uint64_t)WORKSPACE_MB << 20);
+    assert_true(info.device_allocations > 0);
+    allocations_at_start = info.device_allocations;
+    gpucd_close(c);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    assert_int_equal(th_daemon_stop(&daemon_), 0);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    th_init(argc, argv);
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        printf("SKIPPED: no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e)
+                                                                : "no devices");
+        return 77;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_conv_matches_cpu),
+        cmocka_unit_test(test_concurrent_clients),
+        cmocka_unit_test(test_request_larger_than_a_slot),
+        cmocka_unit_test(test_unsupported_op_names_backend),
+        cmocka_unit_test(test_timings_conv1_b1024),
+        cmocka_unit_test(test_no_allocations_after_start),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
