@@ -6,8 +6,8 @@
  *   forward  M = N*OH*OW, N = OC, K = C*KH*KW:  A = x gathered, B = w rows.
  *   dgrad    one GEMM per stride phase (h % sh, w % sw): M = N*(H/sh)*(W/sw), N = C,
  *            K = OC * (the taps kh, kw that reach that phase): A = dy gathered, B = w.
- *   wgrad    M = OC, N = C*KH*KW (+1: db), K = N*OH*OW: A = dy rows, B = x gathered;
- *            the extra constant-one row of B makes the last column the bias gradient.
+ *   wgrad    M = OC, N = C*KH*KW, K = N*OH*OW: A = dy rows, B = x gathered; db is a
+ *            separate per-channel reduction.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -30,7 +30,8 @@ int g_occupancy[VAR_COUNT];
 template <class T, int MATH> int occupancy_of()
 {
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, igemm_kernel<T, MATH, false>, IG_THREADS, 0) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, igemm_kernel<T, MATH, false, false, false>,
+                                                      IG_THREADS, 0) !=
             cudaSuccess ||
         n < 1)
         n = 1;
@@ -91,7 +92,6 @@ index_map imap(int count, int d1, int d2, int sq, int sa, int sb, int o0, int ha
     f.d1 = fastdiv_make((uint32_t)d1);
     f.d2 = fastdiv_make((uint32_t)d2);
     f.count = count;
-    f.ones = -1;
     f.sq = sq;
     f.sa = sa;
     f.sb = sb;
@@ -179,18 +179,16 @@ ig_params<T> dgrad_phase_params(const conv_shape &s, int rh, int rw, const T *dy
 }
 
 template <class T>
-ig_params<T> wgrad_params(const conv_shape &s, const T *x, const T *dy, const T *y, T *dw, int with_db)
+ig_params<T> wgrad_params(const conv_shape &s, const T *x, const T *dy, const T *y, T *dw)
 {
     ig_params<T> prm = params_empty<T>();
     const int ohw = s.OH * s.OW, kdim = s.C * s.KH * s.KW;
     prm.M = s.OC;
-    prm.N = kdim + (with_db ? 1 : 0);
+    prm.N = kdim;
     prm.K = s.N * ohw;
     prm.a = {dy, y, index_map_linear(s.OC, ohw), imap(prm.K, ohw, 1, s.OC * ohw, 1, 0, 0, 0, 0, 0, 0),
              1, 1};
     prm.b = {x, nullptr, imap_x_filter(s), imap_x_pixel(s, prm.K), (uint32_t)s.H, (uint32_t)s.W};
-    if (with_db)
-        prm.b.row.ones = kdim;
     prm.out = dw;
     prm.orow = index_map_linear(s.OC, kdim);
     prm.ocol = index_map_linear(kdim, 1);
@@ -200,11 +198,13 @@ ig_params<T> wgrad_params(const conv_shape &s, const T *x, const T *dy, const T 
 /* Split-K planning: enough work items to fill the persistent grid. */
 struct launch_plan {
     int grid;
-    size_t ws_bytes; /* fp32 partials; 0 when the epilogue writes directly */
+    size_t ws_bytes;   /* fp32 partials; 0 when the epilogue writes directly */
+    size_t pack_bytes; /* packed B (forward weights, tensor-core math); 0 when not packed */
 };
 
 template <class T>
-launch_plan plan_splits(ig_params<T> &prm, int var, int sm_count, bool force_partials)
+launch_plan plan_splits(ig_params<T> &prm, int var, int sm_count, bool force_partials,
+                        bool pack_b = false)
 {
     const int bk = bk_of(var);
     const int cap = sm_count * occupancy(var);
@@ -228,6 +228,12 @@ launch_plan plan_splits(ig_params<T> &prm, int var, int sm_count, bool force_par
     lp.ws_bytes = (prm.splits > 1 || force_partials)
                       ? (size_t)prm.splits * (size_t)prm.M * (size_t)prm.N * sizeof(float)
                       : 0;
+    lp.ws_bytes = (lp.ws_bytes + 255) / 256 * 256;
+    lp.pack_bytes = 0;
+    if (pack_b) {
+        prm.kpad = ksteps * bk;
+        lp.pack_bytes = (size_t)prm.tiles_n * IG_BN * prm.kpad * sizeof(T);
+    }
     return lp;
 }
 
@@ -241,14 +247,41 @@ template <class T> int launch_check(const char *what, gk_err *err)
 }
 
 /* Runs one planned igemm (and its split reduction); ws is the workspace. */
+template <class T, int MATH, bool PAD>
+void igemm_launch(const ig_params<T> &prm, int grid, cudaStream_t st)
+{
+    if constexpr (MATH != MATH_FFMA) {
+        if (prm.bpack != nullptr) {
+            igemm_kernel<T, MATH, false, PAD, true><<<grid, IG_THREADS, 0, st>>>(prm);
+            return;
+        }
+    }
+    if (prm.a.mask != nullptr)
+        igemm_kernel<T, MATH, true, PAD, false><<<grid, IG_THREADS, 0, st>>>(prm);
+    else
+        igemm_kernel<T, MATH, false, PAD, false><<<grid, IG_THREADS, 0, st>>>(prm);
+}
+
+/* pad: some elements fall in the padding (checked per element). */
 template <class T, int MATH>
-int igemm_run(ig_params<T> prm, const launch_plan &lp, const gk_cuda_exec *ex, T *db,
+int igemm_run(ig_params<T> prm, const launch_plan &lp, bool pad, const gk_cuda_exec *ex,
               const char *what, gk_err *err)
 {
     const bool partial = lp.ws_bytes > 0;
-    if (lp.ws_bytes > ex->workspace_bytes)
+    const size_t need = lp.ws_bytes + lp.pack_bytes;
+    if (need > ex->workspace_bytes)
         return gk_fail(err, GK_ENOMEM, "conv2d (cuda): %s needs %zu workspace bytes, %zu given",
-                       what, lp.ws_bytes, ex->workspace_bytes);
+                       what, need, ex->workspace_bytes);
+    if (lp.pack_bytes > 0) {
+        /* B (the weights, rows of K) packed behind the partials, 256-byte aligned */
+        T *pack = (T *)((unsigned char *)ex->workspace + lp.ws_bytes);
+        pack_rows_kernel<T, MATH><<<ex->sm_count * 2, 256, 0, ex->stream>>>(
+            prm.b.base, prm.N, prm.K, pack, prm.tiles_n * IG_BN, prm.kpad);
+        int rc = launch_check<T>("weight packing", err);
+        if (rc)
+            return rc;
+        prm.bpack = pack;
+    }
     T *out = prm.out;
     const T *bias = prm.bias;
     const int relu = prm.relu;
@@ -257,16 +290,15 @@ int igemm_run(ig_params<T> prm, const launch_plan &lp, const gk_cuda_exec *ex, T
         prm.bias = nullptr;
         prm.relu = 0;
     }
-    if (prm.a.mask != nullptr)
-        igemm_kernel<T, MATH, true><<<lp.grid, IG_THREADS, 0, ex->stream>>>(prm);
+    if (pad)
+        igemm_launch<T, MATH, true>(prm, lp.grid, ex->stream);
     else
-        igemm_kernel<T, MATH, false><<<lp.grid, IG_THREADS, 0, ex->stream>>>(prm);
+        igemm_launch<T, MATH, false>(prm, lp.grid, ex->stream);
     int rc = launch_check<T>(what, err);
     if (rc || !partial)
         return rc;
-    const int ones_col = prm.b.row.ones >= 0 ? prm.b.row.ones : -1;
     finalize_kernel<T><<<ex->sm_count * 4, 256, 0, ex->stream>>>(
-        prm.ws, prm.splits, prm.M, prm.N, out, prm.orow, prm.ocol, bias, relu, db, ones_col);
+        prm.ws, prm.splits, prm.M, prm.N, out, prm.orow, prm.ocol, bias, relu);
     return launch_check<T>("split-K reduction", err);
 }
 
@@ -278,8 +310,8 @@ int forward_run(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, cons
     ig_params<T> prm = forward_params<T>(s, (const T *)x->data, (const T *)w->data,
                                          gk_tensor_present(b) ? (const T *)b->data : nullptr,
                                          (T *)y->data, p->relu);
-    const launch_plan lp = plan_splits(prm, var, ex->sm_count, false);
-    return igemm_run<T, MATH>(prm, lp, ex, nullptr, "forward", err);
+    const launch_plan lp = plan_splits(prm, var, ex->sm_count, false, MATH != MATH_FFMA);
+    return igemm_run<T, MATH>(prm, lp, s.ph || s.pw, ex, "forward", err);
 }
 
 template <class T, int MATH>
@@ -289,19 +321,26 @@ int backward_run(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, con
 {
     const conv_shape s = shape_of(p, x, w);
     const T *mask = p->relu ? (const T *)y->data : nullptr;
-    const int with_db = gk_tensor_present(db);
     ig_params<T> wg = wgrad_params<T>(s, (const T *)x->data, (const T *)dy->data, mask,
-                                      (T *)dw->data, with_db);
+                                      (T *)dw->data);
     const launch_plan lw = plan_splits(wg, var, ex->sm_count, true);
-    int rc = igemm_run<T, MATH>(wg, lw, ex, with_db ? (T *)db->data : nullptr, "wgrad", err);
-    if (rc || !gk_tensor_present(dx))
+    int rc = igemm_run<T, MATH>(wg, lw, s.ph || s.pw, ex, "wgrad", err);
+    if (rc)
         return rc;
+    if (gk_tensor_present(db)) {
+        bias_grad_kernel<T><<<s.OC, 512, 0, ex->stream>>>((const T *)dy->data, mask, s.N, s.OC,
+                                                         s.OH * s.OW, (T *)db->data);
+        if ((rc = launch_check<T>("bias gradient", err)))
+            return rc;
+    }
+    if (!gk_tensor_present(dx))
+        return GK_OK;
     for (int rh = 0; rh < s.sh && rh < s.H; rh++)
         for (int rw = 0; rw < s.sw && rw < s.W; rw++) {
             ig_params<T> dg = dgrad_phase_params<T>(s, rh, rw, (const T *)dy->data, mask,
                                                     (const T *)w->data, (T *)dx->data);
             const launch_plan ld = plan_splits(dg, var, ex->sm_count, false);
-            if ((rc = igemm_run<T, MATH>(dg, ld, ex, nullptr, "dgrad", err)))
+            if ((rc = igemm_run<T, MATH>(dg, ld, true, ex, "dgrad", err)))
                 return rc;
         }
     return GK_OK;
@@ -325,8 +364,9 @@ size_t workspace_of(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, 
 {
     const conv_shape s = shape_of(p, x, w);
     ig_params<T> f = forward_params<T>(s, nullptr, nullptr, nullptr, nullptr, 0);
-    size_t most = plan_splits(f, var, sm, false).ws_bytes;
-    ig_params<T> wg = wgrad_params<T>(s, nullptr, nullptr, nullptr, nullptr, 1);
+    const launch_plan lf = plan_splits(f, var, sm, false, var != VAR_F32);
+    size_t most = lf.ws_bytes + lf.pack_bytes;
+    ig_params<T> wg = wgrad_params<T>(s, nullptr, nullptr, nullptr, nullptr);
     size_t b = plan_splits(wg, var, sm, true).ws_bytes;
     most = b > most ? b : most;
     for (int rh = 0; rh < s.sh && rh < s.H; rh++)
@@ -350,14 +390,28 @@ template <class F> cudaError_t kernel_load(F *fn)
 extern "C" int gk_cuda_conv_warmup(gk_err *err)
 {
     const cudaError_t e[] = {
-        kernel_load(igemm_kernel<float, MATH_FFMA, false>),
-        kernel_load(igemm_kernel<float, MATH_FFMA, true>),
-        kernel_load(igemm_kernel<float, MATH_TF32, false>),
-        kernel_load(igemm_kernel<float, MATH_TF32, true>),
-        kernel_load(igemm_kernel<uint16_t, MATH_BF16, false>),
-        kernel_load(igemm_kernel<uint16_t, MATH_BF16, true>),
+        kernel_load(igemm_kernel<float, MATH_FFMA, false, false, false>),
+        kernel_load(igemm_kernel<float, MATH_FFMA, true, false, false>),
+        kernel_load(igemm_kernel<float, MATH_FFMA, false, true, false>),
+        kernel_load(igemm_kernel<float, MATH_FFMA, true, true, false>),
+        kernel_load(igemm_kernel<float, MATH_TF32, false, false, false>),
+        kernel_load(igemm_kernel<float, MATH_TF32, true, false, false>),
+        kernel_load(igemm_kernel<float, MATH_TF32, false, true, false>),
+        kernel_load(igemm_kernel<float, MATH_TF32, true, true, false>),
+        kernel_load(igemm_kernel<float, MATH_TF32, false, false, true>),
+        kernel_load(igemm_kernel<float, MATH_TF32, false, true, true>),
+        kernel_load(igemm_kernel<uint16_t, MATH_BF16, false, false, false>),
+        kernel_load(igemm_kernel<uint16_t, MATH_BF16, true, false, false>),
+        kernel_load(igemm_kernel<uint16_t, MATH_BF16, false, true, false>),
+        kernel_load(igemm_kernel<uint16_t, MATH_BF16, true, true, false>),
+        kernel_load(igemm_kernel<uint16_t, MATH_BF16, false, false, true>),
+        kernel_load(igemm_kernel<uint16_t, MATH_BF16, false, true, true>),
         kernel_load(finalize_kernel<float>),
         kernel_load(finalize_kernel<uint16_t>),
+        kernel_load(bias_grad_kernel<float>),
+        kernel_load(bias_grad_kernel<uint16_t>),
+        kernel_load(pack_rows_kernel<float, MATH_TF32>),
+        kernel_load(pack_rows_kernel<uint16_t, MATH_BF16>),
     };
     for (cudaError_t one : e) {
         if (one != cudaSuccess)

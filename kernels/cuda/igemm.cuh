@@ -37,6 +37,9 @@ template <class T> struct ig_params {
     int M, N, K;
     int tiles_m, tiles_n, splits, ksplit; /* ksplit: K range of one split, a multiple of BK */
     int items;                            /* tiles_m * tiles_n * splits */
+    /* BPACK: B read from bpack[n][kpad] (zero-padded, tf32 pre-rounded) by 16-byte copies */
+    const T *bpack;
+    int kpad;
     /* epilogue: ws != NULL writes fp32 partials ws[split][M][N]; else out[orow + ocol] */
     float *ws;
     T *out;
@@ -59,26 +62,23 @@ template <class T> __device__ __forceinline__ T elem_one();
 template <> __device__ __forceinline__ float elem_one<float>() { return 1.0f; }
 template <> __device__ __forceinline__ uint16_t elem_one<uint16_t>() { return 0x3f80; }
 
-/* The constant 1 that the bias-gradient row of B reads (a real load: no branch per element). */
-__device__ const float g_one_f32 = 1.0f;
-__device__ const uint16_t g_one_bf16 = 0x3f80;
-__device__ __forceinline__ const float *one_ptr(const float *) { return &g_one_f32; }
-__device__ __forceinline__ const uint16_t *one_ptr(const uint16_t *) { return &g_one_bf16; }
+/* What absent elements (padding, tails) read: a real zero, so no load needs a branch or a mask. */
+__device__ const float g_zero_f32 = 0.0f;
+__device__ const uint16_t g_zero_bf16 = 0;
+__device__ __forceinline__ const float *zero_ptr(const float *) { return &g_zero_f32; }
+__device__ __forceinline__ const uint16_t *zero_ptr(const uint16_t *) { return &g_zero_bf16; }
 
 /*
- * Where element (ri, ci) of o lives, and whether it is present.  Absent
- * elements read base[0] (always valid) and are zeroed when stored, so every
- * load is unconditional and all loads of a k tile are in flight together.
+ * Where element (ri, ci) of base lives, or the zero when it is absent (padding
+ * or a tail).  Every load is then unconditional and a k tile's loads are all
+ * in flight together.
  */
 template <class T>
-__device__ __forceinline__ const T *operand_addr(const ig_operand<T> &o, int4 ri, int4 ci, bool &ok)
+__device__ __forceinline__ const T *operand_addr(const T *base, uint32_t hlim, uint32_t wlim,
+                                                 int4 ri, int4 ci)
 {
-    if (ri.w) { /* the constant-one row: present wherever the column is */
-        ok = ci.y != GK_IDX_INVALID;
-        return one_ptr(o.base);
-    }
-    ok = (uint32_t)ri.y + (uint32_t)ci.y < o.hlim && (uint32_t)ri.z + (uint32_t)ci.z < o.wlim;
-    return o.base + (ok ? ri.x + ci.x : 0);
+    const bool ok = (uint32_t)ri.y + (uint32_t)ci.y < hlim && (uint32_t)ri.z + (uint32_t)ci.z < wlim;
+    return ok ? base + (ri.x + ci.x) : zero_ptr(base);
 }
 
 __device__ __forceinline__ uint32_t f32_to_tf32(float v)
@@ -92,7 +92,18 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
+                 : "r"(addr)
+                 : "memory");
+}
+
+/* 16 bytes global -> shared without registers (completes at cp_async_wait_all). */
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all()
+{
+    asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
 template <int MATH>
@@ -146,9 +157,16 @@ __device__ __forceinline__ void epilogue_store(const ig_params<T> &p, int split,
 
 /* ---- the kernel ----------------------------------------------------------------- */
 
-/* MASK: A is masked by p.a.mask > 0 (the relu of the layer, in its backward). */
-template <class T, int MATH, bool MASK>
-__global__ void __launch_bounds__(IG_THREADS, (MASK && MATH == MATH_BF16) ? 1 : 2) igemm_kernel(const __grid_constant__ ig_params<T> p)
+/*
+ * MASK: A is masked by p.a.mask > 0 (the relu of the layer, in its backward).
+ * PAD: elements may lie in the padding, so each is bounds-checked.  Without it
+ * (no padding, the common case) rows and columns past the end are clamped to
+ * valid addresses, rows are dropped by the epilogue, and columns k >= K are
+ * zeroed: an element costs one shared load, an add and the global load.
+ * BPACK (tensor-core math only): B comes from the packed weights by cp.async.
+ */
+template <class T, int MATH, bool MASK, bool PAD, bool BPACK>
+__global__ void __launch_bounds__(IG_THREADS, PAD ? 1 : 2) igemm_kernel(const __grid_constant__ ig_params<T> p)
 {
     using G = ig_geom<MATH>;
     constexpr int BK = G::BK, RSTEP = G::RSTEP, RPT = G::RPT;
@@ -169,32 +187,56 @@ __global__ void __launch_bounds__(IG_THREADS, (MASK && MATH == MATH_BF16) ? 1 : 
 
         __syncthreads(); /* the previous item is done with the row infos */
         if (tid < IG_BM)
-            rowa[tid] = index_map_info(p.a.row, m0 + tid);
+            rowa[tid] = PAD ? index_map_info(p.a.row, m0 + tid)
+                            : index_map_info_clamped(p.a.row, m0 + tid);
         else
-            rowb[tid - IG_BM] = index_map_info(p.b.row, n0 + tid - IG_BM);
+            rowb[tid - IG_BM] = PAD ? index_map_info(p.b.row, n0 + tid - IG_BM)
+                                    : index_map_info_clamped(p.b.row, n0 + tid - IG_BM);
         __syncthreads();
 
         T ra[RPT], rb[RPT], ma[MASK ? RPT : 1];
-        uint32_t oka = 0, okb = 0; /* bit i: element i of ra / rb is present */
-        auto load = [&](int k0) {
-            const int4 ca = index_map_info(p.a.col, k0 + kl);
-            const int4 cb = index_map_info(p.b.col, k0 + kl);
-            oka = 0;
-            okb = 0;
+        bool kvalid = true; /* k of this thread's column < K (the padded path zeroes by address) */
+        auto load = [&](int k0, int buf) {
+            const int k = k0 + kl;
+            if constexpr (BPACK) {
+                /* 128 rows x 64 bytes: two 16-byte chunks a thread */
 #pragma unroll
-            for (int i = 0; i < RPT; i++) {
-                bool ok;
-                const T *src = operand_addr(p.a, rowa[r0 + i * RSTEP], ca, ok);
-                ra[i] = __ldg(src);
-                if constexpr (MASK)
-                    ma[i] = __ldg(p.a.mask + (src - p.a.base));
-                oka |= (uint32_t)ok << i;
+                for (int c = 0; c < 2; c++) {
+                    const int chunk = tid + c * IG_THREADS, row = chunk >> 2, part = chunk & 3;
+                    const unsigned char *src =
+                        (const unsigned char *)(p.bpack + (size_t)(n0 + row) * p.kpad + k0) + part * 16;
+                    cp_async_16((uint32_t)__cvta_generic_to_shared(sb + buf * G::STAGE_BYTES +
+                                                                   row * G::MMA_ROW_BYTES + part * 16),
+                                src);
+                }
             }
+            if constexpr (PAD) {
+                const int4 ca = index_map_info(p.a.col, k);
+                const int4 cb = index_map_info(p.b.col, k);
 #pragma unroll
-            for (int i = 0; i < RPT; i++) {
-                bool ok;
-                rb[i] = __ldg(operand_addr(p.b, rowb[r0 + i * RSTEP], cb, ok));
-                okb |= (uint32_t)ok << i;
+                for (int i = 0; i < RPT; i++) {
+                    const int4 ri = rowa[r0 + i * RSTEP];
+                    ra[i] = __ldg(operand_addr(p.a.base, p.a.hlim, p.a.wlim, ri, ca));
+                    if constexpr (MASK)
+                        ma[i] = __ldg(operand_addr(p.a.mask, p.a.hlim, p.a.wlim, ri, ca));
+                }
+#pragma unroll
+                for (int i = 0; i < RPT && !BPACK; i++)
+                    rb[i] = __ldg(operand_addr(p.b.base, p.b.hlim, p.b.wlim, rowb[r0 + i * RSTEP], cb));
+            } else {
+                const int ca = index_map_info_clamped(p.a.col, k).x;
+                const int cb = index_map_info_clamped(p.b.col, k).x;
+                kvalid = k < p.K;
+#pragma unroll
+                for (int i = 0; i < RPT; i++) {
+                    const int off = rowa[r0 + i * RSTEP].x + ca;
+                    ra[i] = __ldg(p.a.base + off);
+                    if constexpr (MASK)
+                        ma[i] = __ldg(p.a.mask + off);
+                }
+#pragma unroll
+                for (int i = 0; i < RPT && !BPACK; i++)
+                    rb[i] = __ldg(p.b.base + rowb[r0 + i * RSTEP].x + cb);
             }
         };
         auto store = [&](int buf) {
@@ -202,16 +244,18 @@ __global__ void __launch_bounds__(IG_THREADS, (MASK && MATH == MATH_BF16) ? 1 : 
 #pragma unroll
             for (int i = 0; i < RPT; i++) {
                 const int r = r0 + i * RSTEP;
-                bool a_ok = (oka >> i) & 1;
+                bool a_ok = kvalid;
                 if constexpr (MASK)
                     a_ok = a_ok && elem_to_float(ma[i]) > 0.0f;
-                const T va = a_ok ? ra[i] : T(0), vb = ((okb >> i) & 1) ? rb[i] : T(0);
+                const T va = a_ok ? ra[i] : T(0), vb = kvalid ? rb[i] : T(0);
                 if constexpr (MATH == MATH_BF16) {
                     *(uint16_t *)(da + r * G::MMA_ROW_BYTES + kl * 2) = va;
-                    *(uint16_t *)(db + r * G::MMA_ROW_BYTES + kl * 2) = vb;
+                    if constexpr (!BPACK)
+                        *(uint16_t *)(db + r * G::MMA_ROW_BYTES + kl * 2) = vb;
                 } else if constexpr (MATH == MATH_TF32) {
                     *(uint32_t *)(da + r * G::MMA_ROW_BYTES + kl * 4) = f32_to_tf32(va);
-                    *(uint32_t *)(db + r * G::MMA_ROW_BYTES + kl * 4) = f32_to_tf32(vb);
+                    if constexpr (!BPACK)
+                        *(uint32_t *)(db + r * G::MMA_ROW_BYTES + kl * 4) = f32_to_tf32(vb);
                 } else {
                     ((float *)da)[kl * G::FFMA_LD + r] = va;
                     ((float *)db)[kl * G::FFMA_LD + r] = vb;
@@ -228,14 +272,16 @@ __global__ void __launch_bounds__(IG_THREADS, (MASK && MATH == MATH_BF16) ? 1 : 
 #pragma unroll
                 for (int j = 0; j < 8; j++)
                     acc[i][j] = 0.0f;
-            load(kbeg);
+            load(kbeg, 0);
             store(0);
+            if constexpr (BPACK)
+                cp_async_wait_all();
             __syncthreads();
             int buf = 0;
             for (int k0 = kbeg; k0 < kend; k0 += BK) {
                 const bool more = k0 + BK < kend;
                 if (more)
-                    load(k0 + BK);
+                    load(k0 + BK, buf ^ 1);
                 const float *fa = (const float *)(sa + buf * G::STAGE_BYTES);
                 const float *fb = (const float *)(sb + buf * G::STAGE_BYTES);
 #pragma unroll
@@ -253,6 +299,8 @@ __global__ void __launch_bounds__(IG_THREADS, (MASK && MATH == MATH_BF16) ? 1 : 
                 }
                 if (more)
                     store(buf ^ 1);
+                if constexpr (BPACK)
+                    cp_async_wait_all();
                 __syncthreads();
                 buf ^= 1;
             }
@@ -292,14 +340,16 @@ __global__ void __launch_bounds__(IG_THREADS, (MASK && MATH == MATH_BF16) ? 1 : 
                                    (lane >> 4) * 16;
             const uint32_t b_off = (wn * 32 + (lane & 7) + (lane >> 4) * 8) * G::MMA_ROW_BYTES +
                                    ((lane >> 3) & 1) * 16;
-            load(kbeg);
+            load(kbeg, 0);
             store(0);
+            if constexpr (BPACK)
+                cp_async_wait_all();
             __syncthreads();
             int buf = 0;
             for (int k0 = kbeg; k0 < kend; k0 += BK) {
                 const bool more = k0 + BK < kend;
                 if (more)
-                    load(k0 + BK);
+                    load(k0 + BK, buf ^ 1);
 #pragma unroll
                 for (int ks = 0; ks < 2; ks++) { /* two MMA k steps of 32 bytes */
                     uint32_t a[4][4], b[4][2];
@@ -325,6 +375,8 @@ __global__ void __launch_bounds__(IG_THREADS, (MASK && MATH == MATH_BF16) ? 1 : 
                 }
                 if (more)
                     store(buf ^ 1);
+                if constexpr (BPACK)
+                    cp_async_wait_all();
                 __syncthreads();
                 buf ^= 1;
             }
@@ -358,11 +410,11 @@ __global__ void __launch_bounds__(IG_THREADS, (MASK && MATH == MATH_BF16) ? 1 : 
 
 /*
  * Sums the split partials ws[s][M][N] in split order, then applies the same
- * epilogue; column ones_col (if >= 0) is the bias gradient and goes to db[m].
+ * epilogue.
  */
 template <class T>
 __global__ void finalize_kernel(const float *ws, int splits, int M, int N, T *out, index_map orow,
-                                index_map ocol, const T *bias, int relu, T *db, int ones_col)
+                                index_map ocol, const T *bias, int relu)
 {
     const size_t total = (size_t)M * N;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
@@ -371,15 +423,59 @@ __global__ void finalize_kernel(const float *ws, int splits, int M, int N, T *ou
         for (int s = 0; s < splits; s++)
             v += ws[(size_t)s * total + idx];
         const int m = (int)(idx / N), n = (int)(idx % N);
-        if (n == ones_col) {
-            db[m] = elem_from_float<T>(v);
-            continue;
-        }
         if (bias != nullptr)
             v += elem_to_float(bias[n]);
         if (relu)
             v = fmaxf(v, 0.0f);
         out[index_map_info(orow, m).x + index_map_info(ocol, n).x] = elem_from_float<T>(v);
+    }
+}
+
+/*
+ * Bias gradient db[oc] = sum over (n, pixel) of dy (masked by y > 0 when y is
+ * given): one block per output channel, a fixed per-thread order and a fixed
+ * shared-memory tree, so the sum is the same bits every run.
+ */
+template <class T>
+__global__ void __launch_bounds__(512) bias_grad_kernel(const T *dy, const T *y, int N, int OC, int ohw,
+                                                       T *db)
+{
+    __shared__ float part[512];
+    const int oc = blockIdx.x;
+    float acc = 0.0f;
+    const int total = N * ohw;
+    for (int i = threadIdx.x; i < total; i += blockDim.x) {
+        const int n = i / ohw, r = i - n * ohw;
+        const size_t off = ((size_t)n * OC + oc) * ohw + r;
+        const float g = elem_to_float(__ldg(dy + off));
+        acc += (y == nullptr || elem_to_float(__ldg(y + off)) > 0.0f) ? g : 0.0f;
+    }
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s)
+            part[threadIdx.x] += part[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        db[oc] = elem_from_float<T>(part[0]);
+}
+
+/*
+ * Packs w (rows x k, row-major) into out (rows_pad x kpad) with zeros around,
+ * tf32-rounded for tf32 math, so that the forward reads B by aligned 16-byte copies.
+ */
+template <class T, int MATH>
+__global__ void pack_rows_kernel(const T *w, int rows, int k, T *out, int rows_pad, int kpad)
+{
+    const size_t total = (size_t)rows_pad * kpad;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const int r = (int)(i / kpad), c = (int)(i % kpad);
+        T v = (r < rows && c < k) ? w[(size_t)r * k + c] : T(0);
+        if constexpr (MATH == MATH_TF32)
+            v = __uint_as_float(f32_to_tf32(v));
+        out[i] = v;
     }
 }
 

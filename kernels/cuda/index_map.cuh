@@ -40,21 +40,18 @@ __device__ __forceinline__ uint32_t fastdiv_q(const fastdiv &f, uint32_t n)
 /*
  * idx -> (q, a, b) = (idx / d1, (idx % d1) / d2, idx % d2);
  * off = q*sq + a*sa + b*sb + o0, h = a*ha + h0, w = b*wb + w0.
- * idx >= count is invalid; idx == ones (if >= 0) is the constant-one row
- * (the bias column of the weight gradient), flagged in .w of the info.
+ * idx >= count is invalid (its coordinates are far outside every tensor).
  */
 struct index_map {
     fastdiv d1, d2;
-    int count, ones;
+    int count;
     int sq, sa, sb, o0;
     int ha, h0, wb, w0;
 };
 
-/* .x offset, .y h, .z w, .w 1 for the constant-one row. */
+/* .x offset, .y h, .z w. */
 __device__ __forceinline__ int4 index_map_info(const index_map &f, int idx)
 {
-    if (idx == f.ones)
-        return make_int4(0, 0, 0, 1);
     if (idx >= f.count)
         return make_int4(0, GK_IDX_INVALID, GK_IDX_INVALID, 0);
     uint32_t q = fastdiv_q(f.d1, (uint32_t)idx);
@@ -65,6 +62,12 @@ __device__ __forceinline__ int4 index_map_info(const index_map &f, int idx)
                      b * f.wb + f.w0, 0);
 }
 
+/* The info of min(idx, count - 1): a valid address for rows and columns past the end. */
+__device__ __forceinline__ int4 index_map_info_clamped(const index_map &f, int idx)
+{
+    return index_map_info(f, idx < f.count ? idx : (f.count > 0 ? f.count - 1 : 0));
+}
+
 /* The map of idx -> idx * sq (one dimension, no spatial test). */
 static inline index_map index_map_linear(int count, int sq)
 {
@@ -72,7 +75,6 @@ static inline index_map index_map_linear(int count, int sq)
     f.d1 = fastdiv_make(1);
     f.d2 = fastdiv_make(1);
     f.count = count;
-    f.ones = -1;
     f.sq = sq;
     return f;
 }

@@ -215,7 +215,36 @@ typedef struct out_check {
     const char *what;
     buf *b;
     const double *ref;
+    const int64_t *shape; /* 4 dims; a vector is (1, 1, 1, n) */
 } out_check;
+
+static int g_failures;
+
+/* Prints where a failed output differs most, as 4-D indices (the shape's last dims given). */
+static void report_worst(const double *got, const double *ref, size_t n, const int64_t *shape4)
+{
+    for (int shown = 0; shown < 6; shown++) {
+        size_t worst = 0;
+        double wd = -1;
+        for (size_t i = 0; i < n; i++) {
+            double d = fabs(got[i] - ref[i]);
+            if (isnan(d))
+                d = INFINITY;
+            if (d > wd) {
+                wd = d;
+                worst = i;
+            }
+        }
+        if (wd <= 0)
+            return;
+        const size_t i = worst;
+        print_message("    worst at (%zu, %zu, %zu, %zu): got %.6g want %.6g\n",
+                      (size_t)(i / (shape4[1] * shape4[2] * shape4[3])),
+                      (size_t)(i / (shape4[2] * shape4[3]) % shape4[1]),
+                      (size_t)(i / shape4[3] % shape4[2]), (size_t)(i % shape4[3]), got[i], ref[i]);
+        ((double *)got)[i] = ref[i]; /* next worst */
+    }
+}
 
 static void check_outputs(const char *layer_name, int prec, int sms, const out_check *o, int n,
                           int run, unsigned char **first)
@@ -230,16 +259,22 @@ static void check_outputs(const char *layer_name, int prec, int sms, const out_c
         if (run == 0)
             print_message("  %-30s %s %-6s sms %3d  rel err %.3e\n", layer_name, prec_name[prec],
                           o[i].what, sms, e);
-        if (!(e < prec_tol[prec]))
-            fail_msg("%s %s %s (sms %d): rel err %.3e above %.1e (seed %llu)", layer_name,
-                     prec_name[prec], o[i].what, sms, e, prec_tol[prec],
-                     (unsigned long long)g_seed);
+        if (!(e < prec_tol[prec])) {
+            print_message("FAIL: %s %s %s (sms %d): rel err %.3e above %.1e (seed %llu)\n",
+                          layer_name, prec_name[prec], o[i].what, sms, e, prec_tol[prec],
+                          (unsigned long long)g_seed);
+            report_worst(got, o[i].ref, o[i].b->n, o[i].shape);
+            g_failures++;
+        }
         if (run == 0) {
             first[i] = raw;
         } else {
-            if (memcmp(first[i], raw, o[i].b->bytes) != 0)
-                fail_msg("%s %s %s (sms %d): two runs differ bitwise (seed %llu)", layer_name,
-                         prec_name[prec], o[i].what, sms, (unsigned long long)g_seed);
+            if (memcmp(first[i], raw, o[i].b->bytes) != 0) {
+                print_message("FAIL: %s %s %s (sms %d): two runs differ bitwise (seed %llu)\n",
+                              layer_name, prec_name[prec], o[i].what, sms,
+                              (unsigned long long)g_seed);
+                g_failures++;
+            }
             free(raw);
             free(first[i]);
         }
@@ -253,7 +288,7 @@ static void run_layer(const layer *l, int prec)
     const gk_dtype dt = prec == PREC_BF16 ? GK_BF16 : GK_F32;
     const gk_conv2d p = {l->sh, l->sw, l->ph, l->pw, l->relu, prec == PREC_TF32};
     const int64_t xs[4] = {g.n, g.c, g.h, g.w}, ws[4] = {g.oc, g.c, g.kh, g.kw};
-    const int64_t ys[4] = {g.n, g.oc, g.oh, g.ow}, bs[1] = {g.oc};
+    const int64_t ys[4] = {g.n, g.oc, g.oh, g.ow}, bs[1] = {g.oc}, bs4[4] = {1, 1, 1, g.oc};
     const size_t nx = (size_t)g.n * g.c * g.h * g.w, nw = (size_t)g.oc * g.c * g.kh * g.kw;
     const size_t ny = (size_t)g.n * g.oc * g.oh * g.ow;
 
@@ -292,7 +327,7 @@ static void run_layer(const layer *l, int prec)
             if (rc != GK_OK)
                 fail_msg("%s %s forward: %s", l->name, prec_name[prec], err.msg);
             CUDA_OK(cudaStreamSynchronize(g_stream));
-            const out_check of[1] = {{"fwd", &y, yref}};
+            const out_check of[1] = {{"fwd", &y, yref, ys}};
             check_outputs(l->name, prec, sm_options[s], of, 1, run, first);
         }
         for (int run = 0; run < 2; run++) {
@@ -303,7 +338,8 @@ static void run_layer(const layer *l, int prec)
             if (rc != GK_OK)
                 fail_msg("%s %s backward: %s", l->name, prec_name[prec], err.msg);
             CUDA_OK(cudaStreamSynchronize(g_stream));
-            const out_check ob[3] = {{"dx", &dx, dxref}, {"dw", &dw, dwref}, {"db", &db, dbref}};
+            const out_check ob[3] = {
+                {"dx", &dx, dxref, xs}, {"dw", &dw, dwref, ws}, {"db", &db, dbref, bs4}};
             check_outputs(l->name, prec, sm_options[s], ob, 3, run, first);
         }
     }
@@ -341,6 +377,8 @@ static void test_layers(void **state)
     for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++)
         for (int prec = 0; prec < 3; prec++)
             run_layer(&layers[i], prec);
+    if (g_failures)
+        fail_msg("%d output checks failed (seed %llu)", g_failures, (unsigned long long)g_seed);
 }
 
 /* ---- error cases ------------------------------------------------------------------ */
