@@ -19,7 +19,8 @@ static int seed_write(const char *dir, const char *name, Gpucd__V1__Request *req
     if (buf == NULL)
         return -1;
     wire_pack_header(buf, &req->base, hl);
-    memcpy(buf + off, payload, plen);
+    if (plen > 0)
+        memcpy(buf + off, payload, plen);
     char path[512];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "wb");
