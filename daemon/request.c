@@ -251,6 +251,44 @@ static gcd_status do_tensor_get(const gcd_bind_ctx *ctx, const Gpucd__V1__Tensor
 
 /* ---- compute operations ----------------------------------------------------- */
 
+enum { BENCH_MAX_WARMUP = 1000, BENCH_MAX_ITERATIONS = 10000, BENCH_MAX_US = 10000000 };
+
+/*
+ * Server-side benchmarking (Request.bench_iterations): the checked op runs again,
+ * warm-up first, then timed by the backend's own compute timing (events on a
+ * GPU), so that a remote client sees device time without the transport.  The
+ * outputs are rewritten with the same values (every kernel is deterministic).
+ */
+static gcd_status bench_repeat(gcd_daemon *d, gcd_op *op, const Gpucd__V1__Request *req,
+                               reply_state *rs, const char *name)
+{
+    if (req->bench_iterations == 0)
+        return GCD_OK;
+    if (req->bench_warmup > BENCH_MAX_WARMUP || req->bench_iterations > BENCH_MAX_ITERATIONS)
+        return fail(rs, GCD_INVALID_ARGUMENT, "bench_warmup %u / bench_iterations %u: at most "
+                                              "%d / %d",
+                    req->bench_warmup, req->bench_iterations, BENCH_MAX_WARMUP,
+                    BENCH_MAX_ITERATIONS);
+    gk_err err = {{0}};
+    gcd_run_timing t;
+    for (uint32_t i = 0; i < req->bench_warmup; i++)
+        if (d->ops->run(d->backend, op, &t, &err) != 0)
+            return fail(rs, GCD_DEVICE_ERROR, "%s: bench warm-up: %s", name, err.msg);
+    uint64_t t0 = gcd_now_us(), sum = 0;
+    uint32_t n = 0;
+    while (n < req->bench_iterations && (n == 0 || gcd_now_us() - t0 < BENCH_MAX_US)) {
+        int rc = d->ops->run(d->backend, op, &t, &err);
+        if (rc != 0)
+            return fail(rs, gcd_status_from_gk(rc), "%s: bench iteration %u: %s", name, n,
+                        err.msg);
+        sum += t.compute_us;
+        n++;
+    }
+    rs->timings.bench_compute_us = (double)sum / n;
+    rs->timings.bench_iterations = n;
+    return GCD_OK;
+}
+
 static gcd_status do_compute(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *req,
                              reply_state *rs, gcd_bound *bound)
 {
@@ -275,6 +313,9 @@ static gcd_status do_compute(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *
     rs->timings.copy_out_us = t.copy_out_us;
     if (rc != 0)
         return fail(rs, gcd_status_from_gk(rc), "%s: %s", desc->name, err.msg);
+    st = bench_repeat(d, &op, req, rs, desc->name);
+    if (st != GCD_OK)
+        return st;
     for (int i = 0; i < op.nargs; i++)
         if (op.args[i].output && refs[i] != NULL)
             describe_output(rs, bound, &op, i);
@@ -287,6 +328,9 @@ static gcd_status dispatch(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *re
                            reply_state *rs, gcd_bound *bound)
 {
     gcd_daemon *d = ctx->daemon;
+    if ((req->bench_iterations != 0 || req->bench_warmup != 0) && !gcd_decode_is_compute(req))
+        return fail(rs, GCD_INVALID_ARGUMENT, "bench_warmup and bench_iterations apply to "
+                                              "compute operations only");
     switch (req->op_case) {
     case GPUCD__V1__REQUEST__OP_HELLO:
         return do_hello(d, rs);
