@@ -41,6 +41,7 @@ typedef struct bench_opts {
     int inline_tensors; /* inline even over ipc:// */
     uint64_t seed;
     const char *json_path, *csv_path;
+    bench_server_opts server; /* iterations > 0: --server-side */
 } bench_opts;
 
 /* One successful request. */
@@ -568,6 +569,8 @@ static void json_string(FILE *f, const char *s)
 typedef struct bench_summary {
     uint64_t requests, errors;
     const bench_check *check;
+    const bench_server_result *server; /* NULL: no --server-side */
+    const bench_server_opts *server_opts;
 } bench_summary;
 
 static int write_json(const char *path, const bench_run *r, const bench_level *lv, int n,
@@ -589,6 +592,14 @@ static int write_json(const char *path, const bench_run *r, const bench_level *l
                "\"worst_output\":\"%s\"},",
             sum->check->done ? "true" : "false", sum->check->batch, sum->check->worst,
             sum->check->worst_name);
+    if (sum->server != NULL) {
+        const bench_server_result *sv = sum->server;
+        fprintf(f, "\"server_side\":{\"warmup\":%d,\"iterations\":%d,\"iterations_done\":%u,"
+                   "\"timed_requests\":%d,\"compute_us\":{\"median\":%.3f,\"min\":%.3f,"
+                   "\"max\":%.3f},\"tflops\":%.4f},",
+                sum->server_opts->warmup, sum->server_opts->iterations, sv->iterations_done,
+                sv->requests, sv->median_us, sv->min_us, sv->max_us, sv->tflops);
+    }
     fprintf(f, "\"requests\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"levels\":[", sum->requests,
             sum->errors);
     for (int i = 0; i < n; i++) {
@@ -663,6 +674,11 @@ static void bench_usage(FILE *out)
             "  --inline              send tensors inline even over ipc://\n"
             "  --seed N              random inputs from this seed (default: from the clock)\n"
             "  --json FILE, --csv FILE   also write the results there\n"
+            "  --server-side N       instead of the levels: the daemon runs the op, warm-up\n"
+            "                        then N timed iterations (conv presets; N <= 10000), and\n"
+            "                        reports its device time per iteration\n"
+            "  --server-warmup W     warm-up runs before the timed ones (default 10)\n"
+            "  --server-repeats R    requests of N iterations; the median is reported (default 5)\n"
             "\n"
             "A level ends when three windows in a row agree; its figures come from them.\n"
             "Latency split (means): transport = client round trip - daemon total (both ways\n"
@@ -734,7 +750,8 @@ static int parse_levels(const char *spec, bench_opts *o)
 static int parse_opts(int argc, char **argv, bench_opts *o)
 {
     enum { O_OP = 256, O_BATCH, O_DTYPE, O_HIDDEN, O_DIM, O_VOCAB, O_CONC, O_RATE, O_WARMUP,
-           O_WINDOW, O_MAXWIN, O_TOL, O_INLINE, O_SEED, O_JSON, O_CSV, O_HELP };
+           O_WINDOW, O_MAXWIN, O_TOL, O_INLINE, O_SEED, O_JSON, O_CSV, O_SERVER, O_SWARMUP,
+           O_SREPEATS, O_HELP };
     static const struct option longopts[] = {
         {"op", required_argument, NULL, O_OP},
         {"batch", required_argument, NULL, O_BATCH},
@@ -752,6 +769,9 @@ static int parse_opts(int argc, char **argv, bench_opts *o)
         {"seed", required_argument, NULL, O_SEED},
         {"json", required_argument, NULL, O_JSON},
         {"csv", required_argument, NULL, O_CSV},
+        {"server-side", required_argument, NULL, O_SERVER},
+        {"server-warmup", required_argument, NULL, O_SWARMUP},
+        {"server-repeats", required_argument, NULL, O_SREPEATS},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -765,6 +785,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o)
     o->window_s = 1;
     o->tolerance = 0.10;
     o->max_windows = 10;
+    o->server.warmup = 10;
+    o->server.repeats = 5;
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -789,6 +811,18 @@ static int parse_opts(int argc, char **argv, bench_opts *o)
         case O_SEED: if (parse_i64(optarg, 0, INT64_MAX, &v)) bad = "--seed"; else o->seed = (uint64_t)v; break;
         case O_JSON: o->json_path = optarg; break;
         case O_CSV: o->csv_path = optarg; break;
+        case O_SERVER:
+            if (parse_i64(optarg, 1, 10000, &v)) bad = "--server-side";
+            else o->server.iterations = (int)v;
+            break;
+        case O_SWARMUP:
+            if (parse_i64(optarg, 0, 1000, &v)) bad = "--server-warmup";
+            else o->server.warmup = (int)v;
+            break;
+        case O_SREPEATS:
+            if (parse_i64(optarg, 1, 1000, &v)) bad = "--server-repeats";
+            else o->server.repeats = (int)v;
+            break;
         case O_HELP: case 'h': bench_usage(stdout); return 1;
         default: bench_usage(stderr); return -1;
         }
@@ -826,6 +860,12 @@ static int parse_opts(int argc, char **argv, bench_opts *o)
             fprintf(stderr, "gpucdctl bench: --dtype '%s': expected f32 or bf16\n", dtype);
             return -1;
         }
+    }
+    if (o->server.iterations > 0 && o->preset->server_conv == 0) {
+        fprintf(stderr, "gpucdctl bench: --server-side runs the conv presets (conv1, conv2, "
+                        "conv1_backward, conv2_backward), not %s\n",
+                o->preset->name);
+        return -1;
     }
     if (conc != NULL && parse_levels(conc, o) != 0) {
         fprintf(stderr, "gpucdctl bench: --concurrency '%s': expected N, A:B:xK or A:B:+K with "
@@ -871,7 +911,10 @@ int bench_main(gpucd_client *client, const char *url, int argc, char **argv)
     }
     printf("bench %s on %s: batch %" PRId64 ", %s, tensors %s, seed %" PRIu64 "\n", o.preset->name,
            url, o.shape.batch, gpucd_dtype_name(o.shape.dtype),
-           r.use_region ? "in shared-memory regions" : "inline", o.seed);
+           o.server.iterations > 0 ? "resident (--server-side)"
+           : r.use_region          ? "in shared-memory regions"
+                                   : "inline",
+           o.seed);
     if ((rc = weights_upload(&r, whost, &rng)) < 0)
         goto out;
     bench_check chk;
@@ -887,6 +930,19 @@ int bench_main(gpucd_client *client, const char *url, int argc, char **argv)
                "%.2g (%s)\n",
                chk.batch, chk.worst, chk.worst_name);
     uint64_t total_requests = chk.done ? 1 : 0, total_errors = 0;
+    if (o.server.iterations > 0) {
+        bench_server_result sv;
+        rc = bench_server_run(o.preset, &o.shape, url, 300000, &o.server, &sv, &rng);
+        if (rc != 0)
+            goto out;
+        printf("server-side %s: %.2f us per iteration on the daemon's device (median of %d "
+               "requests of %d warm-up + %u timed iterations; min %.2f, max %.2f), %.2f TFLOP/s\n",
+               o.preset->name, sv.median_us, sv.requests, o.server.warmup, sv.iterations_done,
+               sv.min_us, sv.max_us, sv.tflops);
+        bench_summary sum = {total_requests + (uint64_t)sv.requests, 0, &chk, &sv, &o.server};
+        status = o.json_path != NULL && write_json(o.json_path, &r, levels, 0, &sum) != 0 ? 1 : 0;
+        goto out;
+    }
     for (int i = 0; i < maxc; i++) {
         r.workers[i].run = &r;
         uint64_t wrng = o.seed + 0x1000u * (uint64_t)(i + 1);
@@ -910,7 +966,7 @@ int bench_main(gpucd_client *client, const char *url, int argc, char **argv)
     }
     printf("requests: %" PRIu64 " %s (check, warm-up and measurement), errors: %" PRIu64 "\n",
            total_requests, o.preset->name, total_errors);
-    bench_summary sum = {total_requests, total_errors, &chk};
+    bench_summary sum = {total_requests, total_errors, &chk, NULL, NULL};
     int wrc = 0;
     if (o.json_path != NULL)
         wrc |= write_json(o.json_path, &r, levels, done, &sum);

@@ -57,10 +57,32 @@ typedef struct bench_preset {
                      void *const *ref, char *msg, size_t msglen);
     /* Rows of the check request: small enough for the CPU reference to be quick. */
     int64_t (*verify_batch)(const bench_shape *s);
+    /* --server-side: 1 conv2d forward, 2 conv2d backward, 0 not supported; its params. */
+    int server_conv, stride, relu;
 } bench_preset;
 
 extern const bench_preset bench_presets[];
 extern const int bench_preset_count;
+
+/* ---- server-side timing (bench_server.c) ------------------------------------------ */
+
+typedef struct bench_server_opts {
+    int warmup, iterations, repeats;
+} bench_server_opts;
+
+typedef struct bench_server_result {
+    int done;
+    int requests;
+    uint32_t iterations_done;          /* per request (the daemon stops early after 10 s) */
+    double median_us, min_us, max_us;  /* compute per iteration, over the requests */
+    double tflops;                     /* at the median */
+} bench_server_result;
+
+/* Uploads every tensor of p as resident on its own connection to url, then sends
+ * so->repeats requests of warm-up + iterations; 0 or -1 with the reason printed. */
+int bench_server_run(const bench_preset *p, const bench_shape *shape, const char *url,
+                     int timeout_ms, const bench_server_opts *so, bench_server_result *res,
+                     uint64_t *rng);
 
 /* Fills an input tensor's bytes with valid random data (observations in range, targets < V). */
 void bench_fill(const bench_spec *spec, const bench_shape *s, void *data, uint64_t *rng);

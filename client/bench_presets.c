@@ -428,32 +428,32 @@ static int64_t loss_verify_batch(const bench_shape *s)
 
 const bench_preset bench_presets[] = {
     {"ping", "a no-op round trip: the transport alone", SHAPE(0, GPUCD_F32, 0, 0, 0), none_specs,
-     none_io, ping_call, NULL, NULL},
+     none_io, ping_call, NULL, NULL, 0, 0, 0},
     {"conv1", "NMMO3 conv1 forward: x (B,59,11,15), w (128,59,5,5), stride 3, relu; B 1024",
      SHAPE(1024, GPUCD_F32, 0, 0, 0), conv1_weights, conv1_fwd_io, conv1_fwd_call, conv1_fwd_ref,
-     conv_verify_batch},
+     conv_verify_batch, 1, 3, 1},
     {"conv2", "NMMO3 conv2 forward: x (B,128,3,4), w (128,128,3,3), stride 1; B 1024",
      SHAPE(1024, GPUCD_F32, 0, 0, 0), conv2_weights, conv2_fwd_io, conv2_fwd_call, conv2_fwd_ref,
-     conv_verify_batch},
+     conv_verify_batch, 1, 1, 0},
     {"conv1_backward", "NMMO3 conv1 backward (dw, db; no dx: the input is data); B 1024",
      SHAPE(1024, GPUCD_F32, 0, 0, 0), conv1_weights, conv1_bwd_io, conv1_bwd_call, conv1_bwd_ref,
-     conv_verify_batch},
+     conv_verify_batch, 2, 3, 1},
     {"conv2_backward", "NMMO3 conv2 backward (dx, dw, db); B 1024",
      SHAPE(1024, GPUCD_F32, 0, 0, 0), conv2_weights, conv2_bwd_io, conv2_bwd_call, conv2_bwd_ref,
-     conv_verify_batch},
+     conv_verify_batch, 2, 1, 0},
     {"nmmo3_encode", "NMMO3 encoder forward at rollout size: obs (B,1707) to hidden (B,256); B 1024",
      SHAPE(1024, GPUCD_F32, 256, 0, 0), nmmo3_weights, nmmo3_fwd_io, nmmo3_fwd_call,
-     nmmo3_fwd_ref, nmmo3_verify_batch},
+     nmmo3_fwd_ref, nmmo3_verify_batch, 0, 0, 0},
     {"nmmo3_train", "NMMO3 encoder backward at training size: d(hidden) to every weight "
                     "gradient; B 32768",
      SHAPE(32768, GPUCD_F32, 256, 0, 0), nmmo3_weights, nmmo3_bwd_io, nmmo3_bwd_call,
-     nmmo3_bwd_ref, nmmo3_verify_batch},
+     nmmo3_bwd_ref, nmmo3_verify_batch, 0, 0, 0},
     {"loss", "linear cross entropy forward+backward (loss, dE, dC), bf16, N 8192, D 4096, "
              "V 256000",
      SHAPE(8192, GPUCD_BF16, 0, 4096, 256000), loss_weights, loss_io, loss_call, loss_ref,
-     loss_verify_batch},
+     loss_verify_batch, 0, 0, 0},
     {"loss_32k", "as loss with N 32768", SHAPE(32768, GPUCD_BF16, 0, 4096, 256000), loss_weights,
-     loss_io, loss_call, loss_ref, loss_verify_batch},
+     loss_io, loss_call, loss_ref, loss_verify_batch, 0, 0, 0},
 };
 
 const int bench_preset_count = (int)(sizeof bench_presets / sizeof bench_presets[0]);
