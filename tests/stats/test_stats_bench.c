@@ -169,6 +169,41 @@ static void test_conv2_preset_over_tcp(void **state)
     ts_metrics_free(&b);
 }
 
+/* --server-side: the daemon times the op; bench's requests are what the daemon counted. */
+static void test_server_side(void **state)
+{
+    char json[128], log[128];
+    snprintf(json, sizeof json, "%s/server.json", dir_);
+    snprintf(log, sizeof log, "%s/server.log", dir_);
+    ts_metrics a, b;
+    ts_scrape(port_, &a);
+    const char *args[] = {"--url", daemon_.tcp_url, "bench", "--op", "conv2", "--batch", "4",
+                          "--server-side", "10", "--server-warmup", "2", "--server-repeats", "3",
+                          "--json", json, NULL};
+    int rc = run_ctl(args, log);
+    if (rc != 0) {
+        dump(log);
+        fail_msg("gpucdctl bench --server-side exited %d", rc);
+    }
+    ts_scrape(port_, &b);
+    char *j = slurp(json);
+    assert_non_null(j);
+    assert_non_null(strstr(j, "\"server_side\":{\"warmup\":2,\"iterations\":10,"
+                              "\"iterations_done\":10,\"timed_requests\":3,"));
+    double made = json_number(j, "requests");
+    assert_true(made == 4); /* the check, then three timed requests */
+    assert_true(ts_metric(&b, "gpucd_requests_total{op=\"conv2d_forward\",status=\"OK\"}") -
+                    ts_metric(&a, "gpucd_requests_total{op=\"conv2d_forward\",status=\"OK\"}") ==
+                made);
+    /* weights through the library (2), every tensor again on bench's own connection (4) */
+    assert_true(ts_metric(&b, "gpucd_requests_total{op=\"tensor_put\",status=\"OK\"}") -
+                    ts_metric(&a, "gpucd_requests_total{op=\"tensor_put\",status=\"OK\"}") == 6);
+    assert_true(ts_metric(&b, "gpucd_resident_tensors") == 0);
+    free(j);
+    ts_metrics_free(&a);
+    ts_metrics_free(&b);
+}
+
 /* `gpucdctl stats` prints the daemon's JSON through the socket; `bench --help` lists the presets. */
 static void test_stats_command_and_help(void **state)
 {
@@ -201,6 +236,8 @@ static void test_bad_options_exit_2(void **state)
         {"--concurrency", "4:2", NULL}, {"--concurrency", "1:8:y2", NULL},
         {"--batch", "-3", NULL},        {"--dtype", "f64", NULL},
         {"--window-s", "0", NULL},      {"--frobnicate", NULL, NULL},
+        {"--server-side", "0", NULL},   {"--server-side", "20000", NULL},
+        {"--server-side", "5", NULL}, /* the default op, ping, is not a conv preset */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *args[8] = {"--url", daemon_.ipc_url, "bench", bad[i][0], bad[i][1], NULL};
@@ -270,7 +307,7 @@ static int group_teardown(void **state)
     int rc = th_daemon_stop(&daemon_);
     static const char *const files[] = {"ping.json", "ping.csv", "ping.log", "conv2.json",
                                         "conv2.log", "bad.log", "gone.json", "gone.log",
-                                        "stats.log"};
+                                        "stats.log", "server.json", "server.log"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char p[160];
         snprintf(p, sizeof p, "%s/%s", dir_, files[i]);
@@ -295,6 +332,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ping_sweep_counts_match),
         cmocka_unit_test(test_conv2_preset_over_tcp),
+        cmocka_unit_test(test_server_side),
         cmocka_unit_test(test_stats_command_and_help),
         cmocka_unit_test(test_bad_options_exit_2),
         cmocka_unit_test(test_failures_are_errors),
