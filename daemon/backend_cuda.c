@@ -20,6 +20,11 @@
  * sticky one (the context is unusable, as after an illegal address) marks the
  * backend lost: every later call fails at once and ops->lost tells the daemon
  * to drain and exit non-zero, so that a supervisor restarts it.
+ *
+ * Fault injection, for the test of that path: with GPUCD_CUDA_FAULT_INJECT=1
+ * in the environment at start, the first conv2d forward reads its x from an
+ * unmapped device address, which makes the context fail for good
+ * (cudaErrorIllegalAddress) exactly as a kernel bug would.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -88,6 +93,7 @@ struct gcd_backend {
 
     atomic_uint_fast64_t allocations;
     atomic_int lost;     /* 0 healthy; 1 being marked; 2 lost, lost_why final */
+    atomic_int fault_armed; /* GPUCD_CUDA_FAULT_INJECT: the next forward faults */
     char lost_why[256];
 };
 
@@ -380,6 +386,12 @@ static int cuda_open(const gcd_config *cfg, gcd_backend **out, gk_err *err)
             OPEN_CHECK(cudaEventRecord(s->ev[k], s->stream), "cudaEventRecord");
     }
     OPEN_CHECK(cudaDeviceSynchronize(), "warm-up");
+    const char *inject = getenv("GPUCD_CUDA_FAULT_INJECT");
+    if (inject != NULL && strcmp(inject, "1") == 0) {
+        atomic_store(&b->fault_armed, 1);
+        gcd_log_warn("cuda: GPUCD_CUDA_FAULT_INJECT=1: the first conv2d forward will read an "
+                     "invalid device address and lose the device");
+    }
     gcd_log_info("cuda: %s, %d SMs, %d execution slots of %zu MiB workspace and %zu MiB pinned "
                  "staging, %zu MiB resident pool",
                  b->name, b->sm_count, b->nslots, b->slot_bytes >> 20, b->staging_bytes >> 20,
@@ -633,6 +645,8 @@ static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *ti
                   "copy in");
     }
     RUN_CHECK(cudaEventRecord(s->ev[EV_COPIED_IN], s->stream), "cudaEventRecord");
+    if (op->kind == GCD_OP_CONV2D_FORWARD && atomic_exchange(&b->fault_armed, 0))
+        pl[CONV_FWD_X].dev.data = (void *)(uintptr_t)SLOT_ALIGN; /* never mapped */
     rc = run_kernel(b, s, op, pl, scratch_off, err);
     if (rc != 0) {
         /* A kernel wrapper's own failure (shapes, workspace) leaves the device healthy;
