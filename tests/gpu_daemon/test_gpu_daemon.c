@@ -8,8 +8,10 @@
  * tf32 < 5e-3, bf16 < 2e-2), outputs poisoned with NaN first; region runs are
  * repeated and must give the same bytes.  Then: requests from several clients
  * at once, a request too large for an execution slot, an operation the
- * backend does not serve, per-phase timings, and that the daemon made no
- * device allocation after it started.
+ * backend does not serve, per-phase timings, that the daemon made no
+ * device allocation after it started, and that a daemon whose device fails
+ * for good (an injected illegal address) fails the request, stops being ready
+ * and exits 3 by itself.
  * Exits 77 (skipped) without a CUDA device.
  */
 #include <setjmp.h>
@@ -24,6 +26,9 @@
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <pthread.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "gk.h"
 #include "gk_bf16.h"
@@ -542,6 +547,86 @@ static void test_no_allocations_after_start(void **state)
     gpucd_close(c);
 }
 
+/* ---- a lost device ------------------------------------------------------------------------ */
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void test_device_lost_exits_3(void **state)
+{
+    th_daemon d;
+    const char *extra[] = {"--workspace-mb", "64", "--resident-mb", "64", NULL};
+    setenv("GPUCD_CUDA_FAULT_INJECT", "1", 1);
+    th_daemon_start(&d, extra);
+    unsetenv("GPUCD_CUDA_FAULT_INJECT");
+    gpucd_options o;
+    gpucd_options_init(&o);
+    o.timeout_ms = 3000; /* a daemon that is gone must not hold the test */
+    gpucd_client *c;
+    CALL_OK(gpucd_connect(d.ipc_url, &o, &c));
+    conv_case cc;
+    conv_case_init(&cc, &layers[2], P_F32);
+    gpucd_tensor t[ROLES];
+    void *y = xmalloc(cc.bytes[Y]);
+    for (int r = 0; r < ROLES; r++)
+        t[r] = host_of(&cc, r, r == Y ? y : cc.ref[r]);
+
+    /* The faulting request fails with a device error that says the device is lost. */
+    int rc = gpucd_conv2d_forward(c, &cc.p, &t[X], &t[W], &t[B], &t[Y], NULL);
+    printf("faulting request: %s: %s\n", gpucd_strerror(rc), gpucd_errmsg(c));
+    assert_int_equal(rc, GPUCD_EDEVICE);
+    assert_non_null(strstr(gpucd_errmsg(c), "lost"));
+    /* The next one fails too, at once (the device, or a daemon draining or gone),
+     * and never returns numbers. */
+    poison(y, cc.bytes[Y]);
+    rc = gpucd_conv2d_forward(c, &cc.p, &t[X], &t[W], &t[B], &t[Y], NULL);
+    printf("next request: %s: %s\n", gpucd_strerror(rc), gpucd_errmsg(c));
+    assert_true(rc == GPUCD_EDEVICE || rc == GPUCD_EUNAVAILABLE || rc == GPUCD_ECLOSED ||
+                rc == GPUCD_ETIMEDOUT);
+    /* Not ready any more: info says so, or the daemon refuses or is gone. */
+    int ready = 1;
+    for (uint64_t t0 = now_ms(); ready && now_ms() - t0 < 5000;) {
+        gpucd_info info;
+        rc = gpucd_info_get(c, &info);
+        ready = rc == 0 && info.ready;
+        if (ready)
+            usleep(5000);
+    }
+    printf("not ready: %s\n", rc == 0 ? "info.ready 0" : gpucd_strerror(rc));
+    assert_false(ready);
+    gpucd_close(c);
+    /* And it exits by itself, with status 3, for its supervisor to restart it. */
+    int status = 0;
+    pid_t got = 0;
+    for (uint64_t t0 = now_ms(); got != d.pid && now_ms() - t0 < 20000;) {
+        got = waitpid(d.pid, &status, WNOHANG);
+        if (got != d.pid)
+            usleep(10000);
+    }
+    if (got != d.pid) {
+        th_daemon_dump_log(&d);
+        fail_msg("the daemon did not exit within 20 s of losing its device");
+    }
+    d.pid = 0;
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    printf("daemon exit status %d\n", code);
+    if (code != 3) {
+        th_daemon_dump_log(&d);
+        fail_msg("exit status %d (raw %d), expected 3", code, status);
+    }
+    char sock[300];
+    snprintf(sock, sizeof sock, "%s/gpucd.sock", d.dir);
+    unlink(sock);
+    unlink(d.log_path);
+    rmdir(d.dir);
+    free(y);
+    conv_case_free(&cc);
+}
+
 static int setup(void **state)
 {
     setenv("GPUCD_TEST_BACKEND", "cuda", 1);
@@ -590,6 +675,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_unsupported_op_names_backend),
         cmocka_unit_test(test_timings_conv1_b1024),
         cmocka_unit_test(test_no_allocations_after_start),
+        cmocka_unit_test(test_device_lost_exits_3),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
