@@ -634,7 +634,10 @@ static int setup(void **state)
     snprintf(ws, sizeof ws, "%d", WORKSPACE_MB);
     snprintf(res, sizeof res, "%d", RESIDENT_MB);
     const char *extra[] = {"--workspace-mb", ws, "--resident-mb", res, NULL};
+    uint64_t t0 = now_ms();
     th_daemon_start(&daemon_, extra);
+    printf("daemon answered %llu ms after its start (context, buffers, kernel warm-up)\n",
+           (unsigned long long)(now_ms() - t0));
     gpucd_client *c = th_connect(daemon_.ipc_url);
     gpucd_info info;
     CALL_OK(gpucd_info_get(c, &info));
