@@ -30,7 +30,7 @@ parts=${GPU_BENCH_PARTS:-client server}
 batches=${GPU_BENCH_BATCHES:-1024 32768}
 # Large enough for the B = 32768 uploads (conv1's x is 1.3 GB in f32); nng takes at most 2 GiB.
 "$build/daemon/gpucd" --backend "${GPU_BENCH_BACKEND:-cuda}" --listen "$url" \
-    --max-message-mb 2048 --resident-mb 65536 \
+    --max-message-mb 2048 --resident-mb 65536 --workspace-mb 16384 \
     --stats-listen "http://127.0.0.1:$port" 2>"$out/daemon.log" &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
@@ -72,7 +72,7 @@ case $parts in *server*)
             set -- $spec
             name="server-$1-$2-$b"
             "$build/client/gpucdctl" --url "$url" bench --op "$1" --dtype "$2" --batch "$b" \
-                --server-side 200 --server-warmup 20 --json "$out/$name.json" >"$out/$name.txt" 2>&1
+                --server-side 100 --server-warmup 10 --server-repeats 3 --json "$out/$name.json" >"$out/$name.txt" 2>&1
             rc=$?
             grep -E "^(server-side|checked)|WRONG|refused|failed" "$out/$name.txt" | sed "s/^/$1 $2 B=$b: /"
             [ $rc -eq 0 ] || { echo "bench $name exited $rc"; status=1; }
