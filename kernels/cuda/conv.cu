@@ -247,9 +247,19 @@ template <class T> int launch_check(const char *what, gk_err *err)
 }
 
 /* Runs one planned igemm (and its split reduction); ws is the workspace. */
+/* bt: B with lanes along its rows, k-major in shared memory (bf16 weight gradient, no padding) */
 template <class T, int MATH, bool PAD>
-void igemm_launch(const ig_params<T> &prm, int grid, cudaStream_t st)
+void igemm_launch(const ig_params<T> &prm, int grid, bool bt, cudaStream_t st)
 {
+    if constexpr (MATH == MATH_BF16 && !PAD) {
+        if (bt) {
+            if (prm.a.mask != nullptr)
+                igemm_kernel<T, MATH, true, false, false, true><<<grid, IG_THREADS, 0, st>>>(prm);
+            else
+                igemm_kernel<T, MATH, false, false, false, true><<<grid, IG_THREADS, 0, st>>>(prm);
+            return;
+        }
+    }
     if constexpr (MATH != MATH_FFMA) {
         if (prm.bpack != nullptr) {
             igemm_kernel<T, MATH, false, PAD, true><<<grid, IG_THREADS, 0, st>>>(prm);
@@ -265,7 +275,7 @@ void igemm_launch(const ig_params<T> &prm, int grid, cudaStream_t st)
 /* pad: some elements fall in the padding (checked per element). */
 template <class T, int MATH>
 int igemm_run(ig_params<T> prm, const launch_plan &lp, bool pad, const gk_cuda_exec *ex,
-              const char *what, gk_err *err)
+              const char *what, gk_err *err, bool bt = false)
 {
     const bool partial = lp.ws_bytes > 0;
     const size_t need = lp.ws_bytes + lp.pack_bytes;
@@ -291,9 +301,9 @@ int igemm_run(ig_params<T> prm, const launch_plan &lp, bool pad, const gk_cuda_e
         prm.relu = 0;
     }
     if (pad)
-        igemm_launch<T, MATH, true>(prm, lp.grid, ex->stream);
+        igemm_launch<T, MATH, true>(prm, lp.grid, false, ex->stream);
     else
-        igemm_launch<T, MATH, false>(prm, lp.grid, ex->stream);
+        igemm_launch<T, MATH, false>(prm, lp.grid, bt, ex->stream);
     int rc = launch_check<T>(what, err);
     if (rc || !partial)
         return rc;
@@ -324,7 +334,7 @@ int backward_run(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, con
     ig_params<T> wg = wgrad_params<T>(s, (const T *)x->data, (const T *)dy->data, mask,
                                       (T *)dw->data);
     const launch_plan lw = plan_splits(wg, var, ex->sm_count, true);
-    int rc = igemm_run<T, MATH>(wg, lw, s.ph || s.pw, ex, "wgrad", err);
+    int rc = igemm_run<T, MATH>(wg, lw, s.ph || s.pw, ex, "wgrad", err, true);
     if (rc)
         return rc;
     if (gk_tensor_present(db)) {
@@ -406,6 +416,8 @@ extern "C" int gk_cuda_conv_warmup(gk_err *err)
         kernel_load(igemm_kernel<uint16_t, MATH_BF16, true, true, false>),
         kernel_load(igemm_kernel<uint16_t, MATH_BF16, false, false, true>),
         kernel_load(igemm_kernel<uint16_t, MATH_BF16, false, true, true>),
+        kernel_load(igemm_kernel<uint16_t, MATH_BF16, false, false, false, true>),
+        kernel_load(igemm_kernel<uint16_t, MATH_BF16, true, false, false, true>),
         kernel_load(finalize_kernel<float>),
         kernel_load(finalize_kernel<uint16_t>),
         kernel_load(bias_grad_kernel<float>),

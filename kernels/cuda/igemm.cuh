@@ -106,6 +106,14 @@ __device__ __forceinline__ void cp_async_wait_all()
     asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
 template <int MATH>
 __device__ __forceinline__ void mma_16x8(float c[4], const uint32_t a[4], const uint32_t b[2])
 {
@@ -131,6 +139,8 @@ template <int MATH> struct ig_geom {
     static constexpr int RPT = IG_BM / RSTEP;      /* rows a thread loads per k tile */
     /* MMA: [row][k] with 80-byte rows (conflict-free ldmatrix); FFMA: [k][row + 4]. */
     static constexpr int MMA_ROW_BYTES = 80;
+    /* BT: B stored k-major, [k][n + 8] bf16 (272-byte rows: conflict-free ldmatrix.trans) */
+    static constexpr int BT_ROW_BYTES = (IG_BN + 8) * 2;
     static constexpr int FFMA_LD = IG_BM + 4;
     static constexpr int STAGE_BYTES =
         MATH == MATH_FFMA ? BK * FFMA_LD * 4 : IG_BM * MMA_ROW_BYTES;
@@ -164,8 +174,11 @@ __device__ __forceinline__ void epilogue_store(const ig_params<T> &p, int split,
  * valid addresses, rows are dropped by the epilogue, and columns k >= K are
  * zeroed: an element costs one shared load, an add and the global load.
  * BPACK (tensor-core math only): B comes from the packed weights by cp.async.
+ * BT (bf16, no padding): B is loaded with lanes along its rows and stored k-major, read
+ * by ldmatrix.trans: for the weight gradient, whose B rows (c, kh, kw) are contiguous
+ * input runs while its k (n, oh, ow) strides through them.
  */
-template <class T, int MATH, bool MASK, bool PAD, bool BPACK>
+template <class T, int MATH, bool MASK, bool PAD, bool BPACK, bool BT = false>
 __global__ void __launch_bounds__(IG_THREADS, PAD ? 1 : 2) igemm_kernel(const __grid_constant__ ig_params<T> p)
 {
     using G = ig_geom<MATH>;
@@ -196,6 +209,8 @@ __global__ void __launch_bounds__(IG_THREADS, PAD ? 1 : 2) igemm_kernel(const __
 
         T ra[RPT], rb[RPT], ma[MASK ? RPT : 1];
         bool kvalid = true; /* k of this thread's column < K (the padded path zeroes by address) */
+        int kb0 = 0;        /* BT: the k tile whose B values are in rb */
+        const int bt_n = tid & (IG_BN - 1), bt_k = (tid / IG_BN) * 16; /* BT: row, first k */
         auto load = [&](int k0, int buf) {
             const int k = k0 + kl;
             if constexpr (BPACK) {
@@ -234,9 +249,19 @@ __global__ void __launch_bounds__(IG_THREADS, PAD ? 1 : 2) igemm_kernel(const __
                     if constexpr (MASK)
                         ma[i] = __ldg(p.a.mask + off);
                 }
+                if constexpr (BT) {
+                    /* lane l (mod 16) maps column k0 + bt_k + l; each of the 16 is shuffled out */
+                    const int rowoff = rowb[bt_n].x;
+                    const int cinfo = index_map_info_clamped(p.b.col, k0 + bt_k + (lane & 15)).x;
+                    kb0 = k0;
 #pragma unroll
-                for (int i = 0; i < RPT && !BPACK; i++)
-                    rb[i] = __ldg(p.b.base + rowb[r0 + i * RSTEP].x + cb);
+                    for (int i = 0; i < RPT; i++)
+                        rb[i] = __ldg(p.b.base + rowoff + __shfl_sync(0xffffffffu, cinfo, i));
+                } else {
+#pragma unroll
+                    for (int i = 0; i < RPT && !BPACK; i++)
+                        rb[i] = __ldg(p.b.base + rowb[r0 + i * RSTEP].x + cb);
+                }
             }
         };
         auto store = [&](int buf) {
@@ -250,7 +275,10 @@ __global__ void __launch_bounds__(IG_THREADS, PAD ? 1 : 2) igemm_kernel(const __
                 const T va = a_ok ? ra[i] : T(0), vb = kvalid ? rb[i] : T(0);
                 if constexpr (MATH == MATH_BF16) {
                     *(uint16_t *)(da + r * G::MMA_ROW_BYTES + kl * 2) = va;
-                    if constexpr (!BPACK)
+                    if constexpr (BT)
+                        *(uint16_t *)(db + (bt_k + i) * G::BT_ROW_BYTES + bt_n * 2) =
+                            kb0 + bt_k + i < p.K ? rb[i] : T(0);
+                    else if constexpr (!BPACK)
                         *(uint16_t *)(db + r * G::MMA_ROW_BYTES + kl * 2) = vb;
                 } else if constexpr (MATH == MATH_TF32) {
                     *(uint32_t *)(da + r * G::MMA_ROW_BYTES + kl * 4) = f32_to_tf32(va);
@@ -338,6 +366,9 @@ __global__ void __launch_bounds__(IG_THREADS, PAD ? 1 : 2) igemm_kernel(const __
             /* ldmatrix row addresses: A matrices (m 0-7|8-15) x (k chunk 0|1), B (n 0-7|8-15). */
             const uint32_t a_off = (wm * 64 + (lane & 7) + ((lane >> 3) & 1) * 8) * G::MMA_ROW_BYTES +
                                    (lane >> 4) * 16;
+            /* BT: matrices (k 0-7 | 8-15) x (n 0-7 | 8-15) of the k-major tile, transposed */
+            const uint32_t bt_off = ((lane & 7) + ((lane >> 3) & 1) * 8) * G::BT_ROW_BYTES +
+                                    (wn * 32 + (lane >> 4) * 8) * 2;
             const uint32_t b_off = (wn * 32 + (lane & 7) + (lane >> 4) * 8) * G::MMA_ROW_BYTES +
                                    ((lane >> 3) & 1) * 16;
             load(kbeg, 0);
@@ -360,8 +391,12 @@ __global__ void __launch_bounds__(IG_THREADS, PAD ? 1 : 2) igemm_kernel(const __
 #pragma unroll
                     for (int nj = 0; nj < 2; nj++) {
                         uint32_t r[4];
-                        ldmatrix_x4(r, sb0 + buf * G::STAGE_BYTES + b_off +
-                                           nj * 16 * G::MMA_ROW_BYTES + ks * 32);
+                        if constexpr (BT)
+                            ldmatrix_x4_trans(r, sb0 + buf * G::STAGE_BYTES + bt_off +
+                                                     ks * 16 * G::BT_ROW_BYTES + nj * 32);
+                        else
+                            ldmatrix_x4(r, sb0 + buf * G::STAGE_BYTES + b_off +
+                                               nj * 16 * G::MMA_ROW_BYTES + ks * 32);
                         b[2 * nj][0] = r[0];
                         b[2 * nj][1] = r[1];
                         b[2 * nj + 1][0] = r[2];
