@@ -68,8 +68,8 @@ int gpucdc_request_input(gpucdc_request *req, const char *name, const gpucd_tens
     if (t->where == GPUCD_NEW_RESIDENT)
         return gpucdc_fail(GPUCD_EINVAL, "%s: %s is an input and cannot be a new resident tensor",
                            req->op, name);
-    uint64_t bytes;
-    Gpucd__V1__TensorRef *ref;
+    uint64_t bytes = 0;
+    Gpucd__V1__TensorRef *ref = NULL; /* set by request_ref on success; GCC -O3 can't see it */
     int rv = request_ref(req, name, t, &bytes, &ref);
     if (rv < 0)
         return rv;
@@ -96,8 +96,8 @@ int gpucdc_request_output(gpucdc_request *req, const char *name, gpucd_tensor *t
         *slot = NULL;
         return 0;
     }
-    uint64_t bytes;
-    Gpucd__V1__TensorRef *ref;
+    uint64_t bytes = 0;
+    Gpucd__V1__TensorRef *ref = NULL; /* set by request_ref on success; GCC -O3 can't see it */
     int rv = request_ref(req, name, t, &bytes, &ref);
     if (rv < 0)
         return rv;
