@@ -787,7 +787,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o)
     o->max_windows = 10;
     o->server.warmup = 10;
     o->server.repeats = 5;
-    optind = 1;
+    optind = 0; /* 0, not 1: glibc then rescans from scratch (bench parses twice) */
     int c;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         const char *bad = NULL;
@@ -881,6 +881,18 @@ static int parse_opts(int argc, char **argv, bench_opts *o)
 }
 
 /* ---- main --------------------------------------------------------------------------- */
+
+int bench_check_args(int argc, char **argv)
+{
+    static bench_opts o;
+    memset(&o, 0, sizeof o);
+    int saved = optind; /* the caller's: gpucdctl finds the command's arguments by it */
+    int rc = parse_opts(argc, argv, &o);
+    optind = saved;
+    if (rc > 0)
+        exit(0); /* --help was printed: nothing to connect for */
+    return rc < 0 ? 2 : 0;
+}
 
 int bench_main(gpucd_client *client, const char *url, int argc, char **argv)
 {

@@ -16,6 +16,9 @@
 
 /* Entry point of the subcommand: argv[0] is "bench"; returns the exit status. */
 int bench_main(gpucd_client *client, const char *url, int argc, char **argv);
+/* Checks the options before anything connects: 0, or 2 after a usage error;
+ * --help prints the usage and exits 0. */
+int bench_check_args(int argc, char **argv);
 
 /* ---- presets (bench_presets.c) ----------------------------------------------- */
 

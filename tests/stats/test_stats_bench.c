@@ -216,7 +216,8 @@ static void test_stats_command_and_help(void **state)
     if (out[0] != '{' || strstr(out, "\"requests\":{") == NULL || strstr(out, "\"ready\":true") == NULL)
         fail_msg("gpucdctl stats printed: %s", out);
     free(out);
-    const char *help[] = {"--url", daemon_.ipc_url, "bench", "--help", NULL};
+    /* no daemon needed for the usage */
+    const char *help[] = {"--url", "ipc:///nonexistent/gpucd.sock", "bench", "--help", NULL};
     assert_int_equal(run_ctl(help, log), 0);
     out = slurp(log);
     static const char *const presets[] = {"ping", "conv1", "conv2", "conv1_backward",
@@ -240,7 +241,9 @@ static void test_bad_options_exit_2(void **state)
         {"--server-side", "5", NULL}, /* the default op, ping, is not a conv preset */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        const char *args[8] = {"--url", daemon_.ipc_url, "bench", bad[i][0], bad[i][1], NULL};
+        /* refused before connecting: no daemon listens there */
+        const char *args[8] = {"--url", "ipc:///nonexistent/gpucd.sock", "bench", bad[i][0],
+                               bad[i][1], NULL};
         int rc = run_ctl(args, log);
         if (rc != 2) {
             dump(log);
