@@ -174,7 +174,7 @@ static const ctl_command ctl_commands[] = {
      check_no_args},
     {"stats", "the daemon's counters and latency histograms, as JSON", cmd_stats, check_no_args},
     {"bench", "[OPTIONS] drive the daemon with an operation and measure (bench --help)",
-     cmd_bench, NULL}, /* bench checks its own options */
+     cmd_bench, bench_check_args},
 };
 
 static void usage(FILE *out)
