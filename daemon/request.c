@@ -313,6 +313,12 @@ static gcd_status do_compute(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *
     rs->timings.copy_out_us = t.copy_out_us;
     if (rc != 0)
         return fail(rs, gcd_status_from_gk(rc), "%s: %s", desc->name, err.msg);
+    /* Each compute request runs as one batch (the daemon merges none): its rows are
+     * the first dimension of its first argument (x, obs, indices, E). */
+    atomic_fetch_add_explicit(&d->stats.batches, 1, memory_order_relaxed);
+    if (op.args[0].t.ndim > 0)
+        atomic_fetch_add_explicit(&d->stats.batch_rows, (uint64_t)op.args[0].t.shape[0],
+                                  memory_order_relaxed);
     st = bench_repeat(d, &op, req, rs, desc->name);
     if (st != GCD_OK)
         return st;
