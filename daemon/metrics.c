@@ -162,7 +162,8 @@ static void load_and_traffic(strbuf *b, gcd_stats *s)
              load_u(&s->bytes_in));
     single_u(b, "gpucd_sent_bytes_total", "counter", "Bytes of reply messages sent.",
              load_u(&s->bytes_out));
-    single_u(b, "gpucd_batches_total", "counter", "Batches the backend ran.", load_u(&s->batches));
+    single_u(b, "gpucd_batches_total", "counter",
+             "Batches the backend ran (each compute request is one).", load_u(&s->batches));
     single_u(b, "gpucd_batch_rows_total", "counter",
              "Rows of all batches run (rows / batches is the mean batch size).",
              load_u(&s->batch_rows));

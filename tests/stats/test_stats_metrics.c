@@ -110,6 +110,9 @@ static void test_counters_move_by_the_requests_made(void **state)
     assert_true(ts_metric(&b, "gpucd_clients_connected") >= 2);
     assert_true(delta(&a, &b, "gpucd_received_bytes_total") > (double)(convs * (sizeof x + sizeof w)));
     assert_true(delta(&a, &b, "gpucd_sent_bytes_total") > (double)(convs * sizeof y));
+    /* each compute request is one batch of its first dimension's rows (x: 2) */
+    assert_true(delta(&a, &b, "gpucd_batches_total") == convs);
+    assert_true(delta(&a, &b, "gpucd_batch_rows_total") == 2.0 * convs);
     assert_true(ts_metric(&b, "gpucd_requests_in_flight") == 0);
     assert_true(ts_metric(&b, "gpucd_requests_queued") == 0);
     assert_true(ts_metric(&b, "gpucd_ready") == 1);
