@@ -34,6 +34,7 @@ batches=${GPU_BENCH_BATCHES:-1024 32768}
     --stats-listen "http://127.0.0.1:$port" 2>"$out/daemon.log" &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+trap 'exit 1' INT TERM HUP PIPE # through the EXIT trap: no daemon left behind
 i=0
 until [ "$(get /health/ready | head -n 1)" = 200 ]; do
     if ! kill -0 $pid 2>/dev/null || [ $i -ge 600 ]; then

@@ -30,6 +30,7 @@ cleanup() {
     rm -rf "$dir"
 }
 trap cleanup EXIT
+trap 'exit 1' INT TERM HUP PIPE # through the EXIT trap: no daemon left behind
 sleep 0.5
 python3 -c '
 import sys, time, urllib.request
