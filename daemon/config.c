@@ -100,8 +100,9 @@ static int set_resident(gcd_config *cfg, const char *v, char *err, size_t errlen
 
 static int set_max_message(gcd_config *cfg, const char *v, char *err, size_t errlen)
 {
-    if (parse_u64(v, 1, 1u << 16, &cfg->max_message_mb) != 0) {
-        snprintf(err, errlen, "--max-message-mb %s: expected 1..65536", v);
+    /* nng refuses receive limits of 4 GiB and more (with the error-reply slack). */
+    if (parse_u64(v, 1, 2048, &cfg->max_message_mb) != 0) {
+        snprintf(err, errlen, "--max-message-mb %s: expected 1..2048", v);
         return -1;
     }
     return 0;
@@ -115,6 +116,24 @@ static int set_max_inflight(gcd_config *cfg, const char *v, char *err, size_t er
         return -1;
     }
     cfg->max_inflight = (uint32_t)n;
+    return 0;
+}
+
+static int set_batch_window(gcd_config *cfg, const char *v, char *err, size_t errlen)
+{
+    if (parse_u64(v, 0, 1000000, &cfg->batch_window_us) != 0) {
+        snprintf(err, errlen, "--batch-window-us %s: expected 0..1000000", v);
+        return -1;
+    }
+    return 0;
+}
+
+static int set_max_batch(gcd_config *cfg, const char *v, char *err, size_t errlen)
+{
+    if (parse_u64(v, 1, 1u << 20, &cfg->max_batch) != 0) {
+        snprintf(err, errlen, "--max-batch %s: expected 1..1048576 rows", v);
+        return -1;
+    }
     return 0;
 }
 
@@ -162,6 +181,10 @@ static const config_option config_options[] = {
                              "transport with its connection before anything decodes it",
      set_max_message},
     {"max-inflight", "N", "requests received and served at once (default 64)", set_max_inflight},
+    {"batch-window-us", "US", "merge nmmo3_encode forward requests that share resident weights "
+                              "and arrive within US of the first into one launch (default 0: "
+                              "off)", set_batch_window},
+    {"max-batch", "ROWS", "most rows in one merged launch (default 32768)", set_max_batch},
     {"log-level", "LEVEL", "error, warn, info or debug (default info)", set_log_level},
     {"stats-listen", "URL", "HTTP stats endpoint, http://ADDR:PORT or none "
                             "(default http://127.0.0.1:9464)", set_stats_listen},
@@ -243,6 +266,7 @@ void gcd_config_defaults(gcd_config *cfg)
     cfg->resident_mb = 16384;
     cfg->max_message_mb = 256;
     cfg->max_inflight = 64;
+    cfg->max_batch = 32768;
     cfg->log_level = GCD_LOG_INFO;
     snprintf(cfg->stats_listen, sizeof cfg->stats_listen, "http://127.0.0.1:9464");
 }

@@ -25,6 +25,8 @@ typedef struct gcd_config {
     uint64_t resident_mb;
     uint64_t max_message_mb;
     uint32_t max_inflight;
+    uint64_t batch_window_us; /* 0: no dynamic batching */
+    uint64_t max_batch;       /* rows of one merged launch */
     gcd_log_level log_level;
     char stats_listen[GCD_URL_MAX]; /* "none" disables the HTTP stats endpoint */
 } gcd_config;

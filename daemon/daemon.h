@@ -18,6 +18,7 @@ typedef struct gcd_daemon {
     gcd_regions *regions;
     gcd_residents *residents;
     gcd_stats stats;
+    struct gcd_batcher *batcher; /* NULL: every request runs alone */
     atomic_int ready;    /* kernels warm, buffers allocated, not draining */
     atomic_int draining; /* refusing new work */
 } gcd_daemon;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "batcher.h"
 #include "daemon.h"
 #include "http_stats.h"
 #include "log.h"
@@ -86,13 +87,18 @@ static const gcd_backend_ops *backend_choose(const gcd_config *cfg, char *err, s
     }
 }
 
-/* libuv's pool runs the requests; size it for the work in flight unless the user did. */
-static void threadpool_size(uint32_t max_inflight)
+/*
+ * libuv's pool runs the requests; size it for the work in flight unless the user
+ * did.  With batching, requests waiting for their batch hold a worker each, so
+ * every request in flight gets one; else 16 keep a device busy.
+ */
+static void threadpool_size(const gcd_config *cfg)
 {
     if (getenv("UV_THREADPOOL_SIZE") != NULL)
         return;
+    uint32_t cap = cfg->batch_window_us > 0 ? 1024 : 16; /* 1024: libuv's own limit */
     char n[16];
-    snprintf(n, sizeof n, "%u", max_inflight < 16 ? max_inflight : 16);
+    snprintf(n, sizeof n, "%u", cfg->max_inflight < cap ? cfg->max_inflight : cap);
     setenv("UV_THREADPOOL_SIZE", n, 1);
 }
 
@@ -112,7 +118,7 @@ int main(int argc, char **argv)
     gcd_log_set_level(d->cfg.log_level);
     gcd_stats_init(&d->stats);
     signal(SIGPIPE, SIG_IGN);
-    threadpool_size(d->cfg.max_inflight);
+    threadpool_size(&d->cfg);
     /* Up before the backend opens: /health/ready answers 503 during warm-up. */
     if (gcd_http_stats_start(&m.http, d, d->cfg.stats_listen, err, sizeof err) != 0) {
         gcd_log_error("%s", err);
@@ -132,6 +138,11 @@ int main(int argc, char **argv)
     d->ops->describe(d->backend, &d->device);
     if (gcd_regions_init(&d->regions, d->backend, d->ops) != 0 ||
         gcd_residents_init(&d->residents, d->backend, d->ops, d->cfg.resident_mb << 20) != 0) {
+        gcd_log_error("out of memory");
+        return 1;
+    }
+    if (d->cfg.batch_window_us > 0 &&
+        gcd_batcher_init(&d->batcher, d, d->cfg.batch_window_us, (int64_t)d->cfg.max_batch) != 0) {
         gcd_log_error("out of memory");
         return 1;
     }
@@ -162,6 +173,8 @@ int main(int argc, char **argv)
     uv_run(&m.loop, UV_RUN_DEFAULT);
     uv_loop_close(&m.loop);
     gcd_http_stats_stop(m.http); /* before the backend it reports on closes */
+    if (d->batcher != NULL)
+        gcd_batcher_fini(d->batcher);
     gcd_residents_fini(d->residents);
     gcd_regions_fini(d->regions);
     d->ops->close(d->backend);

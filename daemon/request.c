@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "batcher.h"
 #include "bind.h"
 #include "clock.h"
 #include "decode.h"
@@ -307,18 +308,25 @@ static gcd_status do_compute(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *
     if (rc != 0)
         return fail(rs, gcd_status_from_gk(rc), "%s: %s", desc->name, err.msg);
     gcd_run_timing t = {0};
-    rc = d->ops->run(d->backend, &op, &t, &err);
+    if (d->batcher != NULL && gcd_batcher_accepts(&op)) {
+        /* Merged with others; the batcher counts the batches it runs. */
+        rc = gcd_batcher_run(d->batcher, &op, &t, &rs->timings.batch_wait_us, &err);
+    } else {
+        rc = d->ops->run(d->backend, &op, &t, &err);
+        /* A request run alone is a batch of its rows: the first dimension of its
+         * first argument (x, obs, indices, E). */
+        if (rc == 0) {
+            atomic_fetch_add_explicit(&d->stats.batches, 1, memory_order_relaxed);
+            if (op.args[0].t.ndim > 0)
+                atomic_fetch_add_explicit(&d->stats.batch_rows, (uint64_t)op.args[0].t.shape[0],
+                                          memory_order_relaxed);
+        }
+    }
     rs->timings.copy_in_us = t.copy_in_us;
     rs->timings.compute_us = t.compute_us;
     rs->timings.copy_out_us = t.copy_out_us;
     if (rc != 0)
         return fail(rs, gcd_status_from_gk(rc), "%s: %s", desc->name, err.msg);
-    /* Each compute request runs as one batch (the daemon merges none): its rows are
-     * the first dimension of its first argument (x, obs, indices, E). */
-    atomic_fetch_add_explicit(&d->stats.batches, 1, memory_order_relaxed);
-    if (op.args[0].t.ndim > 0)
-        atomic_fetch_add_explicit(&d->stats.batch_rows, (uint64_t)op.args[0].t.shape[0],
-                                  memory_order_relaxed);
     st = bench_repeat(d, &op, req, rs, desc->name);
     if (st != GCD_OK)
         return st;

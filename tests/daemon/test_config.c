@@ -68,6 +68,9 @@ static void test_bad_flags(void **state)
     expect_error(3, (const char *[]){"gpucd", "--max-inflight", "99999999999999999999"},
                  "1..4096");
     expect_error(3, (const char *[]){"gpucd", "--workspace-mb", ""}, "--workspace-mb");
+    expect_error(3, (const char *[]){"gpucd", "--max-message-mb", "4096"}, "1..2048");
+    expect_error(3, (const char *[]){"gpucd", "--batch-window-us", "2000000"}, "0..1000000");
+    expect_error(3, (const char *[]){"gpucd", "--max-batch", "0"}, "--max-batch 0");
     expect_error(3, (const char *[]){"gpucd", "--log-level", "loud"}, "error, warn, info");
     expect_error(3, (const char *[]){"gpucd", "--stats-listen", "ftp://x"}, "http://");
     expect_error(2, (const char *[]){"gpucd", "stray"}, "unexpected argument 'stray'");

@@ -1,0 +1,254 @@
+/* batcher.c - see batcher.h. */
+#include "batcher.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "clock.h"
+
+/* One request waiting in a batch; lives on its worker's stack. */
+typedef struct batch_entry {
+    gcd_op *op;
+    int64_t rows;
+    uint64_t submitted_us;
+    int rc;
+    gk_err err;
+    gcd_run_timing timing;
+    uint64_t wait_us;
+    struct batch_entry *next;
+} batch_entry;
+
+typedef struct batch {
+    const gcd_op *first; /* the key: its weights and output layout */
+    batch_entry *head, *tail;
+    int64_t rows;
+    int entries;
+    int closed; /* no more joiners: the leader runs it */
+    int done;   /* results are in the entries */
+    int readers; /* entries yet to read their result; the last frees the batch */
+    pthread_cond_t changed;
+    struct batch *next;
+} batch;
+
+struct gcd_batcher {
+    gcd_daemon *d;
+    uint64_t window_us;
+    int64_t max_rows;
+    pthread_mutex_t lock;
+    batch *open;
+};
+
+int gcd_batcher_init(gcd_batcher **out, gcd_daemon *d, uint64_t window_us, int64_t max_rows)
+{
+    gcd_batcher *b = calloc(1, sizeof *b);
+    if (b == NULL)
+        return -1;
+    b->d = d;
+    b->window_us = window_us;
+    b->max_rows = max_rows;
+    pthread_mutex_init(&b->lock, NULL);
+    *out = b;
+    return 0;
+}
+
+void gcd_batcher_fini(gcd_batcher *b)
+{
+    pthread_mutex_destroy(&b->lock);
+    free(b);
+}
+
+int gcd_batcher_accepts(const gcd_op *op)
+{
+    if (op->kind != GCD_OP_NMMO3_FORWARD || op->args[NMMO3_OBS].resident)
+        return 0;
+    for (int i = NMMO3_W0; i < NMMO3_W0 + NMMO3_NWEIGHTS; i++)
+        if (op->args[i].t.data != NULL && !op->args[i].resident)
+            return 0;
+    for (int i = NMMO3_FWD_FEATURES; i <= NMMO3_FWD_HIDDEN; i++)
+        if (op->args[i].t.data != NULL && op->args[i].resident)
+            return 0;
+    return 1;
+}
+
+/* Same weights (the same resident tensors) and the same outputs asked for, in the same dtypes. */
+static int same_key(const gcd_op *a, const gcd_op *b)
+{
+    for (int i = NMMO3_W0; i < NMMO3_W0 + NMMO3_NWEIGHTS; i++)
+        if (a->args[i].t.data != b->args[i].t.data)
+            return 0;
+    for (int i = NMMO3_FWD_FEATURES; i <= NMMO3_FWD_HIDDEN; i++) {
+        const gk_tensor *x = &a->args[i].t, *y = &b->args[i].t;
+        if ((x->data == NULL) != (y->data == NULL) || x->dtype != y->dtype ||
+            (x->data != NULL && x->shape[1] != y->shape[1]))
+            return 0;
+    }
+    return 1;
+}
+
+static void deadline_after(struct timespec *ts, uint64_t us)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    uint64_t ns = (uint64_t)ts->tv_nsec + us * 1000u;
+    ts->tv_sec += (time_t)(ns / 1000000000u);
+    ts->tv_nsec = (long)(ns % 1000000000u);
+}
+
+static size_t row_bytes(const gk_tensor *t)
+{
+    return (size_t)gk_tensor_bytes(t) / (size_t)t->shape[0];
+}
+
+/* Runs every entry on its own: the fallback when the merged run fails. */
+static void run_each(gcd_batcher *b, batch *bt)
+{
+    for (batch_entry *e = bt->head; e != NULL; e = e->next)
+        e->rc = b->d->ops->run(b->d->backend, e->op, &e->timing, &e->err);
+}
+
+/* The leader's part: one launch over the concatenated rows, then each its own rows back. */
+static void batch_execute(gcd_batcher *b, batch *bt, uint64_t start_us)
+{
+    gcd_stats *s = &b->d->stats;
+    for (batch_entry *e = bt->head; e != NULL; e = e->next)
+        e->wait_us = start_us - e->submitted_us;
+    if (bt->entries == 1) {
+        batch_entry *e = bt->head;
+        e->rc = b->d->ops->run(b->d->backend, e->op, &e->timing, &e->err);
+        atomic_fetch_add_explicit(&s->batches, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->batch_rows, (uint64_t)e->rows, memory_order_relaxed);
+        return;
+    }
+    static const int io[] = {NMMO3_OBS, NMMO3_FWD_FEATURES, NMMO3_FWD_HIDDEN};
+    gcd_op merged = *bt->first;
+    uint8_t *buf[3] = {NULL, NULL, NULL};
+    int ok = 1;
+    for (int k = 0; k < 3 && ok; k++) {
+        gk_tensor *t = &merged.args[io[k]].t;
+        if (t->data == NULL)
+            continue;
+        t->shape[0] = bt->rows;
+        buf[k] = malloc((size_t)gk_tensor_bytes(t));
+        ok = buf[k] != NULL;
+        t->data = buf[k];
+    }
+    if (!ok) {
+        run_each(b, bt);
+        goto out;
+    }
+    size_t obs_row = row_bytes(&bt->first->args[NMMO3_OBS].t);
+    size_t at = 0;
+    for (batch_entry *e = bt->head; e != NULL; e = e->next) {
+        memcpy(buf[0] + at, e->op->args[NMMO3_OBS].t.data, (size_t)e->rows * obs_row);
+        at += (size_t)e->rows * obs_row;
+    }
+    gcd_run_timing timing = {0};
+    gk_err err = {{0}};
+    if (b->d->ops->run(b->d->backend, &merged, &timing, &err) != 0) {
+        run_each(b, bt); /* so that only the request at fault fails, with its own rows named */
+        goto out;
+    }
+    atomic_fetch_add_explicit(&s->batches, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->batch_rows, (uint64_t)bt->rows, memory_order_relaxed);
+    for (int k = 1; k < 3; k++) {
+        if (buf[k] == NULL)
+            continue;
+        size_t rb = row_bytes(&merged.args[io[k]].t);
+        at = 0;
+        for (batch_entry *e = bt->head; e != NULL; e = e->next) {
+            memcpy(e->op->args[io[k]].t.data, buf[k] + at, (size_t)e->rows * rb);
+            at += (size_t)e->rows * rb;
+        }
+    }
+    for (batch_entry *e = bt->head; e != NULL; e = e->next) {
+        e->rc = 0;
+        e->timing = timing;
+    }
+out:
+    for (int k = 0; k < 3; k++)
+        free(buf[k]);
+}
+
+static void batch_unlist(gcd_batcher *b, batch *bt)
+{
+    for (batch **p = &b->open; *p != NULL; p = &(*p)->next) {
+        if (*p == bt) {
+            *p = bt->next;
+            return;
+        }
+    }
+}
+
+int gcd_batcher_run(gcd_batcher *b, gcd_op *op, gcd_run_timing *timing, uint64_t *wait_us,
+                    gk_err *err)
+{
+    batch_entry me = {.op = op, .rows = op->args[NMMO3_OBS].t.shape[0],
+                      .submitted_us = gcd_now_us()};
+    pthread_mutex_lock(&b->lock);
+    batch *bt = b->open;
+    while (bt != NULL && (bt->closed || !same_key(bt->first, op) ||
+                          bt->rows + me.rows > b->max_rows))
+        bt = bt->next;
+    int leader = bt == NULL;
+    if (leader) {
+        bt = calloc(1, sizeof *bt);
+        if (bt == NULL) {
+            pthread_mutex_unlock(&b->lock);
+            *wait_us = 0;
+            return b->d->ops->run(b->d->backend, op, timing, err);
+        }
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&bt->changed, &ca);
+        pthread_condattr_destroy(&ca);
+        bt->first = op;
+        bt->next = b->open;
+        b->open = bt;
+    }
+    if (bt->tail != NULL)
+        bt->tail->next = &me;
+    else
+        bt->head = &me;
+    bt->tail = &me;
+    bt->rows += me.rows;
+    bt->entries++;
+    bt->readers++;
+    if (bt->rows >= b->max_rows) {
+        bt->closed = 1;
+        batch_unlist(b, bt);
+        pthread_cond_broadcast(&bt->changed); /* full: the leader need not wait longer */
+    }
+    if (leader) {
+        struct timespec deadline;
+        deadline_after(&deadline, b->window_us);
+        while (!bt->closed &&
+               pthread_cond_timedwait(&bt->changed, &b->lock, &deadline) != ETIMEDOUT)
+            ;
+        if (!bt->closed) {
+            bt->closed = 1;
+            batch_unlist(b, bt);
+        }
+        pthread_mutex_unlock(&b->lock);
+        batch_execute(b, bt, gcd_now_us());
+        pthread_mutex_lock(&b->lock);
+        bt->done = 1;
+        pthread_cond_broadcast(&bt->changed);
+    } else {
+        while (!bt->done)
+            pthread_cond_wait(&bt->changed, &b->lock);
+    }
+    int last = --bt->readers == 0;
+    pthread_mutex_unlock(&b->lock);
+    if (last) {
+        pthread_cond_destroy(&bt->changed);
+        free(bt);
+    }
+    *timing = me.timing;
+    *wait_us = me.wait_us;
+    if (me.rc != 0)
+        *err = me.err;
+    return me.rc;
+}
