@@ -101,11 +101,22 @@ static size_t row_bytes(const gk_tensor *t)
     return (size_t)gk_tensor_bytes(t) / (size_t)t->shape[0];
 }
 
+/* Runs one entry alone, counted as a batch of its rows. */
+static void run_alone(gcd_batcher *b, batch_entry *e)
+{
+    e->rc = b->d->ops->run(b->d->backend, e->op, &e->timing, &e->err);
+    if (e->rc == 0) {
+        atomic_fetch_add_explicit(&b->d->stats.batches, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&b->d->stats.batch_rows, (uint64_t)e->rows,
+                                  memory_order_relaxed);
+    }
+}
+
 /* Runs every entry on its own: the fallback when the merged run fails. */
 static void run_each(gcd_batcher *b, batch *bt)
 {
     for (batch_entry *e = bt->head; e != NULL; e = e->next)
-        e->rc = b->d->ops->run(b->d->backend, e->op, &e->timing, &e->err);
+        run_alone(b, e);
 }
 
 /* The leader's part: one launch over the concatenated rows, then each its own rows back. */
@@ -115,10 +126,7 @@ static void batch_execute(gcd_batcher *b, batch *bt, uint64_t start_us)
     for (batch_entry *e = bt->head; e != NULL; e = e->next)
         e->wait_us = start_us - e->submitted_us;
     if (bt->entries == 1) {
-        batch_entry *e = bt->head;
-        e->rc = b->d->ops->run(b->d->backend, e->op, &e->timing, &e->err);
-        atomic_fetch_add_explicit(&s->batches, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&s->batch_rows, (uint64_t)e->rows, memory_order_relaxed);
+        run_alone(b, bt->head);
         return;
     }
     static const int io[] = {NMMO3_OBS, NMMO3_FWD_FEATURES, NMMO3_FWD_HIDDEN};
