@@ -29,8 +29,10 @@ typedef struct server_slot {
     nng_aio *aio;
     uv_work_t work;
     nng_msg *msg;
-    nng_msg *reply;
     uint64_t t_recv;
+    /* The send's completion and libuv's end of the work item both precede the
+     * next receive (the uv_work_t may not be reused before libuv is done with it). */
+    atomic_int before_recv;
     slot_state state;
     struct server_slot *next; /* in the inbox */
 } server_slot;
@@ -58,6 +60,13 @@ static void slot_recv(server_slot *slot)
     nng_ctx_recv(slot->ctx, slot->aio);
 }
 
+/* Called by the send's completion and by the work item's end: the second receives. */
+static void slot_recv_when_free(server_slot *slot)
+{
+    if (atomic_fetch_sub(&slot->before_recv, 1) == 1)
+        slot_recv(slot);
+}
+
 /* nng thread: a receive or a send finished.  Never blocks. */
 static void slot_aio_done(void *arg)
 {
@@ -70,7 +79,7 @@ static void slot_aio_done(void *arg)
             gcd_log_debug("reply not delivered: %s", nng_strerror(rv));
         }
         atomic_fetch_sub(&srv->busy, 1);
-        slot_recv(slot);
+        slot_recv_when_free(slot);
         return;
     }
     if (rv == NNG_ECLOSED || rv == NNG_ECANCELED) {
@@ -98,7 +107,10 @@ static void slot_aio_done(void *arg)
     uv_async_send(&srv->inbox_async);
 }
 
-/* Worker thread: the request itself. */
+/*
+ * Worker thread: the request itself, then its reply handed straight to nng
+ * (thread-safe and non-blocking), which saves a hop back through the loop.
+ */
 static void slot_work(uv_work_t *work)
 {
     server_slot *slot = work->data;
@@ -106,25 +118,26 @@ static void slot_work(uv_work_t *work)
     gcd_stats *st = &srv->d->stats;
     atomic_fetch_sub_explicit(&st->queued, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&st->inflight, 1, memory_order_relaxed);
-    slot->reply = gcd_request_handle(srv->d, slot->msg, slot->t_recv, atomic_load(&srv->refuse));
+    nng_msg *reply = gcd_request_handle(srv->d, slot->msg, slot->t_recv,
+                                        atomic_load(&srv->refuse));
     slot->msg = NULL;
     atomic_fetch_sub_explicit(&st->inflight, 1, memory_order_relaxed);
-}
-
-/* Loop thread: send the reply. */
-static void slot_work_done(uv_work_t *work, int status)
-{
-    server_slot *slot = work->data;
-    if (slot->reply == NULL) { /* out of memory even for an error reply */
+    atomic_store(&slot->before_recv, 2);
+    if (reply == NULL) { /* out of memory even for an error reply */
         gcd_log_error("no memory for a reply; the client will time out");
-        atomic_fetch_sub(&slot->srv->busy, 1);
-        slot_recv(slot);
+        atomic_fetch_sub(&srv->busy, 1);
+        slot_recv_when_free(slot);
         return;
     }
     slot->state = SLOT_SEND;
-    nng_aio_set_msg(slot->aio, slot->reply);
-    slot->reply = NULL;
+    nng_aio_set_msg(slot->aio, reply);
     nng_ctx_send(slot->ctx, slot->aio);
+}
+
+/* Loop thread: libuv is done with the work item; the reply is already on its way. */
+static void slot_work_done(uv_work_t *work, int status)
+{
+    slot_recv_when_free(work->data);
 }
 
 /* Loop thread: queue what arrived. */
