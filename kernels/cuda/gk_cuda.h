@@ -63,6 +63,51 @@ int gk_cuda_conv2d_backward(const gk_conv2d *p, const gk_tensor *x, const gk_ten
                             const gk_tensor *dw, const gk_tensor *db, const gk_cuda_exec *ex,
                             gk_err *err);
 
+/* ---- the observation path: multihot, embedding (multihot.cu, embedding.cu) ---- */
+
+/*
+ * Data values are validated on the device.  An out-of-range observation value
+ * or index is never used to address memory: the kernels record the first
+ * offender (lowest row-major position) in the first GK_CUDA_OBS_RECORD_BYTES
+ * of ex->workspace, and after the caller has synchronised ex->stream the
+ * matching *_status function reads that record and returns GK_OK, or
+ * GK_ERANGE with the CPU kernels' message (agent, tile and feature; index
+ * position and value).  On GK_ERANGE the contents of out are unspecified
+ * (dtable is left untouched), and nothing outside the outputs is written.
+ * The record lives in the workspace, so status must be read before the
+ * workspace is used again.  The enqueue calls never synchronise.
+ */
+enum { GK_CUDA_OBS_RECORD_BYTES = 256 };
+
+/* As gk_cpu_multihot_encode; needs GK_CUDA_OBS_RECORD_BYTES of workspace. */
+int gk_cuda_multihot_encode(const gk_multihot_layout *l, const gk_tensor *obs,
+                            const gk_tensor *out, const gk_cuda_exec *ex, gk_err *err);
+int gk_cuda_multihot_status(const gk_multihot_layout *l, const gk_tensor *obs,
+                            const gk_cuda_exec *ex, gk_err *err);
+
+/* As gk_cpu_embedding_forward; needs GK_CUDA_OBS_RECORD_BYTES of workspace. */
+int gk_cuda_embedding_forward(const gk_tensor *idx, const gk_tensor *table, const gk_tensor *out,
+                              const gk_cuda_exec *ex, gk_err *err);
+
+/*
+ * Workspace the backward wants (record + fp32 partial tables): the backward
+ * runs with less as long as one partial table fits, more slowly.
+ */
+int gk_cuda_embedding_backward_workspace_bytes(const gk_tensor *idx, const gk_tensor *dout,
+                                               const gk_tensor *dtable, int sm_count,
+                                               size_t *bytes, gk_err *err);
+/*
+ * As gk_cpu_embedding_backward, deterministic: each warp sums its own
+ * contiguous range of positions in position order into a private fp32 table,
+ * and the tables are added in a fixed order, so the result depends only on
+ * the inputs and ex->sm_count (not bitwise the CPU's sequential sum).
+ */
+int gk_cuda_embedding_backward(const gk_tensor *idx, const gk_tensor *dout,
+                               const gk_tensor *dtable, const gk_cuda_exec *ex, gk_err *err);
+/* After either embedding call: vocab is the table's row count. */
+int gk_cuda_embedding_status(const gk_tensor *idx, int64_t vocab, const gk_cuda_exec *ex,
+                             gk_err *err);
+
 #ifdef __cplusplus
 }
 #endif
