@@ -536,7 +536,31 @@ static uint64_t elapsed_us(cudaEvent_t a, cudaEvent_t b)
 
 static int op_served(gcd_op_kind kind)
 {
-    return kind == GCD_OP_CONV2D_FORWARD || kind == GCD_OP_CONV2D_BACKWARD;
+    return kind == GCD_OP_CONV2D_FORWARD || kind == GCD_OP_CONV2D_BACKWARD ||
+           kind == GCD_OP_MULTIHOT_ENCODE || kind == GCD_OP_EMBEDDING_FORWARD ||
+           kind == GCD_OP_EMBEDDING_BACKWARD;
+}
+
+/* The kernel's scratch bytes for this run (device views of the arguments in place). */
+static int run_scratch(const gcd_backend *b, const gcd_op *op, const arg_place *pl,
+                       size_t *scratch, gk_err *err)
+{
+    switch (op->kind) {
+    case GCD_OP_MULTIHOT_ENCODE:
+    case GCD_OP_EMBEDDING_FORWARD:
+        *scratch = GK_CUDA_OBS_RECORD_BYTES;
+        return 0;
+    case GCD_OP_EMBEDDING_BACKWARD:
+        return gk_cuda_embedding_backward_workspace_bytes(
+            &pl[EMB_BWD_IDX].dev, &pl[EMB_BWD_DOUT].dev, &pl[EMB_BWD_DTABLE].dev, b->sm_count,
+            scratch, err);
+    default: {
+        int x = op->kind == GCD_OP_CONV2D_FORWARD ? CONV_FWD_X : CONV_BWD_X;
+        int w = op->kind == GCD_OP_CONV2D_FORWARD ? CONV_FWD_W : CONV_BWD_W;
+        return gk_cuda_conv2d_workspace_bytes(&op->p.conv, &pl[x].dev, &pl[w].dev, b->sm_count,
+                                              scratch, err);
+    }
+    }
 }
 
 /*
@@ -572,10 +596,7 @@ static int run_layout(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *place
         }
     }
     size_t scratch = 0;
-    int x = op->kind == GCD_OP_CONV2D_FORWARD ? CONV_FWD_X : CONV_BWD_X;
-    int w = op->kind == GCD_OP_CONV2D_FORWARD ? CONV_FWD_W : CONV_BWD_W;
-    int rc = gk_cuda_conv2d_workspace_bytes(&op->p.conv, &place[x].dev, &place[w].dev,
-                                            b->sm_count, &scratch, err);
+    int rc = run_scratch(b, op, place, &scratch, err);
     if (rc != 0)
         return rc;
     uint64_t tensors = ws;
@@ -597,8 +618,7 @@ static int run_layout(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *place
     return 0;
 }
 
-static int run_kernel(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
-                      size_t scratch_off, gk_err *err)
+static gk_cuda_exec run_exec(const gcd_backend *b, const exec_slot *s, size_t scratch_off)
 {
     gk_cuda_exec ex = {
         .stream = s->stream,
@@ -606,6 +626,26 @@ static int run_kernel(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
         .workspace_bytes = b->slot_bytes - scratch_off,
         .sm_count = b->sm_count,
     };
+    return ex;
+}
+
+static int run_kernel(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
+                      size_t scratch_off, gk_err *err)
+{
+    gk_cuda_exec ex = run_exec(b, s, scratch_off);
+    switch (op->kind) {
+    case GCD_OP_MULTIHOT_ENCODE:
+        return gk_cuda_multihot_encode(&op->p.multihot, &pl[MULTIHOT_OBS].dev,
+                                       &pl[MULTIHOT_OUT].dev, &ex, err);
+    case GCD_OP_EMBEDDING_FORWARD:
+        return gk_cuda_embedding_forward(&pl[EMB_FWD_IDX].dev, &pl[EMB_FWD_TABLE].dev,
+                                         &pl[EMB_FWD_OUT].dev, &ex, err);
+    case GCD_OP_EMBEDDING_BACKWARD:
+        return gk_cuda_embedding_backward(&pl[EMB_BWD_IDX].dev, &pl[EMB_BWD_DOUT].dev,
+                                          &pl[EMB_BWD_DTABLE].dev, &ex, err);
+    default:
+        break;
+    }
     if (op->kind == GCD_OP_CONV2D_FORWARD)
         return gk_cuda_conv2d_forward(&op->p.conv, &pl[CONV_FWD_X].dev, &pl[CONV_FWD_W].dev,
                                       &pl[CONV_FWD_B].dev, &pl[CONV_FWD_Y].dev, &ex, err);
@@ -613,6 +653,35 @@ static int run_kernel(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
                                    &pl[CONV_BWD_Y].dev, &pl[CONV_BWD_DY].dev,
                                    &pl[CONV_BWD_DX].dev, &pl[CONV_BWD_DW].dev,
                                    &pl[CONV_BWD_DB].dev, &ex, err);
+}
+
+/*
+ * After the stream is synchronised: the observation kernels' verdict on their
+ * data values (GK_ERANGE naming the agent and feature, or the index position).
+ */
+static int run_status(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
+                      size_t scratch_off, gk_err *err)
+{
+    gk_cuda_exec ex = run_exec(b, s, scratch_off);
+    int rc = 0;
+    switch (op->kind) {
+    case GCD_OP_MULTIHOT_ENCODE:
+        rc = gk_cuda_multihot_status(&op->p.multihot, &pl[MULTIHOT_OBS].dev, &ex, err);
+        break;
+    case GCD_OP_EMBEDDING_FORWARD:
+        rc = gk_cuda_embedding_status(&pl[EMB_FWD_IDX].dev, pl[EMB_FWD_TABLE].dev.shape[0], &ex,
+                                      err);
+        break;
+    case GCD_OP_EMBEDDING_BACKWARD:
+        rc = gk_cuda_embedding_status(&pl[EMB_BWD_IDX].dev, pl[EMB_BWD_DTABLE].dev.shape[0], &ex,
+                                      err);
+        break;
+    default:
+        return 0;
+    }
+    if (rc == GK_EDEVICE)
+        (void)slot_recover(b, s, cudaSuccess, err->msg);
+    return rc;
 }
 
 static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *timing,
@@ -667,6 +736,8 @@ static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *ti
     RUN_CHECK(cudaEventRecord(s->ev[EV_COPIED_OUT], s->stream), "cudaEventRecord");
     RUN_CHECK(cudaEventSynchronize(s->ev[EV_COPIED_OUT]), "running the request");
 #undef RUN_CHECK
+    if ((rc = run_status(b, s, op, pl, scratch_off, err)) != 0)
+        return rc;
     uint64_t t0 = gcd_now_us();
     for (int i = 0; i < op->nargs; i++)
         if (pl[i].copy && pl[i].staged && op->args[i].output)
