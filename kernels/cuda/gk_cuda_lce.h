@@ -1,0 +1,66 @@
+/*
+ * gk_cuda_lce.h - fused linear cross entropy on the CUDA backend (C-callable).
+ *
+ * Same arguments and results as gk_cpu_lce (gk.h), except that every
+ * gk_tensor.data is a DEVICE pointer on the current device, and scratch
+ * memory comes from ex->workspace (see gk_cuda.h for gk_cuda_exec).
+ *
+ * The N x V logits are never stored: they are recomputed tile by tile on the
+ * tensor cores (bf16 / f16 products, tf32 when p->tf32 with f32 inputs, true
+ * fp32 FFMA otherwise), always with fp32 accumulation.  dE and dC are
+ * accumulated in fp32 (in the f32 output itself, or in the workspace and
+ * rounded once into a bf16 / f16 output).  Results are bitwise reproducible
+ * for the same request, device (sm_count) and workspace size: no atomics,
+ * every sum in a fixed order.
+ *
+ * One difference from the other gk_cuda_* calls: targets are data, checked on
+ * the device by a first kernel, and the call waits for that check (one
+ * cudaStreamSynchronize on ex->stream) so that a bad target fails the call
+ * with GK_ERANGE before any output is written, as gk.h requires.  Everything
+ * after that is only enqueued.
+ *
+ * Workspace: the call adapts to ex->workspace_bytes.  With less than the
+ * preferred amount it splits the gradient accumulation into several passes
+ * over rows (dE) or vocabulary entries (dC) instead of refusing; it fails with
+ * GK_ENOMEM only below the minimum (per-row state plus one 128-row pass),
+ * naming both sizes.
+ */
+#ifndef GK_CUDA_LCE_H
+#define GK_CUDA_LCE_H
+
+#include <stddef.h>
+
+#include "gk.h"
+#include "gk_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The workspace budget the daemon's configuration defaults to (issue 5). */
+#define GK_CUDA_LCE_DEFAULT_BUDGET ((size_t)1 << 30)
+
+/*
+ * Workspace bytes the call wants for this request on a device with sm_count
+ * multiprocessors, at most budget (the plan then splits into passes), and at
+ * least the minimum; fails with GK_ENOMEM when the minimum exceeds budget.
+ * Tensors as for gk_cuda_lce (their data pointers are not read; they may be
+ * any non-NULL value for present tensors).
+ */
+int gk_cuda_lce_workspace_bytes(const gk_lce *p, const gk_tensor *E, const gk_tensor *C,
+                                const gk_tensor *bias, const gk_tensor *targets,
+                                const gk_tensor *loss, const gk_tensor *lse, const gk_tensor *dE,
+                                const gk_tensor *dC, const gk_tensor *dbias, int sm_count,
+                                size_t budget, size_t *bytes, gk_err *err);
+
+/* As gk_cpu_lce, on the device.  See the comment at the top for the one synchronisation. */
+int gk_cuda_lce(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk_tensor *bias,
+                const gk_tensor *targets, const gk_tensor *loss, const gk_tensor *lse,
+                const gk_tensor *dE, const gk_tensor *dC, const gk_tensor *dbias,
+                const gk_cuda_exec *ex, gk_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GK_CUDA_LCE_H */
