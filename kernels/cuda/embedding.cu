@@ -36,7 +36,7 @@ constexpr int FWD_THREADS = 256, FWD_UNROLL = 4;
 constexpr int BATCH = 32; /* positions a warp loads at once: one index a lane */
 constexpr int MAX_WARPS = 16;
 constexpr int PLAIN_TABLES_PER_SM = 4;
-constexpr size_t PLAIN_TABLES_BYTES = (size_t)64 << 20;
+constexpr size_t PLAIN_TABLES_BYTES = (size_t)32 << 20;
 
 template <typename Idx>
 __device__ __forceinline__ bool index_ok(Idx v, long long vocab)
