@@ -11,13 +11,14 @@
  * contiguous output range.  Rows of 9735 elements are not 16-byte aligned,
  * so the 16-byte stores cover the aligned middle of the range and a few
  * scalar stores its ends.  Each element answers "is channel c of tile t
- * hot": owner = feature of channel c (a shared table), hot when the tile's
- * byte of that feature equals c - offsets[owner].  An out-of-range byte can
+ * hot": a shared table gives channel c's owner feature and slot (c -
+ * offsets[owner]), looked up once per 16-byte word unless the word crosses
+ * a channel; hot when the tile's byte of that feature equals the slot.  An out-of-range byte can
  * never equal a slot of its feature, so it writes only zeros; the error
  * record says which one it was (obs_record.cuh).
  *
- * Layouts whose tables do not fit in 48 KiB of shared memory (maps of more
- * than ~45000 bytes) take a plain element-wise path.
+ * Layouts whose tables (map bytes + 4 bytes a channel + 512) do not fit in
+ * 48 KiB of shared memory take a plain element-wise path.
  */
 #include <inttypes.h>
 #include <stdint.h>
@@ -60,27 +61,27 @@ multihot_agent_kernel(mh_args a, const uint8_t *__restrict__ obs, T *__restrict_
     extern __shared__ __align__(16) unsigned char smem[];
     int *slots = reinterpret_cast<int *>(smem);
     int *offs = slots + GK_MULTIHOT_MAX_FEATURES;
-    short *chan_feat = reinterpret_cast<short *>(offs + GK_MULTIHOT_MAX_FEATURES);
-    uint8_t *tile = reinterpret_cast<uint8_t *>(chan_feat + ((a.channels + 1) & ~1));
+    int *chan_code = offs + GK_MULTIHOT_MAX_FEATURES;
+    uint8_t *tile = reinterpret_cast<uint8_t *>(chan_code + a.channels);
 
     layout_stage(a, slots, offs);
     __syncthreads();
+    /* Channel c: -1 when no feature owns it, else (owner << 16) | (c - offsets[owner]). */
     for (int c = threadIdx.x; c < a.channels; c += blockDim.x) {
-        short owner = -1;
+        int code = -1;
         for (int f = 0; f < a.nfeat; f++)
             if (c >= offs[f] && c < offs[f] + slots[f])
-                owner = (short)f;
-        chan_feat[c] = owner;
+                code = f << 16 | (c - offs[f]);
+        chan_code[c] = code;
     }
-    const int map = a.tiles * a.nfeat, tiles = a.tiles, nfeat = a.nfeat;
+    const int map = a.tiles * a.nfeat, tiles = a.tiles, nfeat = a.nfeat, channels = a.channels;
     const T one = one_bits<T>();
-    auto value = [&](int c, int t) -> T {
-        int f = chan_feat[c];
-        return f >= 0 && (int)tile[t * nfeat + f] == c - offs[f] ? one : T(0);
+    auto value = [&](int code, int t) -> T {
+        return code >= 0 && (int)tile[t * nfeat + (code >> 16)] == (code & 0xffff) ? one : T(0);
     };
 
     for (int n = blockIdx.x; n < a.batch; n += gridDim.x) {
-        __syncthreads(); /* the previous agent's bytes are read no more; chan_feat is ready */
+        __syncthreads(); /* the previous agent's bytes are read no more; chan_code is ready */
         const uint8_t *src = obs + (size_t)n * (size_t)a.row_bytes + a.obs_offset;
         for (int j = threadIdx.x; j < map; j += blockDim.x) {
             uint8_t v = src[j];
@@ -95,16 +96,18 @@ multihot_agent_kernel(mh_args a, const uint8_t *__restrict__ obs, T *__restrict_
         for (unsigned k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
             unsigned e = k * VEC - e0;
             int c = (int)(e / (unsigned)tiles), t = (int)(e - (unsigned)c * (unsigned)tiles);
+            int code = chan_code[c];
             union {
                 uint4 v;
                 T e[VEC];
             } pack;
 #pragma unroll
             for (int j = 0; j < VEC; j++) {
-                pack.e[j] = value(c, t);
+                pack.e[j] = value(code, t);
                 if (++t == tiles) {
                     t = 0;
-                    c++;
+                    if (++c < channels)
+                        code = chan_code[c];
                 }
             }
             if constexpr (VEC == 1)
@@ -123,7 +126,7 @@ multihot_agent_kernel(mh_args a, const uint8_t *__restrict__ obs, T *__restrict_
             else
                 continue;
             int c = (int)(e / (unsigned)tiles), t = (int)(e - (unsigned)c * (unsigned)tiles);
-            out[e0 + e] = value(c, t);
+            out[e0 + e] = value(chan_code[c], t);
         }
     }
 }
@@ -227,8 +230,7 @@ extern "C" int gk_cuda_multihot_encode(const gk_multihot_layout *l, const gk_ten
         return GK_OK;
     unsigned long long *rec = (unsigned long long *)ex->workspace;
     const int bf16 = out->dtype == GK_BF16;
-    const size_t smem = 2 * GK_MULTIHOT_MAX_FEATURES * sizeof(int) +
-                        (size_t)((a.channels + 1) & ~1) * sizeof(short) +
+    const size_t smem = (2 * GK_MULTIHOT_MAX_FEATURES + (size_t)a.channels) * sizeof(int) +
                         (size_t)a.tiles * (size_t)a.nfeat;
     if (smem > FAST_SMEM_MAX)
         return bf16 ? launch_plain<uint16_t>(a, obs, out, ex, rec, err)
