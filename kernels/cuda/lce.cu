@@ -526,7 +526,7 @@ int plan_make(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk_
             pl->de_vtiles_split = pl->vtiles;
             pl->de_direct = dE->dtype == GK_F32;
             if (!pl->de_direct && (size_t)pl->N * row_bytes > avail)
-                pl->de_rows_pass = (int64_t)(avail / row_bytes) / LT * LT;
+                pl->de_rows_pass = std::min(pl->N, (int64_t)(avail / row_bytes) / LT * LT);
         }
         pl->de_splits = (int)se;
         if (!pl->de_direct)
@@ -560,21 +560,22 @@ lce_state state_carve(void *ws, int64_t N, int splits)
     return st;
 }
 
-int launch_check(const char *what, gk_err *err)
+int cuda_check(cudaError_t e, const char *what, gk_err *err)
 {
-    cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return gk_fail(err, GK_EDEVICE, "lce (cuda): %s failed: %s", what, cudaGetErrorString(e));
     return GK_OK;
 }
 
+int launch_check(const char *what, gk_err *err) { return cuda_check(cudaGetLastError(), what, err); }
+
 template <int P, int MODE> int lce_launch(const lce_kargs<P> &a, dim3 grid, cudaStream_t st, gk_err *err)
 {
     const int bytes = lce_smem<P>::bytes(MODE);
-    cudaError_t e = cudaFuncSetAttribute(lce_kernel<P, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e != cudaSuccess)
-        return gk_fail(err, GK_EDEVICE, "lce (cuda): shared memory of %d bytes refused: %s", bytes,
-                       cudaGetErrorString(e));
+    int rc = cuda_check(cudaFuncSetAttribute(lce_kernel<P, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+                        "raising the shared memory limit", err);
+    if (rc)
+        return rc;
     lce_kernel<P, MODE><<<grid, LT_THREADS, bytes, st>>>(a);
     return launch_check(MODE == MODE_FWD ? "forward" : MODE == MODE_DE ? "dE" : "dC", err);
 }
@@ -595,8 +596,8 @@ int lce_run(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk_te
     int rc;
 
     /* targets, checked before any output is written */
-    if (cudaMemsetAsync(st.bad, 0xff, sizeof *st.bad, stream) != cudaSuccess)
-        return launch_check("clearing the target check", err);
+    if ((rc = cuda_check(cudaMemsetAsync(st.bad, 0xff, sizeof *st.bad, stream), "clearing the target check", err)))
+        return rc;
     const int tg = grid_of(N, ex->sm_count);
     if (targets->dtype == GK_I32)
         targets_kernel<int32_t><<<tg, 256, 0, stream>>>((const int32_t *)targets->data, N, V, p->ignore_index,
@@ -607,15 +608,17 @@ int lce_run(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk_te
     if ((rc = launch_check("target check", err)))
         return rc;
     unsigned long long bad = 0;
-    if (cudaMemcpyAsync(&bad, st.bad, sizeof bad, cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
-        cudaStreamSynchronize(stream) != cudaSuccess)
-        return launch_check("reading the target check", err);
+    if ((rc = cuda_check(cudaMemcpyAsync(&bad, st.bad, sizeof bad, cudaMemcpyDeviceToHost, stream),
+                         "reading the target check", err)) ||
+        (rc = cuda_check(cudaStreamSynchronize(stream), "the target check", err)))
+        return rc;
     if (bad < (unsigned long long)N) {
         int64_t value = 0;
         const size_t ts = gk_dtype_size(targets->dtype);
-        if (cudaMemcpy(&value, (const unsigned char *)targets->data + bad * ts, ts, cudaMemcpyDeviceToHost) !=
-            cudaSuccess)
-            return launch_check("reading a bad target", err);
+        if ((rc = cuda_check(cudaMemcpy(&value, (const unsigned char *)targets->data + bad * ts, ts,
+                                        cudaMemcpyDeviceToHost),
+                             "reading a bad target", err)))
+            return rc;
         if (ts == 4)
             value = (int64_t)(int32_t)(uint32_t)value;
         return gk_fail(err, GK_ERANGE,
@@ -661,8 +664,9 @@ int lce_run(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk_te
             a.vtiles_split = pl.de_vtiles_split;
             a.acc = pl.de_direct ? (float *)dE->data + r0 * D : accbuf;
             a.acc_split = nr * D;
-            if (cudaMemsetAsync(a.acc, 0, (size_t)pl.de_splits * nr * rowb, stream) != cudaSuccess)
-                return launch_check("clearing dE", err);
+            if ((rc = cuda_check(cudaMemsetAsync(a.acc, 0, (size_t)pl.de_splits * nr * rowb, stream), "clearing dE",
+                                 err)))
+                return rc;
             if ((rc = lce_launch<P, MODE_DE>(a, dim3((unsigned)cdiv(nr, LT), (unsigned)pl.de_splits), stream, err)))
                 return rc;
             if (!pl.de_direct) {
@@ -688,8 +692,9 @@ int lce_run(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk_te
             a.acc = !pl.want_dC ? nullptr : pl.dc_direct ? (float *)dC->data + v0 * D : accbuf;
             a.dbias = pl.want_dbias ? dbias->data : nullptr;
             a.dbias_f32 = pl.want_dbias && dbias->dtype == GK_F32;
-            if (a.acc != nullptr && cudaMemsetAsync(a.acc, 0, (size_t)nv * rowb, stream) != cudaSuccess)
-                return launch_check("clearing dC", err);
+            if (a.acc != nullptr &&
+                (rc = cuda_check(cudaMemsetAsync(a.acc, 0, (size_t)nv * rowb, stream), "clearing dC", err)))
+                return rc;
             if ((rc = lce_launch<P, MODE_DC>(a, dim3((unsigned)cdiv(nv, LT)), stream, err)))
                 return rc;
             if (pl.want_dC && !pl.dc_direct) {
