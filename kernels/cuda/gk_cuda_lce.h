@@ -19,6 +19,10 @@
  * with GK_ERANGE before any output is written, as gk.h requires.  Everything
  * after that is only enqueued.
  *
+ * Offsets are 64-bit throughout: unlike the other gk_cuda_* calls, tensors
+ * may hold 2^31 elements or more (C of 262144 x 8192, for one); V must be
+ * below 2^31.
+ *
  * Workspace: the call adapts to ex->workspace_bytes.  With less than the
  * preferred amount it splits the gradient accumulation into several passes
  * over rows (dE) or vocabulary entries (dC) instead of refusing; it fails with

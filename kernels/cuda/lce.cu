@@ -508,9 +508,10 @@ int plan_make(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk_
     pl->want_dC = gk_tensor_present(dC);
     pl->want_dbias = gk_tensor_present(dbias);
     const size_t row_bytes = (size_t)pl->D * sizeof(float);
-    const size_t need_min = pl->state_bytes + ((pl->want_dE && dE->dtype != GK_F32) || (pl->want_dC && dC->dtype != GK_F32)
-                                                   ? (size_t)LT * row_bytes
-                                                   : 0);
+    /* accumulators that cannot live in the output: at least one pass of 128 rows (or all, if fewer) */
+    const size_t min_dE = pl->want_dE && dE->dtype != GK_F32 ? (size_t)std::min<int64_t>(LT, pl->N) * row_bytes : 0;
+    const size_t min_dC = pl->want_dC && dC->dtype != GK_F32 ? (size_t)std::min<int64_t>(LT, pl->V) * row_bytes : 0;
+    const size_t need_min = pl->state_bytes + align256(std::max(min_dE, min_dC));
     if (need_min > budget)
         return gk_fail(err, GK_ENOMEM, "lce (cuda): needs at least %zu workspace bytes, %zu given", need_min, budget);
     const size_t avail = budget - pl->state_bytes;
