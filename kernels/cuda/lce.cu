@@ -83,10 +83,13 @@ template <int P> struct lce_smem {
     using TR = lce_traits<P>;
     using S = typename TR::S;
     static constexpr int STAGES = 2 * LT * TR::LDK * (int)sizeof(S); /* one operand, two stages */
-    static constexpr int G = LT * TR::LDG * (int)sizeof(S);
+    static constexpr int G = LT * TR::LDG * (int)sizeof(S); /* one G tile; GROUP of them */
     static constexpr int KN = LT * TR::LDT * (int)sizeof(S);
     static constexpr int RED = LT * LT_CONTRIB * 4;
-    static constexpr int bytes(int mode) { return 2 * STAGES + 2 * RED + (mode == MODE_FWD ? 0 : G + KN); }
+    static constexpr int bytes(int mode)
+    {
+        return 2 * STAGES + 2 * RED + (mode == MODE_FWD ? 0 : TR::GROUP * G + KN);
+    }
 };
 
 /* z of one logit from its product u: bias, then softcap; th = tanh(u / cap) for the derivative. */
@@ -266,15 +269,20 @@ __device__ __forceinline__ void rows_load(const lce_kargs<P> &a, int64_t row0, i
     }
 }
 
-/* dE partial of one (row block, vocabulary split). */
+/*
+ * dE partial of one (row block, vocabulary split).  G of GROUP consecutive
+ * vocabulary tiles is kept in shared memory, so that each 128-column chunk of
+ * the block's fp32 rows is read and written once per GROUP tiles.
+ */
 template <int P>
 __device__ void dE_block(const lce_kargs<P> &a, unsigned char *smem)
 {
     using TR = lce_traits<P>;
     using S = typename TR::S;
+    constexpr int GT = LT * TR::LDG; /* elements of one G tile */
     S *sA = (S *)smem, *sB = (S *)(smem + lce_smem<P>::STAGES);
     S *sG = (S *)(smem + 2 * lce_smem<P>::STAGES + 2 * lce_smem<P>::RED);
-    S *sT = (S *)((unsigned char *)sG + lce_smem<P>::G);
+    S *sT = (S *)((unsigned char *)sG + TR::GROUP * lce_smem<P>::G);
     const int tid = threadIdx.x;
     const int64_t row0 = a.r0 + (int64_t)blockIdx.x * LT;
     const int nrows = (int)min((int64_t)LT, a.r1 - row0);
@@ -287,37 +295,51 @@ __device__ void dE_block(const lce_kargs<P> &a, unsigned char *smem)
     int32_t tg[8];
     float lse[8], colsum[8], acc[64];
     rows_load<P>(a, row0, nrows, tg, lse, tid);
-    for (int64_t vt = vt0; vt < vt1; vt++) {
-        const int64_t vb = a.v0 + vt * LT;
-        const int ncols = (int)min((int64_t)LT, a.v1 - vb);
-        lce_tile_nt<P>(acc, a.E + row0 * a.D, nrows, a.C + vb * a.D, ncols, a.D, a.vec, sA, sB, tid);
-        const bool big = grad_tile<P, false>(a, acc, tg, lse, vb, ncols, sG, colsum, tid);
-        if (!__syncthreads_or(big))
+    for (int64_t vg = vt0; vg < vt1; vg += TR::GROUP) {
+        unsigned keep = 0; /* bit j: tile vg + j has a term >= eps (the same in every thread) */
+        for (int j = 0; j < TR::GROUP && vg + j < vt1; j++) {
+            const int64_t vb = a.v0 + (vg + j) * LT;
+            const int ncols = (int)min((int64_t)LT, a.v1 - vb);
+            lce_tile_nt<P>(acc, a.E + row0 * a.D, nrows, a.C + vb * a.D, ncols, a.D, a.vec, sA, sB, tid);
+            const bool big = grad_tile<P, false>(a, acc, tg, lse, vb, ncols, sG + j * GT, colsum, tid);
+            if (__syncthreads_or(big))
+                keep |= 1u << j;
+        }
+        if (keep == 0)
             continue; /* filtered: every term below eps */
         for (int64_t d0 = 0; d0 < a.D; d0 += LT) {
-            lce_stage_kn<P>(sT, a.C + vb * a.D, a.D, ncols, d0, a.D, a.vec, tid);
-            __syncthreads();
 #pragma unroll
             for (int i = 0; i < 64; i++)
                 acc[i] = 0.0f;
-            lce_mma_nn<P, LT>(acc, sG, TR::LDG, sT, TR::LDT, tid);
+            for (int j = 0; j < TR::GROUP; j++) {
+                if (!(keep >> j & 1u))
+                    continue;
+                const int64_t vb = a.v0 + (vg + j) * LT;
+                lce_stage_kn<P>(sT, a.C + vb * a.D, a.D, (int)min((int64_t)LT, a.v1 - vb), d0, a.D, a.vec, tid);
+                __syncthreads();
+                lce_mma_nn<P, LT>(acc, sG + j * GT, TR::LDG, sT, TR::LDT, tid);
+                __syncthreads(); /* sT is rewritten next */
+            }
             acc_add<TR::MMA>(dst + d0, a.D, nrows, (int)min((int64_t)LT, a.D - d0), w, acc, tid);
-            __syncthreads(); /* sT is rewritten next */
         }
     }
 }
 
-/* dC rows and dbias of one vocabulary block, over every row block in order. */
+/*
+ * dC rows and dbias of one vocabulary block, over every row block in order;
+ * G^T of GROUP consecutive row blocks is kept before each read-modify-write.
+ */
 template <int P>
 __device__ void dC_block(const lce_kargs<P> &a, unsigned char *smem)
 {
     using TR = lce_traits<P>;
     using S = typename TR::S;
     using F = frag<TR::MMA>;
+    constexpr int GT = LT * TR::LDG;
     S *sA = (S *)smem, *sB = (S *)(smem + lce_smem<P>::STAGES);
     float *red = (float *)(smem + 2 * lce_smem<P>::STAGES);
     S *sG = (S *)(smem + 2 * lce_smem<P>::STAGES + 2 * lce_smem<P>::RED);
-    S *sT = (S *)((unsigned char *)sG + lce_smem<P>::G);
+    S *sT = (S *)((unsigned char *)sG + TR::GROUP * lce_smem<P>::G);
     const int tid = threadIdx.x;
     const int64_t vb = a.v0 + (int64_t)blockIdx.x * LT;
     const int ncols = (int)min((int64_t)LT, a.v1 - vb);
@@ -326,39 +348,49 @@ __device__ void dC_block(const lce_kargs<P> &a, unsigned char *smem)
     float dbias = 0.0f; /* column tid's sum, for tid < 128 */
     int32_t tg[8];
     float lse[8], colsum[8], acc[64];
-    for (int64_t row0 = 0; row0 < a.N; row0 += LT) {
-        const int nrows = (int)min((int64_t)LT, a.N - row0);
-        if (!__syncthreads_or(tid < nrows && a.st.tgt[row0 + tid] >= 0))
-            continue;
-        rows_load<P>(a, row0, nrows, tg, lse, tid);
-        lce_tile_nt<P>(acc, a.E + row0 * a.D, nrows, a.C + vb * a.D, ncols, a.D, a.vec, sA, sB, tid);
-        const bool big = grad_tile<P, true>(a, acc, tg, lse, vb, ncols, sG, colsum, tid);
-        if (!__syncthreads_or(big))
-            continue;
-        if (a.dbias != nullptr) {
+    for (int64_t rg = 0; rg < a.N; rg += (int64_t)TR::GROUP * LT) {
+        unsigned keep = 0; /* bit j: row block rg / LT + j counts (the same in every thread) */
+        for (int j = 0; j < TR::GROUP && rg + (int64_t)j * LT < a.N; j++) {
+            const int64_t row0 = rg + (int64_t)j * LT;
+            const int nrows = (int)min((int64_t)LT, a.N - row0);
+            if (!__syncthreads_or(tid < nrows && a.st.tgt[row0 + tid] >= 0))
+                continue; /* no counted row */
+            rows_load<P>(a, row0, nrows, tg, lse, tid);
+            lce_tile_nt<P>(acc, a.E + row0 * a.D, nrows, a.C + vb * a.D, ncols, a.D, a.vec, sA, sB, tid);
+            const bool big = grad_tile<P, true>(a, acc, tg, lse, vb, ncols, sG + j * GT, colsum, tid);
+            if (!__syncthreads_or(big))
+                continue; /* filtered */
+            keep |= 1u << j;
+            if (a.dbias != nullptr) {
 #pragma unroll
-            for (int cs = 0; cs < 8; cs++)
-                red[F::col(tid, cs) * LT_CONTRIB + F::ccontrib(tid)] = colsum[cs];
-            __syncthreads();
-            if (tid < LT) {
-                float t = 0.0f;
-                for (int c = 0; c < LT_CONTRIB; c++)
-                    t += red[tid * LT_CONTRIB + c];
-                dbias += t;
+                for (int cs = 0; cs < 8; cs++)
+                    red[F::col(tid, cs) * LT_CONTRIB + F::ccontrib(tid)] = colsum[cs];
+                __syncthreads();
+                if (tid < LT) {
+                    float t = 0.0f;
+                    for (int c = 0; c < LT_CONTRIB; c++)
+                        t += red[tid * LT_CONTRIB + c];
+                    dbias += t;
+                }
+                __syncthreads();
             }
-            __syncthreads();
         }
-        if (dst == nullptr)
+        if (keep == 0 || dst == nullptr)
             continue;
         for (int64_t d0 = 0; d0 < a.D; d0 += LT) {
-            lce_stage_kn<P>(sT, a.E + row0 * a.D, a.D, nrows, d0, a.D, a.vec, tid);
-            __syncthreads();
 #pragma unroll
             for (int i = 0; i < 64; i++)
                 acc[i] = 0.0f;
-            lce_mma_nn<P, LT>(acc, sG, TR::LDG, sT, TR::LDT, tid);
+            for (int j = 0; j < TR::GROUP; j++) {
+                if (!(keep >> j & 1u))
+                    continue;
+                const int64_t row0 = rg + (int64_t)j * LT;
+                lce_stage_kn<P>(sT, a.E + row0 * a.D, a.D, (int)min((int64_t)LT, a.N - row0), d0, a.D, a.vec, tid);
+                __syncthreads();
+                lce_mma_nn<P, LT>(acc, sG + j * GT, TR::LDG, sT, TR::LDT, tid);
+                __syncthreads();
+            }
             acc_add<TR::MMA>(dst + d0, a.D, ncols, (int)min((int64_t)LT, a.D - d0), w / a.gscale, acc, tid);
-            __syncthreads();
         }
     }
     if (a.dbias != nullptr && tid < ncols)

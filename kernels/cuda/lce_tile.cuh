@@ -39,18 +39,20 @@ template <int P> struct lce_traits {
     static constexpr int LDG = 136; /* 128-wide nt operand (G): 272 bytes */
     static constexpr int LDT = 136; /* 128-wide kn operand */
     static constexpr int KSTEP = 16;
+    /* G tiles kept in shared memory before one read-modify-write of the fp32 gradient rows */
+    static constexpr int GROUP = 4;
 };
 template <> struct lce_traits<LP_TF32> {
     using T = float;
     using S = float;
     static constexpr bool MMA = true;
-    static constexpr int EPC = 4, BK = 16, LDK = 20, LDG = 132, LDT = 132, KSTEP = 8;
+    static constexpr int EPC = 4, BK = 16, LDK = 20, LDG = 132, LDT = 132, KSTEP = 8, GROUP = 1;
 };
 template <> struct lce_traits<LP_F32> {
     using T = float;
     using S = float;
     static constexpr bool MMA = false;
-    static constexpr int EPC = 4, BK = 16, LDK = 17, LDG = 129, LDT = 132, KSTEP = 1;
+    static constexpr int EPC = 4, BK = 16, LDK = 17, LDG = 129, LDT = 132, KSTEP = 1, GROUP = 1;
 };
 
 /* ---- element conversions ------------------------------------------------------ */
