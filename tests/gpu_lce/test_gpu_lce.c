@@ -7,7 +7,8 @@
  *             tf32, bf16 and f16 inputs, at N=37 V=301 with D 64 (16-byte
  *             loads) and D 61 (element loads), i32/i64 targets, f32 or input
  *             dtype gradients, some rows ignored, subsets of the outputs;
- *   larger    N=256, D=128, V=4099 (several blocks and vocabulary splits);
+ *   larger    N=256, D=128, V=4099 (several blocks and vocabulary splits),
+ *             and the same on a one-SM plan (dE over groups of tiles);
  *   filter    eps above every term: gradients exactly zero; eps below every
  *             term: bytes unchanged; a softmax peaked on a few entries with
  *             eps 2^-12: within the element-wise bound of kernels/cpu/lce.c,
@@ -287,20 +288,23 @@ static void test_larger(void **state)
             char label[96];
             snprintf(label, sizeof label, "larger %s variant %d", prec_name(dt, pb.p.tf32), v);
             check_case(&pb, WANT_ALL, dt == GK_F32 ? GK_F32 : dt, GK_CUDA_LCE_DEFAULT_BUDGET, g_sms, label);
+            /* one SM: no vocabulary split, so dE walks groups of tiles */
+            snprintf(label, sizeof label, "larger %s variant %d, one SM", prec_name(dt, pb.p.tf32), v);
+            check_case(&pb, WANT_ALL, dt == GK_F32 ? GK_F32 : dt, GK_CUDA_LCE_DEFAULT_BUDGET, 1, label);
             lce_problem_free(&pb);
         }
 }
 
-/* One GPU run with the default budget; outputs in o (made here). */
-static void gpu_once(lce_problem *pb, lce_outputs *o, int want, gk_dtype gdtype)
+/* One GPU run with the default budget on sms multiprocessors; outputs in o (made here). */
+static void gpu_once(lce_problem *pb, lce_outputs *o, int want, gk_dtype gdtype, int sms)
 {
     lce_outputs_make(o, pb, want, gdtype);
     dev_problem d;
     dev_make(&d, pb, o);
     int rc;
-    size_t bytes = ws_wanted(pb, &d, g_sms, GK_CUDA_LCE_DEFAULT_BUDGET, &rc);
+    size_t bytes = ws_wanted(pb, &d, sms, GK_CUDA_LCE_DEFAULT_BUDGET, &rc);
     assert_int_equal(rc, GK_OK);
-    gk_cuda_exec ex = ctx_make(bytes, g_sms);
+    gk_cuda_exec ex = ctx_make(bytes, sms);
     gk_err err = {{0}};
     if ((rc = gpu_run(pb, &d, o, &ex, &err)) != GK_OK)
         fail_msg("gpu rc %d: %s", rc, err.msg);
@@ -314,9 +318,9 @@ static void test_filter_extremes(void **state)
     lce_problem pb;
     lce_problem_make(&pb, &g_rng, 150, 48, 700, GK_BF16, GK_I32, 1, 1.0, 0.1);
     lce_outputs plain, huge, tiny;
-    gpu_once(&pb, &plain, WANT_ALL, GK_F32);
+    gpu_once(&pb, &plain, WANT_ALL, GK_F32, g_sms);
     pb.p.filter_eps = 1.5f; /* |softmax - onehot| <= 1: every tile dropped */
-    gpu_once(&pb, &huge, WANT_ALL, GK_F32);
+    gpu_once(&pb, &huge, WANT_ALL, GK_F32, g_sms);
     assert_true(same_bytes(&plain.loss, &huge.loss));
     assert_true(same_bytes(&plain.lse, &huge.lse));
     for (int64_t i = 0; i < pb.N * pb.D; i++)
@@ -326,7 +330,7 @@ static void test_filter_extremes(void **state)
     for (int64_t v = 0; v < pb.V; v++)
         assert_true(tensor_get(&huge.dbias, v) == 0.0);
     pb.p.filter_eps = 1e-30f; /* far below every softmax of these small logits */
-    gpu_once(&pb, &tiny, WANT_ALL, GK_F32);
+    gpu_once(&pb, &tiny, WANT_ALL, GK_F32, g_sms);
     assert_true(outputs_same(&plain, &tiny));
     lce_outputs_free(&plain);
     lce_outputs_free(&huge);
@@ -382,14 +386,11 @@ static void test_filter_peaked(void **state)
     for (int64_t i = 0; i < N; i++)
         if (pb.t[i] != pb.p.ignore_index)
             lce_problem_set_target(&pb, i, (int64_t)(rng_next(&g_rng) % 100));
-    lce_outputs ref, plain, filtered;
+    lce_outputs ref;
     lce_outputs_make(&ref, &pb, WANT_ALL, GK_F32);
     gk_err err = {{0}};
     assert_int_equal(lce_problem_run(&pb, &ref, &err), GK_OK);
-    gpu_once(&pb, &plain, WANT_ALL, GK_F32);
     const double eps = 0x1p-12;
-    pb.p.filter_eps = (float)eps;
-    gpu_once(&pb, &filtered, WANT_ALL, GK_F32);
 
     int64_t count = 0;
     for (int64_t i = 0; i < N; i++)
@@ -411,16 +412,28 @@ static void test_filter_peaked(void **state)
             bb[v] += eps * w;
     }
     const tols t = tols_of(GK_BF16, 0);
-    expect_within_bound(&filtered.dE, &ref.dE, bE, t.grad, "dE");
-    expect_within_bound(&filtered.dC, &ref.dC, bC, t.grad, "dC");
-    expect_within_bound(&filtered.dbias, &ref.dbias, bb, t.grad, "dbias");
-    assert_true(same_bytes(&plain.loss, &filtered.loss));
-    /* some tile was dropped: otherwise this test proves nothing about filtering */
-    assert_false(same_bytes(&plain.dC, &filtered.dC));
+    /* all SMs (a vocabulary split per tile), then one SM (dE groups with dropped tiles) */
+    const int sms_list[2] = {g_sms, 1};
+    for (int k = 0; k < 2; k++) {
+        lce_outputs plain, filtered;
+        pb.p.filter_eps = 0.0f;
+        gpu_once(&pb, &plain, WANT_ALL, GK_F32, sms_list[k]);
+        pb.p.filter_eps = (float)eps;
+        gpu_once(&pb, &filtered, WANT_ALL, GK_F32, sms_list[k]);
+        expect_within_bound(&filtered.dE, &ref.dE, bE, t.grad, "dE");
+        expect_within_bound(&filtered.dC, &ref.dC, bC, t.grad, "dC");
+        expect_within_bound(&filtered.dbias, &ref.dbias, bb, t.grad, "dbias");
+        assert_true(same_bytes(&plain.loss, &filtered.loss));
+        /*
+         * some tile was dropped: dC rows past 128 are exactly zero filtered, ~1e-9 w
+         * unfiltered (dE may not change a bit: its dropped terms are below its ulp)
+         */
+        assert_false(same_bytes(&plain.dC, &filtered.dC));
+        lce_outputs_free(&plain);
+        lce_outputs_free(&filtered);
+    }
     free(bE), free(bC), free(bb);
     lce_outputs_free(&ref);
-    lce_outputs_free(&plain);
-    lce_outputs_free(&filtered);
     lce_problem_free(&pb);
 }
 
