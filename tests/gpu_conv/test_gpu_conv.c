@@ -88,6 +88,26 @@ static void buf_free(buf *b)
     cudaFree(b->dev);
 }
 
+static cudaStream_t g_stream;
+
+/*
+ * The kernels run on a non-blocking stream, which does not wait for the legacy
+ * stream: a plain cudaMemcpy from pageable memory may return before its bytes
+ * land and a plain cudaMemset is asynchronous.  Test data therefore moves on
+ * the kernels' own stream, and uploads wait for their bytes.
+ */
+static cudaError_t upload(void *dst, const void *src, size_t bytes)
+{
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream);
+    return e != cudaSuccess ? e : cudaStreamSynchronize(g_stream);
+}
+
+static cudaError_t fill_bytes(void *dst, int value, size_t bytes)
+{
+    cudaError_t e = cudaMemsetAsync(dst, value, bytes, g_stream);
+    return e != cudaSuccess ? e : cudaStreamSynchronize(g_stream);
+}
+
 /* Fills with random values representable in the dtype and uploads them. */
 static void buf_random(buf *b, double scale)
 {
@@ -104,11 +124,11 @@ static void buf_random(buf *b, double scale)
             b->v[i] = f;
         }
     }
-    CUDA_OK(cudaMemcpy(b->dev, host, b->bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(upload(b->dev, host, b->bytes));
     free(host);
 }
 
-static void buf_poison(buf *b) { CUDA_OK(cudaMemset(b->dev, 0xff, b->bytes)); }
+static void buf_poison(buf *b) { CUDA_OK(fill_bytes(b->dev, 0xff, b->bytes)); }
 
 /* Downloads the device bytes into raw (b->bytes long) and as doubles into out. */
 static void buf_download(const buf *b, void *raw, double *out)
@@ -207,7 +227,6 @@ static void ref_backward(const geo *g, const double *x, const double *w, const d
 
 static void *g_ws;
 static size_t g_ws_bytes;
-static cudaStream_t g_stream;
 static int g_sms;
 
 /* Runs the op with each execution context twice: checks the error and bitwise equality. */

@@ -39,6 +39,24 @@
 
 static int g_sms;
 static cudaStream_t g_stream;
+
+/*
+ * The kernels run on a non-blocking stream, which does not wait for the legacy
+ * stream: a plain cudaMemcpy from pageable memory may return before its bytes
+ * land and a plain cudaMemset is asynchronous.  Test data therefore moves on
+ * the kernels' own stream, and uploads wait for their bytes.
+ */
+static cudaError_t upload(void *dst, const void *src, size_t bytes)
+{
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream);
+    return e != cudaSuccess ? e : cudaStreamSynchronize(g_stream);
+}
+
+static cudaError_t fill_bytes(void *dst, int value, size_t bytes)
+{
+    cudaError_t e = cudaMemsetAsync(dst, value, bytes, g_stream);
+    return e != cudaSuccess ? e : cudaStreamSynchronize(g_stream);
+}
 static uint64_t g_rng;
 
 #define CUDA_OK(call)                                                                              \
@@ -63,7 +81,7 @@ static gk_tensor dev_copy(const void *host, gk_dtype dt, int ndim, int64_t d0, i
         return t;
     const size_t bytes = (size_t)gk_tensor_bytes(&t);
     CUDA_OK(cudaMalloc(&t.data, bytes));
-    CUDA_OK(cudaMemcpy(t.data, host, bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(upload(t.data, host, bytes));
     return t;
 }
 
@@ -101,7 +119,7 @@ static void dev_free(dev_problem *d)
 static void dev_poison(const gk_tensor *t)
 {
     if (t->data != NULL)
-        CUDA_OK(cudaMemset(t->data, 0xff, (size_t)gk_tensor_bytes(t)));
+        CUDA_OK(fill_bytes(t->data, 0xff, (size_t)gk_tensor_bytes(t)));
 }
 
 static void dev_download(const gk_tensor *dev, gk_tensor *host)
@@ -508,7 +526,7 @@ static void test_errors(void **state)
         const int64_t keep = pb.t[at];
         lce_problem_set_target(&pb, at, bad_values[k]);
         pb.p.shift = k == 2;
-        CUDA_OK(cudaMemcpy(d.targets.data, pb.targets, (size_t)gk_tensor_bytes(&d.targets), cudaMemcpyHostToDevice));
+        CUDA_OK(upload(d.targets.data, pb.targets, (size_t)gk_tensor_bytes(&d.targets)));
         assert_int_equal(gpu_run(&pb, &d, &o, &ex, &err), GK_ERANGE);
         char want[64];
         snprintf(want, sizeof want, "targets[%lld]", (long long)at);
@@ -518,7 +536,7 @@ static void test_errors(void **state)
         lce_problem_set_target(&pb, at, keep);
         pb.p.shift = 0;
     }
-    CUDA_OK(cudaMemcpy(d.targets.data, pb.targets, (size_t)gk_tensor_bytes(&d.targets), cudaMemcpyHostToDevice));
+    CUDA_OK(upload(d.targets.data, pb.targets, (size_t)gk_tensor_bytes(&d.targets)));
     assert_int_equal(gpu_run(&pb, &d, &o, &ex, &err), GK_OK);
 
     /* no context, no SMs, a workspace below the minimum, a size without a pointer */

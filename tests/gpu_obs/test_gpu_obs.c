@@ -41,6 +41,24 @@ enum { GUARD = 4096 };
 static const size_t WORKSPACE = (size_t)64 << 20;
 
 static cudaStream_t g_stream;
+
+/*
+ * The kernels run on a non-blocking stream, which does not wait for the legacy
+ * stream: a plain cudaMemcpy from pageable memory may return before its bytes
+ * land and a plain cudaMemset is asynchronous.  Test data therefore moves on
+ * the kernels' own stream, and uploads wait for their bytes.
+ */
+static cudaError_t upload(void *dst, const void *src, size_t bytes)
+{
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream);
+    return e != cudaSuccess ? e : cudaStreamSynchronize(g_stream);
+}
+
+static cudaError_t fill_bytes(void *dst, int value, size_t bytes)
+{
+    cudaError_t e = cudaMemsetAsync(dst, value, bytes, g_stream);
+    return e != cudaSuccess ? e : cudaStreamSynchronize(g_stream);
+}
 static void *g_ws;
 static int g_sms;
 
@@ -79,7 +97,7 @@ static dbuf dbuf_new(size_t bytes, size_t off)
 {
     dbuf b = {NULL, NULL, bytes, off};
     CUDA_OK(cudaMalloc((void **)&b.base, off + bytes + GUARD));
-    CUDA_OK(cudaMemset(b.base, 0xff, off + bytes + GUARD));
+    CUDA_OK(fill_bytes(b.base, 0xff, off + bytes + GUARD));
     b.data = b.base + off;
     return b;
 }
@@ -87,11 +105,11 @@ static dbuf dbuf_new(size_t bytes, size_t off)
 static dbuf dbuf_from(const void *host, size_t bytes)
 {
     dbuf b = dbuf_new(bytes, 0);
-    CUDA_OK(cudaMemcpy(b.data, host, bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(upload(b.data, host, bytes));
     return b;
 }
 
-static void dbuf_poison(dbuf *b) { CUDA_OK(cudaMemset(b->base, 0xff, b->off + b->bytes + GUARD)); }
+static void dbuf_poison(dbuf *b) { CUDA_OK(fill_bytes(b->base, 0xff, b->off + b->bytes + GUARD)); }
 
 static void dbuf_get(const dbuf *b, void *host)
 {
@@ -384,7 +402,7 @@ static void emb_forward_case(gk_dtype idt, gk_dtype tdt, int ndim, const int64_t
         idx_set(idx, idt, p + 1, idx_bad_value(idt, vocab));
     gk_err cpu_err;
     assert_int_equal(gk_cpu_embedding_forward(&hi, &ht, &ho, &cpu_err), GK_ERANGE);
-    CUDA_OK(cudaMemcpy(di.data, idx, ibytes, cudaMemcpyHostToDevice));
+    CUDA_OK(upload(di.data, idx, ibytes));
     dbuf_poison(&dout);
     if (gk_cuda_embedding_forward(&ti, &tt, &to, &ex, &err))
         fail_msg("%s: %s", what, err.msg);
@@ -507,7 +525,7 @@ static void emb_backward_case(gk_dtype idt, gk_dtype gdt, int64_t rows, int64_t 
     idx_set(idx, idt, p, idx_bad_value(idt, vocab));
     gk_err cpu_err;
     assert_int_equal(gk_cpu_embedding_backward(&hi, &hg, &hd, &cpu_err), GK_ERANGE);
-    CUDA_OK(cudaMemcpy(di.data, idx, ibytes, cudaMemcpyHostToDevice));
+    CUDA_OK(upload(di.data, idx, ibytes));
     dbuf_poison(&dd);
     gk_cuda_exec ex = exec_make(g_sms, WORKSPACE);
     if (gk_cuda_embedding_backward(&ti, &tg, &td, &ex, &err))
