@@ -40,6 +40,7 @@
 #include "backend.h"
 #include "clock.h"
 #include "gk_cuda.h"
+#include "gk_cuda_lce.h"
 #include "log.h"
 #include "pool.h"
 
@@ -538,14 +539,26 @@ static int op_served(gcd_op_kind kind)
 {
     return kind == GCD_OP_CONV2D_FORWARD || kind == GCD_OP_CONV2D_BACKWARD ||
            kind == GCD_OP_MULTIHOT_ENCODE || kind == GCD_OP_EMBEDDING_FORWARD ||
-           kind == GCD_OP_EMBEDDING_BACKWARD;
+           kind == GCD_OP_EMBEDDING_BACKWARD || kind == GCD_OP_LINEAR_CROSS_ENTROPY;
 }
 
-/* The kernel's scratch bytes for this run (device views of the arguments in place). */
-static int run_scratch(const gcd_backend *b, const gcd_op *op, const arg_place *pl,
+/*
+ * The kernel's scratch bytes for this run (device views of the arguments in
+ * place); avail is what the slot has left after the tensors.
+ */
+static int run_scratch(const gcd_backend *b, const gcd_op *op, const arg_place *pl, size_t avail,
                        size_t *scratch, gk_err *err)
 {
     switch (op->kind) {
+    case GCD_OP_LINEAR_CROSS_ENTROPY: {
+        /* The loss fits its passes to the workspace it gets, up to its default budget. */
+        size_t budget = avail < GK_CUDA_LCE_DEFAULT_BUDGET ? avail : GK_CUDA_LCE_DEFAULT_BUDGET;
+        return gk_cuda_lce_workspace_bytes(&op->p.lce, &pl[LCE_E].dev, &pl[LCE_C].dev,
+                                           &pl[LCE_BIAS].dev, &pl[LCE_TARGETS].dev,
+                                           &pl[LCE_LOSS].dev, &pl[LCE_LSE].dev, &pl[LCE_DE].dev,
+                                           &pl[LCE_DC].dev, &pl[LCE_DBIAS].dev, b->sm_count,
+                                           budget, scratch, err);
+    }
     case GCD_OP_MULTIHOT_ENCODE:
     case GCD_OP_EMBEDDING_FORWARD:
         *scratch = GK_CUDA_OBS_RECORD_BYTES;
@@ -596,7 +609,9 @@ static int run_layout(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *place
         }
     }
     size_t scratch = 0;
-    int rc = run_scratch(b, op, place, &scratch, err);
+    uint64_t placed = add_sat(ws, SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
+    size_t avail = placed < b->slot_bytes ? b->slot_bytes - (size_t)placed : 0;
+    int rc = run_scratch(b, op, place, avail, &scratch, err);
     if (rc != 0)
         return rc;
     uint64_t tensors = ws;
@@ -643,6 +658,10 @@ static int run_kernel(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
     case GCD_OP_EMBEDDING_BACKWARD:
         return gk_cuda_embedding_backward(&pl[EMB_BWD_IDX].dev, &pl[EMB_BWD_DOUT].dev,
                                           &pl[EMB_BWD_DTABLE].dev, &ex, err);
+    case GCD_OP_LINEAR_CROSS_ENTROPY:
+        return gk_cuda_lce(&op->p.lce, &pl[LCE_E].dev, &pl[LCE_C].dev, &pl[LCE_BIAS].dev,
+                           &pl[LCE_TARGETS].dev, &pl[LCE_LOSS].dev, &pl[LCE_LSE].dev,
+                           &pl[LCE_DE].dev, &pl[LCE_DC].dev, &pl[LCE_DBIAS].dev, &ex, err);
     default:
         break;
     }

@@ -434,22 +434,159 @@ static void test_request_larger_than_a_slot(void **state)
 
 static void test_unsupported_op_names_backend(void **state)
 {
-    /* The loss has no CUDA kernel in the daemon yet: a clear refusal, never a CPU fallback. */
+    /* nmmo3_encode has no CUDA path yet: a clear refusal, never a CPU fallback.  The
+     * check runs before any weight is read, so placeholders of the right shapes do. */
     gpucd_client *c = th_connect(daemon_.ipc_url);
-    enum { N = 4, D = 8, V = 16 };
-    float e[N * D], w[V * D], loss;
-    int32_t tg[N] = {0, 3, 7, 1};
-    th_fill_f32(e, N * D);
-    th_fill_f32(w, V * D);
-    gpucd_tensor te = gpucd_tensor_host(e, GPUCD_F32, 2, TH_SHAPE(N, D));
-    gpucd_tensor tc = gpucd_tensor_host(w, GPUCD_F32, 2, TH_SHAPE(V, D));
-    gpucd_tensor tt = gpucd_tensor_host(tg, GPUCD_I32, 1, TH_SHAPE(N));
-    gpucd_tensor tl = gpucd_tensor_host(&loss, GPUCD_F32, 0, NULL);
-    int rc = gpucd_linear_cross_entropy(c, NULL, &te, &tc, NULL, &tt, &tl, NULL, NULL, NULL, NULL,
-                                        NULL);
+    const int64_t shapes[7][4] = {{128, 59, 5, 5}, {128}, {128, 128, 3, 3}, {128}, {128, 32},
+                                  {0}, {0}};
+    const int nd[5] = {4, 1, 4, 1, 2};
+    float *w[5];
+    gpucd_tensor t[5];
+    for (int i = 0; i < 5; i++) {
+        size_t n = 1;
+        for (int k = 0; k < nd[i]; k++)
+            n *= (size_t)shapes[i][k];
+        w[i] = xmalloc(n * 4);
+        th_fill_f32(w[i], n);
+        t[i] = gpucd_tensor_host(w[i], GPUCD_F32, nd[i], shapes[i]);
+    }
+    gpucd_nmmo3_weights nw = {&t[0], &t[1], &t[2], &t[3], &t[4], NULL, NULL};
+    uint8_t obs[2 * 1707];
+    th_fill_nmmo3_obs(obs, 2);
+    float *features = xmalloc(2 * 1817 * 4);
+    gpucd_tensor to = gpucd_tensor_host(obs, GPUCD_U8, 2, TH_SHAPE(2, 1707));
+    gpucd_tensor tf = gpucd_tensor_host(features, GPUCD_F32, 2, TH_SHAPE(2, 1817));
+    int rc = gpucd_nmmo3_encode(c, &nw, &to, &tf, NULL, NULL);
     printf("unsupported: %s: %s\n", gpucd_strerror(rc), gpucd_errmsg(c));
     assert_int_equal(rc, GPUCD_EINVALID_ARGUMENT);
     assert_non_null(strstr(gpucd_errmsg(c), "not available on the cuda backend"));
+    for (int i = 0; i < 5; i++)
+        free(w[i]);
+    free(features);
+    gpucd_close(c);
+}
+
+/* ---- the fused linear cross entropy through the daemon ------------------------------ */
+
+static double rel_err_of(const void *got, const void *want, size_t n, gpucd_dtype dt)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double g = value(got, i, dt), w = value(want, i, dt);
+        num += (g - w) * (g - w);
+        den += w * w;
+    }
+    return den > 0 ? sqrt(num) / sqrt(den) : sqrt(num);
+}
+
+static void expect_rel(const void *got, const void *want, size_t n, gpucd_dtype dt, double tol,
+                       const char *what)
+{
+    double e = rel_err_of(got, want, n, dt);
+    printf("rel err lce %-24s %.3g\n", what, e);
+    if (!(e < tol))
+        fail_msg("lce %s: rel err %.3g, tolerance %.3g", what, e, tol);
+}
+
+/* E in a region, C resident, targets and bias inline; every output back; against the CPU. */
+static void lce_case(gpucd_client *c, gpucd_dtype dt, int64_t N, int64_t D, int64_t V)
+{
+    const gk_dtype gdt = dt == GPUCD_BF16 ? GK_BF16 : GK_F32;
+    const size_t es = dt == GPUCD_BF16 ? 2 : 4;
+    void *E = xmalloc((size_t)(N * D) * es), *C = xmalloc((size_t)(V * D) * es);
+    void *bias = xmalloc((size_t)V * es);
+    int64_t *tg = xmalloc((size_t)N * 8);
+    if (dt == GPUCD_BF16) {
+        th_fill_bf16(E, (size_t)(N * D));
+        th_fill_bf16(C, (size_t)(V * D));
+        th_fill_bf16(bias, (size_t)V);
+    } else {
+        th_fill_f32(E, (size_t)(N * D));
+        th_fill_f32(C, (size_t)(V * D));
+        th_fill_f32(bias, (size_t)V);
+    }
+    for (int64_t i = 0; i < N; i++)
+        tg[i] = i % 11 == 5 ? -100 : (int64_t)(th_rand_u64() % (uint64_t)V);
+    /* Outputs: per-row loss and LSE in f32, gradients f32 (fp32 accumulation). */
+    float *loss = xmalloc((size_t)N * 4), *lse = xmalloc((size_t)N * 4);
+    float *dE = xmalloc((size_t)(N * D) * 4), *dC = xmalloc((size_t)(V * D) * 4);
+    float *db = xmalloc((size_t)V * 4);
+    float *wl = xmalloc((size_t)N * 4), *ws = xmalloc((size_t)N * 4);
+    float *wdE = xmalloc((size_t)(N * D) * 4), *wdC = xmalloc((size_t)(V * D) * 4);
+    float *wdb = xmalloc((size_t)V * 4);
+    poison(loss, (size_t)N * 4), poison(lse, (size_t)N * 4), poison(dE, (size_t)(N * D) * 4);
+    poison(dC, (size_t)(V * D) * 4), poison(db, (size_t)V * 4);
+
+    gpucd_region *r;
+    CALL_OK(gpucd_region_create(c, (size_t)(N * D) * es, &r));
+    memcpy(gpucd_region_data(r), E, (size_t)(N * D) * es);
+    uint64_t cid;
+    gpucd_tensor ch = gpucd_tensor_host(C, dt, 2, TH_SHAPE(V, D));
+    CALL_OK(gpucd_tensor_put(c, &ch, &cid));
+    gpucd_lce_params p;
+    gpucd_lce_params_init(&p);
+    p.reduction = GPUCD_REDUCE_NONE;
+    p.softcap = 30.0f;
+    gpucd_tensor te = gpucd_tensor_region(r, 0, dt, 2, TH_SHAPE(N, D));
+    gpucd_tensor tc = gpucd_tensor_resident(cid, dt, 2, TH_SHAPE(V, D));
+    gpucd_tensor tb = gpucd_tensor_host(bias, dt, 1, TH_SHAPE(V));
+    gpucd_tensor tt = gpucd_tensor_host(tg, GPUCD_I64, 1, TH_SHAPE(N));
+    gpucd_tensor tl = gpucd_tensor_host(loss, GPUCD_F32, 1, TH_SHAPE(N));
+    gpucd_tensor ts = gpucd_tensor_host(lse, GPUCD_F32, 1, TH_SHAPE(N));
+    gpucd_tensor tde = gpucd_tensor_host(dE, GPUCD_F32, 2, TH_SHAPE(N, D));
+    gpucd_tensor tdc = gpucd_tensor_host(dC, GPUCD_F32, 2, TH_SHAPE(V, D));
+    gpucd_tensor tdb = gpucd_tensor_host(db, GPUCD_F32, 1, TH_SHAPE(V));
+    CALL_OK(gpucd_linear_cross_entropy(c, &p, &te, &tc, &tb, &tt, &tl, &ts, &tde, &tdc, &tdb,
+                                       NULL));
+
+    gk_lce kp;
+    gk_lce_defaults(&kp);
+    kp.reduction = GK_REDUCE_NONE;
+    kp.softcap = 30.0f;
+    gk_tensor ge = gk_tensor_make(E, gdt, 2, TH_SHAPE(N, D));
+    gk_tensor gc = gk_tensor_make(C, gdt, 2, TH_SHAPE(V, D));
+    gk_tensor gb = gk_tensor_make(bias, gdt, 1, TH_SHAPE(V));
+    gk_tensor gt = gk_tensor_make(tg, GK_I64, 1, TH_SHAPE(N));
+    gk_tensor gl = gk_tensor_make(wl, GK_F32, 1, TH_SHAPE(N));
+    gk_tensor gs = gk_tensor_make(ws, GK_F32, 1, TH_SHAPE(N));
+    gk_tensor gde = gk_tensor_make(wdE, GK_F32, 2, TH_SHAPE(N, D));
+    gk_tensor gdc = gk_tensor_make(wdC, GK_F32, 2, TH_SHAPE(V, D));
+    gk_tensor gdb = gk_tensor_make(wdb, GK_F32, 1, TH_SHAPE(V));
+    gk_err err;
+    assert_int_equal(gk_cpu_lce(&kp, &ge, &gc, &gb, &gt, &gl, &gs, &gde, &gdc, &gdb, &err), 0);
+    /* Issue 5's tolerances: loss and LSE 1e-5 (f32) / 2e-3 (bf16), gradients 1e-2 (bf16). */
+    const double tl_tol = dt == GPUCD_BF16 ? 2e-3 : 1e-5, tg_tol = dt == GPUCD_BF16 ? 1e-2 : 1e-5;
+    char what[64];
+    snprintf(what, sizeof what, "%s loss", dt == GPUCD_BF16 ? "bf16" : "f32");
+    expect_rel(loss, wl, (size_t)N, GPUCD_F32, tl_tol, what);
+    snprintf(what, sizeof what, "%s lse", dt == GPUCD_BF16 ? "bf16" : "f32");
+    expect_rel(lse, ws, (size_t)N, GPUCD_F32, tl_tol, what);
+    snprintf(what, sizeof what, "%s dE", dt == GPUCD_BF16 ? "bf16" : "f32");
+    expect_rel(dE, wdE, (size_t)(N * D), GPUCD_F32, tg_tol, what);
+    snprintf(what, sizeof what, "%s dC", dt == GPUCD_BF16 ? "bf16" : "f32");
+    expect_rel(dC, wdC, (size_t)(V * D), GPUCD_F32, tg_tol, what);
+    snprintf(what, sizeof what, "%s dbias", dt == GPUCD_BF16 ? "bf16" : "f32");
+    expect_rel(db, wdb, (size_t)V, GPUCD_F32, tg_tol, what);
+
+    /* A target outside the vocabulary is refused, naming its row. */
+    tg[3] = V + 7;
+    int rc = gpucd_linear_cross_entropy(c, &p, &te, &tc, &tb, &tt, &tl, NULL, NULL, NULL, NULL,
+                                        NULL);
+    assert_int_equal(rc, GPUCD_EOUT_OF_RANGE);
+    assert_non_null(strstr(gpucd_errmsg(c), "targets[3]"));
+
+    CALL_OK(gpucd_tensor_free(c, cid));
+    CALL_OK(gpucd_region_destroy(r));
+    free(E), free(C), free(bias), free(tg), free(loss), free(lse), free(dE), free(dC), free(db);
+    free(wl), free(ws), free(wdE), free(wdC), free(wdb);
+}
+
+static void test_lce_matches_cpu(void **state)
+{
+    gpucd_client *c = th_connect(daemon_.ipc_url);
+    lce_case(c, GPUCD_F32, 67, 64, 1031);
+    lce_case(c, GPUCD_BF16, 67, 64, 1031);
+    lce_case(c, GPUCD_BF16, 300, 256, 5000);
     gpucd_close(c);
 }
 
@@ -681,6 +818,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_concurrent_clients),
         cmocka_unit_test(test_request_larger_than_a_slot),
         cmocka_unit_test(test_unsupported_op_names_backend),
+        cmocka_unit_test(test_lce_matches_cpu),
         cmocka_unit_test(test_timings_conv1_b1024),
         cmocka_unit_test(test_no_allocations_after_start),
         cmocka_unit_test(test_device_lost_exits_3),
