@@ -22,9 +22,10 @@ typedef struct gcd_device_info {
     uint64_t workspace_bytes;
 } gcd_device_info;
 
-/* Microseconds spent in each phase of one run. */
+/* Microseconds spent in each phase of one run; wait is for the backend's own
+ * resources (an execution slot), which the reply counts as queueing. */
 typedef struct gcd_run_timing {
-    uint64_t copy_in_us, compute_us, copy_out_us;
+    uint64_t wait_us, copy_in_us, compute_us, copy_out_us;
 } gcd_run_timing;
 
 typedef struct gcd_backend_ops {

@@ -778,9 +778,12 @@ static int cuda_run(gcd_backend *b, gcd_op *op, gcd_run_timing *timing, gk_err *
                        gcd_op_name(op->kind));
     if (backend_check_lost(b, err) != 0)
         return GK_EDEVICE;
+    uint64_t t0 = gcd_now_us();
     exec_slot *s = slot_take(b);
+    uint64_t waited = gcd_now_us() - t0;
     cudaSetDevice(b->device);
     int rc = slot_run(b, s, op, timing, err);
+    timing->wait_us = waited;
     slot_give(b, s);
     return rc;
 }

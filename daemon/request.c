@@ -25,6 +25,7 @@ typedef struct reply_state {
     Gpucd__V1__Reply rep;
     Gpucd__V1__Timings timings;
     gcd_req_kind kind;
+    uint64_t backend_wait_us;
     char why[WHY_MAX];
     /* outputs described in the reply */
     Gpucd__V1__TensorRef out_refs[GCD_OP_MAX_ARGS];
@@ -322,6 +323,7 @@ static gcd_status do_compute(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *
                                           memory_order_relaxed);
         }
     }
+    rs->backend_wait_us = t.wait_us;
     rs->timings.copy_in_us = t.copy_in_us;
     rs->timings.compute_us = t.compute_us;
     rs->timings.copy_out_us = t.copy_out_us;
@@ -488,7 +490,8 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
                       gcd_req_kind_name(rs->kind), gcd_status_name(st), rs->why);
     }
     uint64_t now = gcd_now_us();
-    rs->timings.queue_us = t_start - t_recv;
+    /* Queueing: for a worker, then for the backend's execution resources. */
+    rs->timings.queue_us = t_start - t_recv + rs->backend_wait_us;
     rs->timings.total_us = now - t_recv;
     rs->rep.timings = &rs->timings;
     nng_msg *rep = reply_pack(rs, st == GCD_OK ? bound.out_payload : NULL,
