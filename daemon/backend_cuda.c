@@ -41,6 +41,7 @@
 #include "clock.h"
 #include "gk_cuda.h"
 #include "gk_cuda_lce.h"
+#include "gk_cuda_nmmo3.h"
 #include "log.h"
 #include "pool.h"
 
@@ -539,7 +540,19 @@ static int op_served(gcd_op_kind kind)
 {
     return kind == GCD_OP_CONV2D_FORWARD || kind == GCD_OP_CONV2D_BACKWARD ||
            kind == GCD_OP_MULTIHOT_ENCODE || kind == GCD_OP_EMBEDDING_FORWARD ||
-           kind == GCD_OP_EMBEDDING_BACKWARD || kind == GCD_OP_LINEAR_CROSS_ENTROPY;
+           kind == GCD_OP_EMBEDDING_BACKWARD || kind == GCD_OP_LINEAR_CROSS_ENTROPY ||
+           kind == GCD_OP_NMMO3_FORWARD;
+}
+
+/* The NMMO3 weights as the device sees them. */
+static gk_nmmo3_weights nmmo3_weights_placed(const arg_place *pl)
+{
+    gk_nmmo3_weights w;
+    gk_tensor *slot[NMMO3_NWEIGHTS] = {&w.conv1_w, &w.conv1_b, &w.conv2_w, &w.conv2_b,
+                                       &w.embed, &w.proj_w, &w.proj_b};
+    for (int i = 0; i < NMMO3_NWEIGHTS; i++)
+        *slot[i] = pl[NMMO3_W0 + i].dev;
+    return w;
 }
 
 /*
@@ -550,6 +563,13 @@ static int run_scratch(const gcd_backend *b, const gcd_op *op, const arg_place *
                        size_t *scratch, gk_err *err)
 {
     switch (op->kind) {
+    case GCD_OP_NMMO3_FORWARD: {
+        gk_nmmo3_weights w = nmmo3_weights_placed(pl);
+        return gk_cuda_nmmo3_forward_workspace_bytes(&w, &pl[NMMO3_OBS].dev,
+                                                     &pl[NMMO3_FWD_FEATURES].dev,
+                                                     &pl[NMMO3_FWD_HIDDEN].dev, b->sm_count,
+                                                     scratch, err);
+    }
     case GCD_OP_LINEAR_CROSS_ENTROPY: {
         /* The loss fits its passes to the workspace it gets, up to its default budget. */
         size_t budget = avail < GK_CUDA_LCE_DEFAULT_BUDGET ? avail : GK_CUDA_LCE_DEFAULT_BUDGET;
@@ -658,6 +678,11 @@ static int run_kernel(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
     case GCD_OP_EMBEDDING_BACKWARD:
         return gk_cuda_embedding_backward(&pl[EMB_BWD_IDX].dev, &pl[EMB_BWD_DOUT].dev,
                                           &pl[EMB_BWD_DTABLE].dev, &ex, err);
+    case GCD_OP_NMMO3_FORWARD: {
+        gk_nmmo3_weights w = nmmo3_weights_placed(pl);
+        return gk_cuda_nmmo3_forward(&w, &pl[NMMO3_OBS].dev, &pl[NMMO3_FWD_FEATURES].dev,
+                                     &pl[NMMO3_FWD_HIDDEN].dev, &ex, err);
+    }
     case GCD_OP_LINEAR_CROSS_ENTROPY:
         return gk_cuda_lce(&op->p.lce, &pl[LCE_E].dev, &pl[LCE_C].dev, &pl[LCE_BIAS].dev,
                            &pl[LCE_TARGETS].dev, &pl[LCE_LOSS].dev, &pl[LCE_LSE].dev,
@@ -694,6 +719,9 @@ static int run_status(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
     case GCD_OP_EMBEDDING_BACKWARD:
         rc = gk_cuda_embedding_status(&pl[EMB_BWD_IDX].dev, pl[EMB_BWD_DTABLE].dev.shape[0], &ex,
                                       err);
+        break;
+    case GCD_OP_NMMO3_FORWARD:
+        rc = gk_cuda_nmmo3_status(&pl[NMMO3_OBS].dev, &ex, err);
         break;
     default:
         return 0;

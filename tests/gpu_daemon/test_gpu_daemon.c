@@ -432,37 +432,170 @@ static void test_request_larger_than_a_slot(void **state)
     gpucd_close(c);
 }
 
+/* ---- the NMMO3 encoder ------------------------------------------------------------------ */
+
+static double rel_err_of(const void *got, const void *want, size_t n, gpucd_dtype dt);
+
+typedef struct nmmo3_set {
+    gpucd_dtype dt;
+    void *w[7];
+    int64_t shape[7][4];
+    int ndim[7];
+    size_t n[7];
+} nmmo3_set;
+
+static void nmmo3_set_make(nmmo3_set *ws, gpucd_dtype dt, int64_t hidden)
+{
+    const int64_t shapes[7][4] = {{128, 59, 5, 5}, {128}, {128, 128, 3, 3}, {128}, {128, 32},
+                                  {hidden, 1817}, {hidden}};
+    const int nd[7] = {4, 1, 4, 1, 2, 2, 1};
+    ws->dt = dt;
+    for (int i = 0; i < 7; i++) {
+        ws->ndim[i] = nd[i];
+        ws->n[i] = 1;
+        for (int k = 0; k < nd[i]; k++)
+            ws->n[i] *= (size_t)(ws->shape[i][k] = shapes[i][k]);
+        float *f = xmalloc(ws->n[i] * 4);
+        th_fill_f32(f, ws->n[i]);
+        for (size_t k = 0; k < ws->n[i]; k++)
+            f[k] *= 0.1f; /* activations of a sensible size */
+        if (dt == GPUCD_BF16) {
+            uint16_t *h = xmalloc(ws->n[i] * 2);
+            for (size_t k = 0; k < ws->n[i]; k++)
+                h[k] = gk_f32_to_bf16(f[k]);
+            free(f);
+            ws->w[i] = h;
+        } else {
+            ws->w[i] = f;
+        }
+    }
+}
+
+static void nmmo3_set_free(nmmo3_set *ws)
+{
+    for (int i = 0; i < 7; i++)
+        free(ws->w[i]);
+}
+
+static gk_nmmo3_weights nmmo3_set_gk(const nmmo3_set *ws, int proj)
+{
+    gk_nmmo3_weights g;
+    memset(&g, 0, sizeof g);
+    gk_tensor *slot[7] = {&g.conv1_w, &g.conv1_b, &g.conv2_w, &g.conv2_b, &g.embed, &g.proj_w,
+                          &g.proj_b};
+    const gk_dtype dt = ws->dt == GPUCD_BF16 ? GK_BF16 : GK_F32;
+    for (int i = 0; i < (proj ? 7 : 5); i++)
+        *slot[i] = gk_tensor_make(ws->w[i], dt, ws->ndim[i], ws->shape[i]);
+    return g;
+}
+
+/* Forward: weights resident, obs in a region, features and hidden inline; against the CPU. */
+static void nmmo3_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, int proj)
+{
+    const int64_t H = 64;
+    const size_t es = dt == GPUCD_BF16 ? 2 : 4;
+    nmmo3_set ws;
+    nmmo3_set_make(&ws, dt, H);
+    uint64_t ids[7];
+    gpucd_tensor rt[7];
+    for (int i = 0; i < 7; i++) {
+        gpucd_tensor t = gpucd_tensor_host(ws.w[i], dt, ws.ndim[i], ws.shape[i]);
+        CALL_OK(gpucd_tensor_put(c, &t, &ids[i]));
+        rt[i] = gpucd_tensor_resident(ids[i], dt, ws.ndim[i], ws.shape[i]);
+    }
+    gpucd_nmmo3_weights nw = {&rt[0], &rt[1], &rt[2], &rt[3], &rt[4], proj ? &rt[5] : NULL,
+                              proj ? &rt[6] : NULL};
+    gpucd_region *r;
+    CALL_OK(gpucd_region_create(c, (size_t)rows * 1707, &r));
+    uint8_t *obs = gpucd_region_data(r);
+    th_fill_nmmo3_obs(obs, (size_t)rows);
+    void *feat = xmalloc((size_t)rows * 1817 * es), *hid = xmalloc((size_t)rows * H * es);
+    void *wfeat = xmalloc((size_t)rows * 1817 * es), *whid = xmalloc((size_t)rows * H * es);
+    poison(feat, (size_t)rows * 1817 * es), poison(hid, (size_t)rows * H * es);
+    gpucd_tensor to = gpucd_tensor_region(r, 0, GPUCD_U8, 2, TH_SHAPE(rows, 1707));
+    gpucd_tensor tf = gpucd_tensor_host(feat, dt, 2, TH_SHAPE(rows, 1817));
+    gpucd_tensor th = gpucd_tensor_host(hid, dt, 2, TH_SHAPE(rows, H));
+    CALL_OK(gpucd_nmmo3_encode(c, &nw, &to, &tf, proj ? &th : NULL, NULL));
+
+    gk_nmmo3_weights g = nmmo3_set_gk(&ws, proj);
+    const gk_dtype gdt = dt == GPUCD_BF16 ? GK_BF16 : GK_F32;
+    gk_tensor go = gk_tensor_make(obs, GK_U8, 2, TH_SHAPE(rows, 1707));
+    gk_tensor gf = gk_tensor_make(wfeat, gdt, 2, TH_SHAPE(rows, 1817));
+    gk_tensor gh = gk_tensor_make(whid, gdt, 2, TH_SHAPE(rows, H));
+    gk_tensor none = {0};
+    gk_err err;
+    assert_int_equal(gk_cpu_nmmo3_forward(&g, &go, &gf, proj ? &gh : &none, &err), 0);
+    const double tol = dt == GPUCD_BF16 ? 2e-2 : 1e-5;
+    double e = rel_err_of(feat, wfeat, (size_t)rows * 1817, dt);
+    printf("rel err nmmo3 %s rows %lld%s features %.3g\n", dt == GPUCD_BF16 ? "bf16" : "f32",
+           (long long)rows, proj ? " proj" : "", e);
+    if (!(e < tol))
+        fail_msg("nmmo3 features rel err %.3g > %.3g", e, tol);
+    if (proj) {
+        e = rel_err_of(hid, whid, (size_t)rows * H, dt);
+        printf("rel err nmmo3 %s rows %lld proj hidden %.3g\n", dt == GPUCD_BF16 ? "bf16" : "f32",
+               (long long)rows, e);
+        if (!(e < tol))
+            fail_msg("nmmo3 hidden rel err %.3g > %.3g", e, tol);
+    }
+
+    /* Out-of-range values fail with the CPU's message: a map value, then a player value. */
+    const char *what[2] = {"map value", "player value"};
+    for (int k = 0; k < 2; k++) {
+        th_fill_nmmo3_obs(obs, (size_t)rows);
+        size_t at = (size_t)(rows - 1) * 1707 + (k == 0 ? (size_t)(7 * 10 + 2) : 1650u + 9u);
+        obs[at] = 200;
+        gk_err cpu;
+        assert_int_equal(gk_cpu_nmmo3_forward(&g, &go, &gf, proj ? &gh : &none, &cpu), GK_ERANGE);
+        int rc = gpucd_nmmo3_encode(c, &nw, &to, &tf, proj ? &th : NULL, NULL);
+        printf("nmmo3 bad %s: %s\n", what[k], gpucd_errmsg(c));
+        assert_int_equal(rc, GPUCD_EOUT_OF_RANGE);
+        assert_non_null(strstr(gpucd_errmsg(c), cpu.msg));
+    }
+    for (int i = 0; i < 7; i++)
+        CALL_OK(gpucd_tensor_free(c, ids[i]));
+    CALL_OK(gpucd_region_destroy(r));
+    free(feat), free(hid), free(wfeat), free(whid);
+    nmmo3_set_free(&ws);
+}
+
+static void test_nmmo3_forward_matches_cpu(void **state)
+{
+    gpucd_client *c = th_connect(daemon_.ipc_url);
+    nmmo3_case(c, GPUCD_F32, 37, 1);
+    nmmo3_case(c, GPUCD_BF16, 64, 1);
+    nmmo3_case(c, GPUCD_F32, 5, 0);
+    gpucd_close(c);
+}
+
 static void test_unsupported_op_names_backend(void **state)
 {
-    /* nmmo3_encode has no CUDA path yet: a clear refusal, never a CPU fallback.  The
-     * check runs before any weight is read, so placeholders of the right shapes do. */
+    /* The encoder's backward has no CUDA path yet: a clear refusal, never a CPU fallback. */
     gpucd_client *c = th_connect(daemon_.ipc_url);
-    const int64_t shapes[7][4] = {{128, 59, 5, 5}, {128}, {128, 128, 3, 3}, {128}, {128, 32},
-                                  {0}, {0}};
-    const int nd[5] = {4, 1, 4, 1, 2};
-    float *w[5];
-    gpucd_tensor t[5];
-    for (int i = 0; i < 5; i++) {
-        size_t n = 1;
-        for (int k = 0; k < nd[i]; k++)
-            n *= (size_t)shapes[i][k];
-        w[i] = xmalloc(n * 4);
-        th_fill_f32(w[i], n);
-        t[i] = gpucd_tensor_host(w[i], GPUCD_F32, nd[i], shapes[i]);
+    nmmo3_set ws;
+    nmmo3_set_make(&ws, GPUCD_F32, 16);
+    gpucd_tensor t[7], g[7];
+    void *gd[7];
+    for (int i = 0; i < 7; i++) {
+        t[i] = gpucd_tensor_host(ws.w[i], GPUCD_F32, ws.ndim[i], ws.shape[i]);
+        gd[i] = xmalloc(ws.n[i] * 4);
+        g[i] = gpucd_tensor_host(gd[i], GPUCD_F32, ws.ndim[i], ws.shape[i]);
     }
-    gpucd_nmmo3_weights nw = {&t[0], &t[1], &t[2], &t[3], &t[4], NULL, NULL};
+    gpucd_nmmo3_weights nw = {&t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6]};
+    gpucd_nmmo3_weights ng = {&g[0], &g[1], &g[2], &g[3], &g[4], &g[5], &g[6]};
     uint8_t obs[2 * 1707];
     th_fill_nmmo3_obs(obs, 2);
-    float *features = xmalloc(2 * 1817 * 4);
+    float dout[2 * 16];
+    th_fill_f32(dout, 2 * 16);
     gpucd_tensor to = gpucd_tensor_host(obs, GPUCD_U8, 2, TH_SHAPE(2, 1707));
-    gpucd_tensor tf = gpucd_tensor_host(features, GPUCD_F32, 2, TH_SHAPE(2, 1817));
-    int rc = gpucd_nmmo3_encode(c, &nw, &to, &tf, NULL, NULL);
+    gpucd_tensor td = gpucd_tensor_host(dout, GPUCD_F32, 2, TH_SHAPE(2, 16));
+    int rc = gpucd_nmmo3_encode_backward(c, &nw, &to, &td, &ng, NULL);
     printf("unsupported: %s: %s\n", gpucd_strerror(rc), gpucd_errmsg(c));
     assert_int_equal(rc, GPUCD_EINVALID_ARGUMENT);
     assert_non_null(strstr(gpucd_errmsg(c), "not available on the cuda backend"));
-    for (int i = 0; i < 5; i++)
-        free(w[i]);
-    free(features);
+    for (int i = 0; i < 7; i++)
+        free(gd[i]);
+    nmmo3_set_free(&ws);
     gpucd_close(c);
 }
 
@@ -819,6 +952,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_request_larger_than_a_slot),
         cmocka_unit_test(test_unsupported_op_names_backend),
         cmocka_unit_test(test_lce_matches_cpu),
+        cmocka_unit_test(test_nmmo3_forward_matches_cpu),
         cmocka_unit_test(test_timings_conv1_b1024),
         cmocka_unit_test(test_no_allocations_after_start),
         cmocka_unit_test(test_device_lost_exits_3),

@@ -1,0 +1,223 @@
+/* nmmo3.cu - the NMMO3 encoder forward composed from the GPU kernels; see gk_cuda_nmmo3.h. */
+#include <inttypes.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cuda_bf16.h>
+
+#include "gk_cuda_nmmo3.h"
+#include "obs_record.cuh"
+
+namespace {
+
+constexpr int THREADS = 256;
+constexpr int CONV2_OUT = 2 * GK_NMMO3_CONV_CH; /* (128, 1, 2) flattened */
+constexpr int EMB_OUT = GK_NMMO3_PLAYER_COUNT * GK_NMMO3_EMBED_DIM;
+constexpr int RAW_AT = CONV2_OUT + EMB_OUT; /* 1760: the 47 player values, then 10 rewards */
+
+/*
+ * Workspace: [record of the multihot | record of the assembly | multihot image |
+ * conv1 out | conv2 out | features (when only hidden is asked for) | conv scratch].
+ */
+struct nmmo3_layout {
+    size_t mh, c1, c2, feat, scratch, total;
+    size_t feat_bytes;
+};
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+__device__ __forceinline__ void store_f(float *p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void store_f(__nv_bfloat16 *p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+/* One features element a thread: conv2 copied, player bytes looked up in the embedding, raw values. */
+template <typename T>
+__global__ void __launch_bounds__(THREADS)
+assemble_kernel(const uint8_t *__restrict__ obs, const T *__restrict__ c2,
+                const T *__restrict__ embed, T *__restrict__ feat, unsigned rows,
+                unsigned long long *rec)
+{
+    const unsigned total = rows * GK_NMMO3_FEATURES;
+    for (unsigned k = blockIdx.x * blockDim.x + threadIdx.x; k < total; k += gridDim.x * blockDim.x) {
+        const unsigned b = k / GK_NMMO3_FEATURES, c = k - b * GK_NMMO3_FEATURES;
+        const uint8_t *o = obs + (size_t)b * GK_NMMO3_OBS_BYTES;
+        if (c < CONV2_OUT) {
+            feat[k] = c2[(size_t)b * CONV2_OUT + c];
+        } else if (c < RAW_AT) {
+            const unsigned j = (c - CONV2_OUT) / GK_NMMO3_EMBED_DIM;
+            const unsigned d = (c - CONV2_OUT) - j * GK_NMMO3_EMBED_DIM;
+            const unsigned v = o[GK_NMMO3_PLAYER_OFFSET + j];
+            if (v < GK_NMMO3_EMBED_VOCAB) {
+                feat[k] = embed[(size_t)v * GK_NMMO3_EMBED_DIM + d];
+            } else {
+                store_f(feat, k, 0.0f); /* never an address from a bad value */
+                if (d == 0)
+                    obs_record_offender(rec, (unsigned long long)b * GK_NMMO3_PLAYER_COUNT + j);
+            }
+        } else if (c < RAW_AT + GK_NMMO3_PLAYER_COUNT) {
+            store_f(feat, k, (float)o[GK_NMMO3_PLAYER_OFFSET + (c - RAW_AT)]);
+        } else {
+            store_f(feat, k, (float)o[GK_NMMO3_REWARD_OFFSET + (c - RAW_AT - GK_NMMO3_PLAYER_COUNT)]);
+        }
+    }
+}
+
+gk_tensor view(void *data, gk_dtype dt, int ndim, const int64_t *shape)
+{
+    return gk_tensor_make(data, dt, ndim, shape);
+}
+
+const gk_conv2d conv1_params = {3, 3, 0, 0, 1, 0};
+const gk_conv2d conv2_params = {1, 1, 0, 0, 0, 0};
+const gk_conv2d proj_params = {1, 1, 0, 0, 1, 0};
+
+int layout_make(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *features,
+                const gk_tensor *hidden, int sm_count, nmmo3_layout *l, gk_err *err)
+{
+    const int64_t B = obs->shape[0];
+    const gk_dtype dt = w->conv1_w.dtype;
+    const size_t es = gk_dtype_size(dt);
+    int64_t mh_shape[4] = {B, gk_nmmo3_layout.channels, gk_nmmo3_layout.height, gk_nmmo3_layout.width};
+    int64_t c1_shape[4] = {B, GK_NMMO3_CONV_CH, 3, 4};
+    int64_t feat_shape[4] = {B, GK_NMMO3_FEATURES, 1, 1};
+    gk_tensor mh = view(NULL, dt, 4, mh_shape), c1 = view(NULL, dt, 4, c1_shape);
+    gk_tensor fx = view(NULL, dt, 4, feat_shape);
+    size_t s1 = 0, s2 = 0, s3 = 0;
+    int rc = gk_cuda_conv2d_workspace_bytes(&conv1_params, &mh, &w->conv1_w, sm_count, &s1, err);
+    if (rc == GK_OK)
+        rc = gk_cuda_conv2d_workspace_bytes(&conv2_params, &c1, &w->conv2_w, sm_count, &s2, err);
+    if (rc == GK_OK && gk_tensor_present(hidden)) {
+        int64_t pw_shape[4] = {w->proj_w.shape[0], GK_NMMO3_FEATURES, 1, 1};
+        gk_tensor pw = view(NULL, dt, 4, pw_shape);
+        rc = gk_cuda_conv2d_workspace_bytes(&proj_params, &fx, &pw, sm_count, &s3, err);
+    }
+    if (rc != GK_OK)
+        return rc;
+    size_t at = 2 * (size_t)GK_CUDA_OBS_RECORD_BYTES;
+    l->mh = at;
+    at += align256((size_t)gk_tensor_numel(&mh) * es);
+    l->c1 = at;
+    at += align256((size_t)gk_tensor_numel(&c1) * es);
+    l->c2 = at;
+    at += align256((size_t)B * CONV2_OUT * es);
+    l->feat_bytes = (size_t)B * GK_NMMO3_FEATURES * es;
+    l->feat = at;
+    if (!gk_tensor_present(features))
+        at += align256(l->feat_bytes);
+    l->scratch = at;
+    size_t s = s1 > s2 ? s1 : s2;
+    at += s > s3 ? s : s3;
+    l->total = at;
+    return GK_OK;
+}
+
+/* The execution context of a step: its own part of the workspace. */
+gk_cuda_exec exec_at(const gk_cuda_exec *ex, size_t off, size_t bytes)
+{
+    gk_cuda_exec e = *ex;
+    e.workspace = (uint8_t *)ex->workspace + off;
+    e.workspace_bytes = bytes;
+    return e;
+}
+
+} // namespace
+
+extern "C" int gk_cuda_nmmo3_forward_workspace_bytes(const gk_nmmo3_weights *w,
+                                                     const gk_tensor *obs,
+                                                     const gk_tensor *features,
+                                                     const gk_tensor *hidden, int sm_count,
+                                                     size_t *bytes, gk_err *err)
+{
+    int rc = gk_nmmo3_forward_check(w, obs, features, hidden, err);
+    if (rc != GK_OK)
+        return rc;
+    nmmo3_layout l;
+    if ((rc = layout_make(w, obs, features, hidden, sm_count, &l, err)) != GK_OK)
+        return rc;
+    *bytes = l.total;
+    return GK_OK;
+}
+
+extern "C" int gk_cuda_nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                     const gk_tensor *features, const gk_tensor *hidden,
+                                     const gk_cuda_exec *ex, gk_err *err)
+{
+    int rc = gk_nmmo3_forward_check(w, obs, features, hidden, err);
+    if (rc != GK_OK)
+        return rc;
+    if ((rc = obs_numel_check(obs, "nmmo3 forward", "obs", err)) != GK_OK)
+        return rc;
+    nmmo3_layout l;
+    if ((rc = layout_make(w, obs, features, hidden, ex->sm_count, &l, err)) != GK_OK)
+        return rc;
+    if (ex->workspace == NULL || ex->workspace_bytes < l.total)
+        return gk_fail(err, GK_ENOMEM, "nmmo3 forward (cuda): needs %zu bytes of workspace, has %zu",
+                       l.total, ex->workspace == NULL ? (size_t)0 : ex->workspace_bytes);
+    const int64_t B = obs->shape[0];
+    const gk_dtype dt = w->conv1_w.dtype;
+    uint8_t *ws = (uint8_t *)ex->workspace;
+    int64_t mh_shape[4] = {B, gk_nmmo3_layout.channels, gk_nmmo3_layout.height, gk_nmmo3_layout.width};
+    int64_t c1_shape[4] = {B, GK_NMMO3_CONV_CH, 3, 4};
+    int64_t c2_shape[4] = {B, GK_NMMO3_CONV_CH, 1, 2};
+    gk_tensor mh = view(ws + l.mh, dt, 4, mh_shape);
+    gk_tensor c1 = view(ws + l.c1, dt, 4, c1_shape);
+    gk_tensor c2 = view(ws + l.c2, dt, 4, c2_shape);
+    void *feat = gk_tensor_present(features) ? features->data : ws + l.feat;
+
+    gk_cuda_exec e_mh = exec_at(ex, 0, GK_CUDA_OBS_RECORD_BYTES);
+    gk_cuda_exec e_conv = exec_at(ex, l.scratch, ex->workspace_bytes - l.scratch);
+    if ((rc = gk_cuda_multihot_encode(&gk_nmmo3_layout, obs, &mh, &e_mh, err)) ||
+        (rc = gk_cuda_conv2d_forward(&conv1_params, &mh, &w->conv1_w, &w->conv1_b, &c1, &e_conv, err)) ||
+        (rc = gk_cuda_conv2d_forward(&conv2_params, &c1, &w->conv2_w, &w->conv2_b, &c2, &e_conv, err)))
+        return rc;
+    unsigned long long *rec = (unsigned long long *)(ws + GK_CUDA_OBS_RECORD_BYTES);
+    cudaError_t ce = cudaMemsetAsync(rec, 0xff, sizeof *rec, ex->stream);
+    if (ce != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "nmmo3 forward (cuda): resetting the error record: %s",
+                       cudaGetErrorString(ce));
+    const unsigned rows = (unsigned)B, total = rows * GK_NMMO3_FEATURES;
+    unsigned grid = (total + THREADS - 1) / THREADS;
+    if (grid > (unsigned)ex->sm_count * 8)
+        grid = (unsigned)ex->sm_count * 8;
+    const uint8_t *o = (const uint8_t *)obs->data;
+    if (dt == GK_BF16)
+        assemble_kernel<__nv_bfloat16><<<grid, THREADS, 0, ex->stream>>>(
+            o, (const __nv_bfloat16 *)c2.data, (const __nv_bfloat16 *)w->embed.data,
+            (__nv_bfloat16 *)feat, rows, rec);
+    else
+        assemble_kernel<float><<<grid, THREADS, 0, ex->stream>>>(
+            o, (const float *)c2.data, (const float *)w->embed.data, (float *)feat, rows, rec);
+    if ((rc = obs_launch_check("nmmo3 forward", err)) != GK_OK)
+        return rc;
+    if (!gk_tensor_present(hidden))
+        return GK_OK;
+    /* The projection is a 1x1 convolution over (B, 1817, 1, 1), ReLU fused. */
+    int64_t fx_shape[4] = {B, GK_NMMO3_FEATURES, 1, 1};
+    int64_t pw_shape[4] = {w->proj_w.shape[0], GK_NMMO3_FEATURES, 1, 1};
+    int64_t h_shape[4] = {B, w->proj_w.shape[0], 1, 1};
+    gk_tensor fx = view(feat, dt, 4, fx_shape);
+    gk_tensor pw = view(w->proj_w.data, dt, 4, pw_shape);
+    gk_tensor hx = view(hidden->data, dt, 4, h_shape);
+    return gk_cuda_conv2d_forward(&proj_params, &fx, &pw, &w->proj_b, &hx, &e_conv, err);
+}
+
+extern "C" int gk_cuda_nmmo3_status(const gk_tensor *obs, const gk_cuda_exec *ex, gk_err *err)
+{
+    gk_cuda_exec e_mh = exec_at(ex, 0, GK_CUDA_OBS_RECORD_BYTES);
+    int rc = gk_cuda_multihot_status(&gk_nmmo3_layout, obs, &e_mh, err);
+    if (rc != GK_OK)
+        return rc;
+    gk_cuda_exec e_as = exec_at(ex, GK_CUDA_OBS_RECORD_BYTES, GK_CUDA_OBS_RECORD_BYTES);
+    unsigned long long pos = 0;
+    if ((rc = obs_record_read(&e_as, &pos, "nmmo3 forward", err)) != GK_OK || pos == OBS_RECORD_CLEAN)
+        return rc;
+    const int64_t agent = (int64_t)(pos / GK_NMMO3_PLAYER_COUNT);
+    const int i = (int)(pos % GK_NMMO3_PLAYER_COUNT);
+    uint8_t v = 0;
+    const uint8_t *src = (const uint8_t *)obs->data + agent * GK_NMMO3_OBS_BYTES + GK_NMMO3_PLAYER_OFFSET + i;
+    if ((rc = obs_device_read(ex, &v, src, 1, "nmmo3 forward", err)) != GK_OK)
+        return rc;
+    return gk_fail(err, GK_ERANGE,
+                   "observation of agent %" PRId64 ", player value %d (byte %d): "
+                   "value %u >= the embedding's %d rows",
+                   agent, i, GK_NMMO3_PLAYER_OFFSET + i, v, GK_NMMO3_EMBED_VOCAB);
+}
