@@ -31,15 +31,8 @@
 #include "gk.h"
 #include "gk_bf16.h"
 #include "gk_cuda.h"
+#include "bench_check.cuh"
 
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));  \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 #define CKDNN(call)                                                                                \
     do {                                                                                           \
         cudnnStatus_t s_ = (call);                                                                 \
@@ -54,22 +47,6 @@
         cudnnStatus_t s_ = (call);                                                                 \
         if (s_ != CUDNN_STATUS_SUCCESS)                                                            \
             return s_;                                                                             \
-    } while (0)
-#define CKBLAS(call)                                                                               \
-    do {                                                                                           \
-        cublasStatus_t s_ = (call);                                                                \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-            fprintf(stderr, "%s:%d %s: status %d\n", __FILE__, __LINE__, #call, (int)s_);         \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define CKGK(call)                                                                                 \
-    do {                                                                                           \
-        int r_ = (call);                                                                           \
-        if (r_ != GK_OK) {                                                                         \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, err.msg);                 \
-            exit(1);                                                                               \
-        }                                                                                          \
     } while (0)
 
 enum prec { P_F32, P_TF32, P_BF16 };

@@ -39,32 +39,9 @@
 
 #include "gk.h"
 #include "gk_cuda.h"
+#include "bench_check.cuh"
 #include "gk_cuda_lce.h"
 
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));  \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define CKBLAS(call)                                                                               \
-    do {                                                                                           \
-        cublasStatus_t s_ = (call);                                                                \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-            fprintf(stderr, "%s:%d %s: status %d\n", __FILE__, __LINE__, #call, (int)s_);         \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define CKGK(call)                                                                                 \
-    do {                                                                                           \
-        int r_ = (call);                                                                           \
-        if (r_ != GK_OK) {                                                                         \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, err.msg);                 \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 /* ---- inputs --------------------------------------------------------------------------- */
 

@@ -22,15 +22,8 @@
 
 #include "gk.h"
 #include "gk_cuda.h"
+#include "bench_check.cuh"
 
-#define CUDA_OK(call)                                                                              \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));  \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static int g_warmup = 20, g_iters = 200;
 static cudaStream_t g_stream;
@@ -47,7 +40,7 @@ static uint64_t rnd(uint64_t n)
 static void *dev_alloc(size_t bytes)
 {
     void *p = NULL;
-    CUDA_OK(cudaMalloc(&p, bytes));
+    CK(cudaMalloc(&p, bytes));
     return p;
 }
 
@@ -68,7 +61,7 @@ static void *dev_floats(size_t n, gk_dtype dt)
         }
     }
     void *d = dev_alloc(n * es);
-    CUDA_OK(cudaMemcpy(d, h, n * es, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d, h, n * es, cudaMemcpyHostToDevice));
     free(h);
     return d;
 }
@@ -80,25 +73,25 @@ static double time_op(op_fn fn, void *ctx, const gk_cuda_exec *ex)
 {
     gk_err err;
     cudaEvent_t a, b;
-    CUDA_OK(cudaEventCreate(&a));
-    CUDA_OK(cudaEventCreate(&b));
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
     for (int i = 0; i < g_warmup; i++)
         if (fn(ctx, ex, &err) != 0) {
             fprintf(stderr, "op failed: %s\n", err.msg);
             exit(1);
         }
-    CUDA_OK(cudaEventRecord(a, g_stream));
+    CK(cudaEventRecord(a, g_stream));
     for (int i = 0; i < g_iters; i++)
         if (fn(ctx, ex, &err) != 0) {
             fprintf(stderr, "op failed: %s\n", err.msg);
             exit(1);
         }
-    CUDA_OK(cudaEventRecord(b, g_stream));
-    CUDA_OK(cudaEventSynchronize(b));
+    CK(cudaEventRecord(b, g_stream));
+    CK(cudaEventSynchronize(b));
     float ms = 0;
-    CUDA_OK(cudaEventElapsedTime(&ms, a, b));
-    CUDA_OK(cudaEventDestroy(a));
-    CUDA_OK(cudaEventDestroy(b));
+    CK(cudaEventElapsedTime(&ms, a, b));
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
     return (double)ms * 1000.0 / g_iters;
 }
 
@@ -149,11 +142,11 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "--quick") == 0)
         g_warmup = 5, g_iters = 30;
     int dev = 0, sms = 0;
-    CUDA_OK(cudaSetDevice(dev));
+    CK(cudaSetDevice(dev));
     cudaDeviceProp prop;
-    CUDA_OK(cudaGetDeviceProperties(&prop, dev));
-    CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    CUDA_OK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+    CK(cudaGetDeviceProperties(&prop, dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
     const size_t ws_bytes = (size_t)64 << 20;
     gk_cuda_exec ex = {g_stream, dev_alloc(ws_bytes), ws_bytes, sms};
     printf("device %s, %d SMs, iterations %d (+%d warm-up)\n", prop.name, sms, g_iters, g_warmup);
@@ -162,20 +155,20 @@ int main(int argc, char **argv)
     {
         const size_t n = (size_t)1 << 30;
         void *a = dev_alloc(n), *b = dev_alloc(n);
-        CUDA_OK(cudaMemset(a, 1, n));
+        CK(cudaMemset(a, 1, n));
         cudaEvent_t e0, e1;
-        CUDA_OK(cudaEventCreate(&e0));
-        CUDA_OK(cudaEventCreate(&e1));
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
         for (int i = 0; i < 3; i++)
-            CUDA_OK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, g_stream));
+            CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, g_stream));
         const int reps = 20;
-        CUDA_OK(cudaEventRecord(e0, g_stream));
+        CK(cudaEventRecord(e0, g_stream));
         for (int i = 0; i < reps; i++)
-            CUDA_OK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, g_stream));
-        CUDA_OK(cudaEventRecord(e1, g_stream));
-        CUDA_OK(cudaEventSynchronize(e1));
+            CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, g_stream));
+        CK(cudaEventRecord(e1, g_stream));
+        CK(cudaEventSynchronize(e1));
         float ms = 0;
-        CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+        CK(cudaEventElapsedTime(&ms, e0, e1));
         g_copy_gbs = 2.0 * (double)n * reps / ((double)ms * 1e6);
         printf("ceilings: device copy %.0f GB/s (read + write, 1 GiB D2D)\n", g_copy_gbs);
         cudaFree(a);
@@ -198,12 +191,12 @@ int main(int argc, char **argv)
                 h[n * L + i] = i < 1650 ? (uint8_t)rnd((uint64_t)gk_nmmo3_layout.slots[i % 10])
                                         : (uint8_t)rnd(128);
         void *obs = dev_alloc((size_t)(B * L));
-        CUDA_OK(cudaMemcpy(obs, h, (size_t)(B * L), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(obs, h, (size_t)(B * L), cudaMemcpyHostToDevice));
         uint8_t *hi = (uint8_t *)malloc((size_t)(B * P));
         for (int64_t i = 0; i < B * P; i++)
             hi[i] = (uint8_t)rnd((uint64_t)V);
         void *idx = dev_alloc((size_t)(B * P));
-        CUDA_OK(cudaMemcpy(idx, hi, (size_t)(B * P), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(idx, hi, (size_t)(B * P), cudaMemcpyHostToDevice));
         free(h);
         free(hi);
         for (int d = 0; d < 2; d++) {
@@ -218,7 +211,7 @@ int main(int argc, char **argv)
             mh_ctx mc = {gk_tensor_make(obs, GK_U8, 2, oshape2),
                          gk_tensor_make(dev_alloc(mbytes), dt, 4, mshape)};
             double us = time_op(mh_run, &mc, &ex);
-            CUDA_OK(cudaStreamSynchronize(g_stream));
+            CK(cudaStreamSynchronize(g_stream));
             if (gk_cuda_multihot_status(&gk_nmmo3_layout, &mc.obs, &ex, &err) != 0)
                 printf("multihot status: %s\n", err.msg), status_bad++;
             report("multihot_encode (nmmo3)", dn, B, us, (double)(B * 1650) + (double)mbytes,
@@ -234,7 +227,7 @@ int main(int argc, char **argv)
             ec.dout = gk_tensor_make(dev_floats((size_t)(B * P * D), dt), dt, 3, oshape);
             ec.dtable = gk_tensor_make(dev_alloc((size_t)(V * D) * 4), GK_F32, 2, tshape);
             us = time_op(emb_fwd_run, &ec, &ex);
-            CUDA_OK(cudaStreamSynchronize(g_stream));
+            CK(cudaStreamSynchronize(g_stream));
             if (gk_cuda_embedding_status(&ec.idx, V, &ex, &err) != 0)
                 printf("embedding forward status: %s\n", err.msg), status_bad++;
             report("embedding_forward (u8 idx, 128x32)", dn, B, us,
@@ -248,7 +241,7 @@ int main(int argc, char **argv)
                 return 1;
             }
             us = time_op(emb_bwd_run, &ec, &ex);
-            CUDA_OK(cudaStreamSynchronize(g_stream));
+            CK(cudaStreamSynchronize(g_stream));
             if (gk_cuda_embedding_status(&ec.idx, V, &ex, &err) != 0)
                 printf("embedding backward status: %s\n", err.msg), status_bad++;
             report("embedding_backward (u8 idx, 128x32)", dn, B, us,
