@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # gpu_run.sh - run ON the GPU machine, from the repository root: the GPU tests
-# (ctest label gpu) of the relocatable build folder build-gpu, then the
-# convolution benchmark against cuDNN.  Logs go under $OUT (./out without it);
-# a short summary table is printed last.
+# (ctest label gpu) of the relocatable build folder build-gpu, then every
+# benchmark built there (conv_bench against cuDNN, obs_bench, lce_bench
+# --quick).  Logs go under $OUT (./out without it); a short summary table is
+# printed last.
 #
 # build-gpu is made on a development machine (GPUCD_STATIC_DEPS=ON,
 # GPUCD_CUDA=ON) and only works at the absolute path it was configured at:
 # when the checkout lands elsewhere, that path is made a link to it.
 #
-# Usage: tests/gpu_run.sh [--quick]     (--quick: benchmark at B = 1024 only)
+# Usage: tests/gpu_run.sh [--quick]     (--quick: conv_bench at B = 1024 only)
 # Env:   GPU_RUN_TESTS  ctest -R filter (default: every gpu test built here)
 set -u
 root=$(pwd)
@@ -50,14 +51,30 @@ fi
 grep -E "rel err" "$out/ctest.log" | awk '{print $NF, $0}' | sort -g | tail -n 4 | cut -d" " -f2-
 tail -n 8 "$out/ctest.log"
 
+# Every benchmark built here, each with its log; a failed one fails the run.
 bench_rc=0
-"$build/tests/bench/conv_bench" "$@" >"$out/bench.log" 2>&1 || bench_rc=$?
-tail -n 5 "$out/bench.log"
+run_bench() {
+    local name=$1
+    shift
+    local exe="$build/tests/bench/$name"
+    [ -x "$exe" ] || return 0
+    timeout 300 "$exe" "$@" >"$out/$name.log" 2>&1 || {
+        echo "$name failed (rc $?)"
+        bench_rc=1
+    }
+}
+run_bench conv_bench "$@"
+run_bench obs_bench
+run_bench lce_bench --quick --iters 2
 
 echo
 echo "==== summary ===="
 grep -E "tests passed|tests failed|Skipped|Failed|\*\*\*" "$out/ctest.log" | tail -n 8
 echo "ctest rc $ctest_rc, bench rc $bench_rc"
-grep -E "^(device|ceilings)" "$out/bench.log"
-grep -E "^\|" "$out/bench.log" | cut -d'|' -f2-11
+for log in "$out"/conv_bench.log "$out"/obs_bench.log "$out"/lce_bench.log; do
+    [ -f "$log" ] || continue
+    echo "-- $(basename "$log" .log)"
+    grep -E "^(device|ceilings)" "$log"
+    grep -E "^\|" "$log" | cut -d'|' -f2-11
+done
 [ "$ctest_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
