@@ -99,7 +99,7 @@ typedef struct bench_level {
     uint64_t requests, errors, wrong;
     double seconds, rps, rows_per_s;
     double p50, p90, p95, p99, max; /* microseconds */
-    double transport, queue, copy_in, compute, copy_out, server_other; /* means, us */
+    double transport, queue, batch_wait, copy_in, compute, copy_out, server_other; /* means, us */
     char first_error[256];
 } bench_level;
 
@@ -487,7 +487,7 @@ static int level_run(bench_run *r, int concurrency, double rate, bench_level *lv
     if (lat == NULL)
         return GPUCD_ENOMEM;
     size_t m = 0;
-    double sums[6] = {0};
+    double sums[7] = {0};
     for (int i = 0; i < concurrency; i++) {
         bench_worker *w = &r->workers[i];
         for (size_t j = 0; j < w->nrec; j++) {
@@ -496,13 +496,15 @@ static int level_run(bench_run *r, int concurrency, double rate, bench_level *lv
                 continue;
             lat[m++] = rec->latency_us;
             const gpucd_timings *t = &rec->t;
-            uint64_t parts = t->queue_us + t->copy_in_us + t->compute_us + t->copy_out_us;
+            uint64_t parts = t->queue_us + t->batch_wait_us + t->copy_in_us + t->compute_us +
+                             t->copy_out_us;
             sums[0] += t->round_trip_us > t->total_us ? (double)(t->round_trip_us - t->total_us) : 0;
             sums[1] += (double)t->queue_us;
             sums[2] += (double)t->copy_in_us;
             sums[3] += (double)t->compute_us;
             sums[4] += (double)t->copy_out_us;
             sums[5] += t->total_us > parts ? (double)(t->total_us - parts) : 0;
+            sums[6] += (double)t->batch_wait_us;
         }
     }
     qsort(lat, m, sizeof *lat, cmp_u64);
@@ -515,9 +517,9 @@ static int level_run(bench_run *r, int concurrency, double rate, bench_level *lv
     lv->p95 = pct(lat, m, 0.95);
     lv->p99 = pct(lat, m, 0.99);
     lv->max = m ? (double)lat[m - 1] : 0;
-    double *means[6] = {&lv->transport, &lv->queue, &lv->copy_in, &lv->compute, &lv->copy_out,
-                        &lv->server_other};
-    for (int k = 0; k < 6; k++)
+    double *means[7] = {&lv->transport, &lv->queue,    &lv->copy_in,   &lv->compute,
+                        &lv->copy_out,  &lv->server_other, &lv->batch_wait};
+    for (int k = 0; k < 7; k++)
         *means[k] = m ? sums[k] / (double)m : 0;
     free(lat);
     return 0;
@@ -527,11 +529,11 @@ static int level_run(bench_run *r, int concurrency, double rate, bench_level *lv
 
 static void print_header(FILE *f)
 {
-    fprintf(f, "%6s %9s %11s %13s | %8s %8s %8s %8s %8s | %9s %7s %7s %7s %7s %7s | %s\n",
+    fprintf(f, "%6s %9s %11s %13s | %8s %8s %8s %8s %8s | %9s %7s %7s %7s %7s %7s %7s | %s\n",
             "conc", "rate", "req/s", "rows/s", "p50", "p90", "p95", "p99", "max", "transport",
-            "queue", "copy_in", "compute", "cp_out", "other", "windows, errors");
-    fprintf(f, "%6s %9s %11s %13s | %8s %8s %8s %8s %8s | %9s %7s %7s %7s %7s %7s |\n", "", "", "",
-            "", "us", "us", "us", "us", "us", "mean us", "", "", "", "", "");
+            "queue", "batch", "copy_in", "compute", "cp_out", "other", "windows, errors");
+    fprintf(f, "%6s %9s %11s %13s | %8s %8s %8s %8s %8s | %9s %7s %7s %7s %7s %7s %7s |\n", "", "",
+            "", "", "us", "us", "us", "us", "us", "mean us", "", "", "", "", "", "");
 }
 
 static void print_level(FILE *f, const bench_level *lv)
@@ -542,10 +544,11 @@ static void print_level(FILE *f, const bench_level *lv)
     else
         snprintf(rate, sizeof rate, "-");
     fprintf(f, "%6d %9s %11.1f %13.0f | %8.0f %8.0f %8.0f %8.0f %8.0f | %9.1f %7.1f %7.1f %7.1f "
-               "%7.1f %7.1f | %d%s, %" PRIu64 "\n",
+               "%7.1f %7.1f %7.1f | %d%s, %" PRIu64 "\n",
             lv->concurrency, rate, lv->rps, lv->rows_per_s, lv->p50, lv->p90, lv->p95, lv->p99,
-            lv->max, lv->transport, lv->queue, lv->copy_in, lv->compute, lv->copy_out,
-            lv->server_other, lv->windows, lv->stable ? "" : " (unstable)", lv->errors);
+            lv->max, lv->transport, lv->queue, lv->batch_wait, lv->copy_in, lv->compute,
+            lv->copy_out, lv->server_other, lv->windows, lv->stable ? "" : " (unstable)",
+            lv->errors);
     if (lv->errors > 0)
         fprintf(f, "       errors: %" PRIu64 " (%" PRIu64 " with unwritten outputs); first: %s\n",
                 lv->errors, lv->wrong, lv->first_error);
@@ -613,8 +616,10 @@ static int write_json(const char *path, const bench_run *r, const bench_level *l
                    "\"max\":%.0f},",
                 l->p50, l->p90, l->p95, l->p99, l->max);
         fprintf(f, "\"split_us\":{\"client_transport\":%.2f,\"server_queue\":%.2f,"
-                   "\"copy_in\":%.2f,\"compute\":%.2f,\"copy_out\":%.2f,\"server_other\":%.2f}",
-                l->transport, l->queue, l->copy_in, l->compute, l->copy_out, l->server_other);
+                   "\"batch_wait\":%.2f,\"copy_in\":%.2f,\"compute\":%.2f,\"copy_out\":%.2f,"
+                   "\"server_other\":%.2f}",
+                l->transport, l->queue, l->batch_wait, l->copy_in, l->compute, l->copy_out,
+                l->server_other);
         if (l->errors > 0) {
             fprintf(f, ",\"first_error\":");
             json_string(f, l->first_error);
@@ -634,16 +639,16 @@ static int write_csv(const char *path, const bench_run *r, const bench_level *lv
     }
     fprintf(f, "op,tensors,batch,dtype,concurrency,rate,windows,stable,requests,errors,"
                "requests_per_s,rows_per_s,p50_us,p90_us,p95_us,p99_us,max_us,client_transport_us,"
-               "server_queue_us,copy_in_us,compute_us,copy_out_us,server_other_us\n");
+               "server_queue_us,batch_wait_us,copy_in_us,compute_us,copy_out_us,server_other_us\n");
     for (int i = 0; i < n; i++) {
         const bench_level *l = &lv[i];
         fprintf(f, "%s,%s,%" PRId64 ",%s,%d,%g,%d,%d,%" PRIu64 ",%" PRIu64 ",%.2f,%.1f,%.0f,%.0f,"
-                   "%.0f,%.0f,%.0f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n",
+                   "%.0f,%.0f,%.0f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n",
                 r->o->preset->name, r->use_region ? "region" : "inline", r->o->shape.batch,
                 gpucd_dtype_name(r->o->shape.dtype), l->concurrency, l->rate, l->windows,
                 l->stable, l->requests, l->errors, l->rps, l->rows_per_s, l->p50, l->p90, l->p95,
-                l->p99, l->max, l->transport, l->queue, l->copy_in, l->compute, l->copy_out,
-                l->server_other);
+                l->p99, l->max, l->transport, l->queue, l->batch_wait, l->copy_in, l->compute,
+                l->copy_out, l->server_other);
     }
     return fclose(f) == 0 ? 0 : -1;
 }
@@ -682,9 +687,10 @@ static void bench_usage(FILE *out)
             "\n"
             "A level ends when three windows in a row agree; its figures come from them.\n"
             "Latency split (means): transport = client round trip - daemon total (both ways\n"
-            "through the socket and the client library); queue, copy in, compute, copy out\n"
-            "as the daemon timed them; other = the rest of the daemon's total (decode,\n"
-            "validation, reply).  Exit status 1 when any request failed or a result was wrong.\n"
+            "through the socket and the client library); queue, batch (waiting to be merged\n"
+            "with other requests), copy in, compute, copy out as the daemon timed them; other =\n"
+            "the rest of the daemon's total (decode, validation, reply).  Exit status 1 when\n"
+            "any request failed or a result was wrong.\n"
             "\n"
             "operations:\n");
     for (int i = 0; i < bench_preset_count; i++)
