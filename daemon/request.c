@@ -36,7 +36,7 @@ typedef struct reply_state {
     /* result bodies */
     Gpucd__V1__Info info;
     Gpucd__V1__Limits limits;
-    char *op_names[GCD_OP_COUNT + GCD_REQ_KIND_COUNT];
+    char *op_names[GCD_REQ_KIND_COUNT]; /* every kind but "invalid" */
     Gpucd__V1__RegionListReply region_list;
     Gpucd__V1__RegionInfo *region_infos;
     Gpucd__V1__RegionInfo **region_ptrs;
