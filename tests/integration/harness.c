@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -95,6 +96,8 @@ void th_daemon_start(th_daemon *d, const char *const *extra)
     if (pid < 0)
         th_die("fork: %s", strerror(errno));
     if (pid == 0) {
+        /* A test that crashes must not leave its daemon behind. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         int fd = open(d->log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (fd >= 0) {
             dup2(fd, STDERR_FILENO);
