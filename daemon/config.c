@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,12 +17,23 @@
 
 typedef int (*config_setter)(gcd_config *cfg, const char *value, char *err, size_t errlen);
 
+/*
+ * An option: a setter of its own, or (set == NULL) a whole number in [lo, hi]
+ * stored in the gcd_config field at offset, of width 4 or 8 bytes.
+ */
 typedef struct config_option {
     const char *key;
     const char *arg;
     const char *help;
     config_setter set;
+    size_t offset;
+    size_t width;
+    uint64_t lo, hi;
 } config_option;
+
+#define CONFIG_SETTER(fn) (fn), 0, 0, 0, 0
+#define CONFIG_NUMBER(field, min, max)                                                            \
+    NULL, offsetof(gcd_config, field), sizeof(((gcd_config *)0)->field), (min), (max)
 
 static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
 {
@@ -69,74 +81,6 @@ static int set_backend(gcd_config *cfg, const char *v, char *err, size_t errlen)
     return 0;
 }
 
-static int set_device(gcd_config *cfg, const char *v, char *err, size_t errlen)
-{
-    uint64_t n;
-    if (parse_u64(v, 0, 63, &n) != 0) {
-        snprintf(err, errlen, "--device %s: expected a device index 0..63", v);
-        return -1;
-    }
-    cfg->device = (int)n;
-    return 0;
-}
-
-static int set_workspace(gcd_config *cfg, const char *v, char *err, size_t errlen)
-{
-    if (parse_u64(v, 1, 1u << 20, &cfg->workspace_mb) != 0) {
-        snprintf(err, errlen, "--workspace-mb %s: expected 1..1048576", v);
-        return -1;
-    }
-    return 0;
-}
-
-static int set_resident(gcd_config *cfg, const char *v, char *err, size_t errlen)
-{
-    if (parse_u64(v, 1, 1u << 24, &cfg->resident_mb) != 0) {
-        snprintf(err, errlen, "--resident-mb %s: expected 1..16777216", v);
-        return -1;
-    }
-    return 0;
-}
-
-static int set_max_message(gcd_config *cfg, const char *v, char *err, size_t errlen)
-{
-    /* nng refuses receive limits of 4 GiB and more (with the error-reply slack). */
-    if (parse_u64(v, 1, 2048, &cfg->max_message_mb) != 0) {
-        snprintf(err, errlen, "--max-message-mb %s: expected 1..2048", v);
-        return -1;
-    }
-    return 0;
-}
-
-static int set_max_inflight(gcd_config *cfg, const char *v, char *err, size_t errlen)
-{
-    uint64_t n;
-    if (parse_u64(v, 1, 4096, &n) != 0) {
-        snprintf(err, errlen, "--max-inflight %s: expected 1..4096", v);
-        return -1;
-    }
-    cfg->max_inflight = (uint32_t)n;
-    return 0;
-}
-
-static int set_batch_window(gcd_config *cfg, const char *v, char *err, size_t errlen)
-{
-    if (parse_u64(v, 0, 1000000, &cfg->batch_window_us) != 0) {
-        snprintf(err, errlen, "--batch-window-us %s: expected 0..1000000", v);
-        return -1;
-    }
-    return 0;
-}
-
-static int set_max_batch(gcd_config *cfg, const char *v, char *err, size_t errlen)
-{
-    if (parse_u64(v, 1, 1u << 20, &cfg->max_batch) != 0) {
-        snprintf(err, errlen, "--max-batch %s: expected 1..1048576 rows", v);
-        return -1;
-    }
-    return 0;
-}
-
 static int set_log_level(gcd_config *cfg, const char *v, char *err, size_t errlen)
 {
     if (gcd_log_level_parse(v, &cfg->log_level) != 0) {
@@ -168,29 +112,63 @@ static int set_config(gcd_config *cfg, const char *v, char *err, size_t errlen)
 }
 
 static const config_option config_options[] = {
-    {"listen", "URL", "serve on URL (ipc:// or tcp://); repeatable. Default ipc:// under "
-                      "$XDG_RUNTIME_DIR, else /tmp/gpucd-$UID/, mode 0600", set_listen},
+    {"listen", "URL",
+     "serve on URL (ipc:// or tcp://); repeatable. Default ipc:// under $XDG_RUNTIME_DIR, else "
+     "/tmp/gpucd-$UID/, mode 0600",
+     CONFIG_SETTER(set_listen)},
     {"backend", "auto|cuda|cpu", "compute backend; auto picks cuda when a GPU is usable",
-     set_backend},
-    {"device", "N", "CUDA device index (default 0)", set_device},
-    {"workspace-mb", "MB", "device workspace preallocated at start (default 1024)", set_workspace},
-    {"resident-mb", "MB", "most memory resident tensors may hold, all clients together "
-                          "(default 16384)", set_resident},
-    {"max-message-mb", "MB", "largest request or inline reply (default 256); a request up to "
-                             "1 MiB larger gets an error reply, a larger one is dropped by the "
-                             "transport with its connection before anything decodes it",
-     set_max_message},
-    {"max-inflight", "N", "requests received and served at once (default 64)", set_max_inflight},
-    {"batch-window-us", "US", "merge nmmo3_encode forward requests that share resident weights "
-                              "and arrive within US of the first into one launch (default 0: "
-                              "off)", set_batch_window},
-    {"max-batch", "ROWS", "most rows in one merged launch (default 32768)", set_max_batch},
-    {"log-level", "LEVEL", "error, warn, info or debug (default info)", set_log_level},
-    {"stats-listen", "URL", "HTTP stats endpoint, http://ADDR:PORT or none "
-                            "(default http://127.0.0.1:9464)", set_stats_listen},
-    {"config", "FILE", "read options from FILE: one 'key = value' a line, keys as the long "
-                       "flags without dashes, '#' starts a comment", set_config},
+     CONFIG_SETTER(set_backend)},
+    {"device", "N", "CUDA device index (default 0)", CONFIG_NUMBER(device, 0, 63)},
+    {"workspace-mb", "MB", "device workspace preallocated at start (default 1024)",
+     CONFIG_NUMBER(workspace_mb, 1, 1u << 20)},
+    {"resident-mb", "MB",
+     "most memory resident tensors may hold, all clients together (default 16384)",
+     CONFIG_NUMBER(resident_mb, 1, 1u << 24)},
+    {"max-message-mb", "MB",
+     "largest request or inline reply (default 256); a request up to 1 MiB larger gets an error "
+     "reply, a larger one is dropped by the transport with its connection before anything "
+     "decodes it",
+     /* nng refuses receive limits of 4 GiB and more (with the error-reply slack) */
+     CONFIG_NUMBER(max_message_mb, 1, 2048)},
+    {"max-inflight", "N", "requests received and served at once (default 64)",
+     CONFIG_NUMBER(max_inflight, 1, 4096)},
+    {"batch-window-us", "US",
+     "merge nmmo3_encode forward requests that share resident weights and arrive within US of "
+     "the first into one launch (default 0: off)",
+     CONFIG_NUMBER(batch_window_us, 0, 1000000)},
+    {"max-batch", "ROWS", "most rows in one merged launch (default 32768)",
+     CONFIG_NUMBER(max_batch, 1, 1u << 20)},
+    {"log-level", "LEVEL", "error, warn, info or debug (default info)",
+     CONFIG_SETTER(set_log_level)},
+    {"stats-listen", "URL",
+     "HTTP stats endpoint, http://ADDR:PORT or none (default http://127.0.0.1:9464)",
+     CONFIG_SETTER(set_stats_listen)},
+    {"config", "FILE",
+     "read options from FILE: one 'key = value' a line, keys as the long flags without dashes, "
+     "'#' starts a comment",
+     CONFIG_SETTER(set_config)},
 };
+
+static int option_apply(gcd_config *cfg, const config_option *opt, const char *v, char *err,
+                        size_t errlen)
+{
+    if (opt->set != NULL)
+        return opt->set(cfg, v, err, errlen);
+    uint64_t n;
+    if (parse_u64(v, opt->lo, opt->hi, &n) != 0) {
+        snprintf(err, errlen, "--%s %s: expected %llu..%llu", opt->key, v,
+                 (unsigned long long)opt->lo, (unsigned long long)opt->hi);
+        return -1;
+    }
+    char *field = (char *)cfg + opt->offset;
+    if (opt->width == sizeof(uint32_t)) {
+        uint32_t n32 = (uint32_t)n; /* hi fits: the table's ranges are small */
+        memcpy(field, &n32, sizeof n32);
+    } else {
+        memcpy(field, &n, sizeof n);
+    }
+    return 0;
+}
 
 static const config_option *option_find(const char *key)
 {
@@ -248,7 +226,7 @@ static int read_config_file(gcd_config *cfg, const char *path, char *err, size_t
             break;
         }
         char why[512];
-        if (opt->set(cfg, value, why, sizeof why) != 0) {
+        if (option_apply(cfg, opt, value, why, sizeof why) != 0) {
             snprintf(err, errlen, "%s:%d: %s", path, lineno, why);
             rc = -1;
         }
@@ -319,7 +297,7 @@ int gcd_config_parse_args(gcd_config *cfg, int argc, char **argv, char *err, siz
             }
             value = argv[++i];
         }
-        if (opt->set(cfg, value, err, errlen) != 0)
+        if (option_apply(cfg, opt, value, err, errlen) != 0)
             return -1;
     }
     return 0;
