@@ -20,11 +20,6 @@
 
 static th_daemon daemon_;
 
-static gk_tensor gk_view(void *data, gk_dtype dt, int ndim, const int64_t *shape)
-{
-    return gk_tensor_make(data, dt, ndim, shape);
-}
-
 static void *xmalloc(size_t n)
 {
     void *p = malloc(n);
@@ -81,10 +76,10 @@ static void test_conv2d_forward_region_resident_inline(void **state)
     assert_int_equal(rc, 0);
 
     gk_conv2d kp = {.stride_h = S, .stride_w = S, .pad_h = P, .pad_w = P, .relu = 1};
-    gk_tensor gx = gk_view(x, GK_F32, 4, TH_SHAPE(N, C, H, W));
-    gk_tensor gw = gk_view(w, GK_F32, 4, TH_SHAPE(OC, C, K, K));
-    gk_tensor gb = gk_view(b, GK_F32, 1, TH_SHAPE(OC));
-    gk_tensor gy = gk_view(want, GK_F32, 4, TH_SHAPE(N, OC, OH, OW));
+    gk_tensor gx = gk_tensor_make(x, GK_F32, 4, TH_SHAPE(N, C, H, W));
+    gk_tensor gw = gk_tensor_make(w, GK_F32, 4, TH_SHAPE(OC, C, K, K));
+    gk_tensor gb = gk_tensor_make(b, GK_F32, 1, TH_SHAPE(OC));
+    gk_tensor gy = gk_tensor_make(want, GK_F32, 4, TH_SHAPE(N, OC, OH, OW));
     gk_err err;
     assert_int_equal(gk_cpu_conv2d_forward(&kp, &gx, &gw, &gb, &gy, &err), 0);
     assert_same_bytes(y, want, yn * 4, "conv2d y");
@@ -111,16 +106,16 @@ static void test_conv2d_backward_inline_tcp_bf16(void **state)
     th_fill_bf16(w, wn);
     th_fill_bf16(dy, yn);
     gk_conv2d kp = {.stride_h = S, .stride_w = S, .pad_h = P, .pad_w = P, .relu = 1};
-    gk_tensor gx = gk_view(x, GK_BF16, 4, TH_SHAPE(N, C, H, W));
-    gk_tensor gw = gk_view(w, GK_BF16, 4, TH_SHAPE(OC, C, KH, KW));
-    gk_tensor gy = gk_view(y, GK_BF16, 4, TH_SHAPE(N, OC, OH, OW));
+    gk_tensor gx = gk_tensor_make(x, GK_BF16, 4, TH_SHAPE(N, C, H, W));
+    gk_tensor gw = gk_tensor_make(w, GK_BF16, 4, TH_SHAPE(OC, C, KH, KW));
+    gk_tensor gy = gk_tensor_make(y, GK_BF16, 4, TH_SHAPE(N, OC, OH, OW));
     gk_tensor gnob = {0};
     gk_err err;
     assert_int_equal(gk_cpu_conv2d_forward(&kp, &gx, &gw, &gnob, &gy, &err), 0);
-    gk_tensor gdy = gk_view(dy, GK_BF16, 4, TH_SHAPE(N, OC, OH, OW));
-    gk_tensor gdx = gk_view(wdx, GK_BF16, 4, TH_SHAPE(N, C, H, W));
-    gk_tensor gdw = gk_view(wdw, GK_BF16, 4, TH_SHAPE(OC, C, KH, KW));
-    gk_tensor gdb = gk_view(wdb, GK_BF16, 1, TH_SHAPE(OC));
+    gk_tensor gdy = gk_tensor_make(dy, GK_BF16, 4, TH_SHAPE(N, OC, OH, OW));
+    gk_tensor gdx = gk_tensor_make(wdx, GK_BF16, 4, TH_SHAPE(N, C, H, W));
+    gk_tensor gdw = gk_tensor_make(wdw, GK_BF16, 4, TH_SHAPE(OC, C, KH, KW));
+    gk_tensor gdb = gk_tensor_make(wdb, GK_BF16, 1, TH_SHAPE(OC));
     assert_int_equal(gk_cpu_conv2d_backward(&kp, &gx, &gw, &gy, &gdy, &gdx, &gdw, &gdb, &err), 0);
 
     gpucd_conv2d_params p;
@@ -164,8 +159,8 @@ static void test_multihot_and_embedding(void **state)
     gpucd_tensor tobs = gpucd_tensor_host(obs, GPUCD_U8, 2, TH_SHAPE(B, 1707));
     gpucd_tensor tout = gpucd_tensor_host(out, GPUCD_F32, 4, TH_SHAPE(B, 59, 11, 15));
     assert_int_equal(gpucd_multihot_encode(c, NULL, &tobs, &tout, NULL), 0);
-    gk_tensor gobs = gk_view(obs, GK_U8, 2, TH_SHAPE(B, 1707));
-    gk_tensor gout = gk_view(want, GK_F32, 4, TH_SHAPE(B, 59, 11, 15));
+    gk_tensor gobs = gk_tensor_make(obs, GK_U8, 2, TH_SHAPE(B, 1707));
+    gk_tensor gout = gk_tensor_make(want, GK_F32, 4, TH_SHAPE(B, 59, 11, 15));
     gk_err err;
     assert_int_equal(gk_cpu_multihot_encode(&gk_nmmo3_layout, &gobs, &gout, &err), 0);
     assert_same_bytes(out, want, on * 4, "multihot out");
@@ -183,8 +178,8 @@ static void test_multihot_and_embedding(void **state)
     assert_int_equal(gpucd_multihot_encode(c, &l, &ts, &tso, NULL), 0);
     gk_multihot_layout kl = {.height = 2, .width = 3, .nfeat = 2, .obs_offset = 7,
                              .channels = 5, .slots = {3, 2}, .offsets = {0, 3}};
-    gk_tensor gs = gk_view(small, GK_U8, 2, TH_SHAPE(2, 19));
-    gk_tensor gso = gk_view(swant, GK_F32, 4, TH_SHAPE(2, 5, 2, 3));
+    gk_tensor gs = gk_tensor_make(small, GK_U8, 2, TH_SHAPE(2, 19));
+    gk_tensor gso = gk_tensor_make(swant, GK_F32, 4, TH_SHAPE(2, 5, 2, 3));
     assert_int_equal(gk_cpu_multihot_encode(&kl, &gs, &gso, &err), 0);
     assert_same_bytes(sout, swant, sizeof sout, "custom multihot out");
 
@@ -204,9 +199,9 @@ static void test_multihot_and_embedding(void **state)
     gpucd_tensor tt = gpucd_tensor_resident(tid, GPUCD_F32, 2, TH_SHAPE(V, D));
     gpucd_tensor teo = gpucd_tensor_host(eo, GPUCD_F32, 3, TH_SHAPE(B, 47, D));
     assert_int_equal(gpucd_embedding_forward(c, &ti, &tt, &teo, NULL), 0);
-    gk_tensor gi = gk_view(idx, GK_I64, 2, TH_SHAPE(B, 47));
-    gk_tensor gt = gk_view(table, GK_F32, 2, TH_SHAPE(V, D));
-    gk_tensor geo = gk_view(ew, GK_F32, 3, TH_SHAPE(B, 47, D));
+    gk_tensor gi = gk_tensor_make(idx, GK_I64, 2, TH_SHAPE(B, 47));
+    gk_tensor gt = gk_tensor_make(table, GK_F32, 2, TH_SHAPE(V, D));
+    gk_tensor geo = gk_tensor_make(ew, GK_F32, 3, TH_SHAPE(B, 47, D));
     assert_int_equal(gk_cpu_embedding_forward(&gi, &gt, &geo, &err), 0);
     assert_same_bytes(eo, ew, (size_t)NI * D * 4, "embedding out");
 
@@ -219,8 +214,8 @@ static void test_multihot_and_embedding(void **state)
     poison(dtab, (size_t)V * D * 4);
     gpucd_tensor tget = gpucd_tensor_host(dtab, GPUCD_F32, 2, TH_SHAPE(V, D));
     assert_int_equal(gpucd_tensor_get(c, tdt.resident, &tget), 0);
-    gk_tensor gdo = gk_view(ew, GK_F32, 3, TH_SHAPE(B, 47, D));
-    gk_tensor gdt = gk_view(dwant, GK_F32, 2, TH_SHAPE(V, D));
+    gk_tensor gdo = gk_tensor_make(ew, GK_F32, 3, TH_SHAPE(B, 47, D));
+    gk_tensor gdt = gk_tensor_make(dwant, GK_F32, 2, TH_SHAPE(V, D));
     assert_int_equal(gk_cpu_embedding_backward(&gi, &gdo, &gdt, &err), 0);
     assert_same_bytes(dtab, dwant, (size_t)V * D * 4, "embedding dtable");
     assert_int_equal(gpucd_tensor_free(c, tdt.resident), 0);
@@ -278,15 +273,15 @@ static void test_linear_cross_entropy(void **state)
     kp.reduction = GK_REDUCE_NONE;
     kp.softcap = 15.0f;
     kp.shift = 1;
-    gk_tensor ge = gk_view(E, GK_F32, 2, TH_SHAPE(N, D));
-    gk_tensor gc = gk_view(C, GK_F32, 2, TH_SHAPE(V, D));
-    gk_tensor gb = gk_view(bias, GK_F32, 1, TH_SHAPE(V));
-    gk_tensor gt = gk_view(tg, GK_I64, 1, TH_SHAPE(N));
-    gk_tensor gl = gk_view(wloss, GK_F32, 1, TH_SHAPE(N));
-    gk_tensor gs = gk_view(wlse, GK_F32, 1, TH_SHAPE(N));
-    gk_tensor gde = gk_view(wdE, GK_F32, 2, TH_SHAPE(N, D));
-    gk_tensor gdc = gk_view(wdC, GK_F32, 2, TH_SHAPE(V, D));
-    gk_tensor gdb = gk_view(wdb, GK_F32, 1, TH_SHAPE(V));
+    gk_tensor ge = gk_tensor_make(E, GK_F32, 2, TH_SHAPE(N, D));
+    gk_tensor gc = gk_tensor_make(C, GK_F32, 2, TH_SHAPE(V, D));
+    gk_tensor gb = gk_tensor_make(bias, GK_F32, 1, TH_SHAPE(V));
+    gk_tensor gt = gk_tensor_make(tg, GK_I64, 1, TH_SHAPE(N));
+    gk_tensor gl = gk_tensor_make(wloss, GK_F32, 1, TH_SHAPE(N));
+    gk_tensor gs = gk_tensor_make(wlse, GK_F32, 1, TH_SHAPE(N));
+    gk_tensor gde = gk_tensor_make(wdE, GK_F32, 2, TH_SHAPE(N, D));
+    gk_tensor gdc = gk_tensor_make(wdC, GK_F32, 2, TH_SHAPE(V, D));
+    gk_tensor gdb = gk_tensor_make(wdb, GK_F32, 1, TH_SHAPE(V));
     gk_err err;
     assert_int_equal(gk_cpu_lce(&kp, &ge, &gc, &gb, &gt, &gl, &gs, &gde, &gdc, &gdb, &err), 0);
     assert_same_bytes(loss, wloss, sizeof loss, "loss");
@@ -302,7 +297,7 @@ static void test_linear_cross_entropy(void **state)
     assert_int_equal(gpucd_linear_cross_entropy(c, &p, &te, &tc, NULL, &tt, &tm, NULL, NULL,
                                                 NULL, NULL, NULL), 0);
     gk_lce_defaults(&kp);
-    gk_tensor gm = gk_view(&wmean, GK_F32, 0, NULL);
+    gk_tensor gm = gk_tensor_make(&wmean, GK_F32, 0, NULL);
     gk_tensor none = {0};
     assert_int_equal(gk_cpu_lce(&kp, &ge, &gc, &none, &gt, &gm, &none, &none, &none, &none, &err),
                      0);
@@ -389,11 +384,11 @@ static void test_nmmo3_encode(void **state)
     gk_tensor *slots[7] = {&gw.conv1_w, &gw.conv1_b, &gw.conv2_w, &gw.conv2_b, &gw.embed,
                            &gw.proj_w, &gw.proj_b};
     for (int i = 0; i < 7; i++)
-        *slots[i] = gk_view(h.w[i], GK_F32, h.ndim[i], h.shape[i]);
+        *slots[i] = gk_tensor_make(h.w[i], GK_F32, h.ndim[i], h.shape[i]);
     float *wf = xmalloc((size_t)B * 1817 * 4), *wh = xmalloc((size_t)B * HID * 4);
-    gk_tensor gobs = gk_view(base, GK_U8, 2, TH_SHAPE(B, 1707));
-    gk_tensor gf = gk_view(wf, GK_F32, 2, TH_SHAPE(B, 1817));
-    gk_tensor gh = gk_view(wh, GK_F32, 2, TH_SHAPE(B, HID));
+    gk_tensor gobs = gk_tensor_make(base, GK_U8, 2, TH_SHAPE(B, 1707));
+    gk_tensor gf = gk_tensor_make(wf, GK_F32, 2, TH_SHAPE(B, 1817));
+    gk_tensor gh = gk_tensor_make(wh, GK_F32, 2, TH_SHAPE(B, HID));
     gk_err err;
     assert_int_equal(gk_cpu_nmmo3_forward(&gw, &gobs, &gf, &gh, &err), 0);
     assert_same_bytes(base + feat_off, wf, (size_t)B * 1817 * 4, "features");
@@ -412,14 +407,14 @@ static void test_nmmo3_encode(void **state)
         gwant[i] = xmalloc(h.n[i] * 4);
         poison(g[i], h.n[i] * 4);
         gt[i] = gpucd_tensor_host(g[i], GPUCD_F32, h.ndim[i], h.shape[i]);
-        *gslots[i] = gk_view(gwant[i], GK_F32, h.ndim[i], h.shape[i]);
+        *gslots[i] = gk_tensor_make(gwant[i], GK_F32, h.ndim[i], h.shape[i]);
     }
     gpucd_nmmo3_weights grads = {&gt[0], &gt[1], &gt[2], &gt[3], &gt[4], &gt[5], &gt[6]};
     gpucd_tensor tdo = gpucd_tensor_host(dout, GPUCD_F32, 2, TH_SHAPE(B, HID));
     rc = gpucd_nmmo3_encode_backward(c, &w, &tobs, &tdo, &grads, NULL);
     if (rc != 0)
         fail_msg("nmmo3_encode backward: %s: %s", gpucd_strerror(rc), gpucd_errmsg(c));
-    gk_tensor gdo = gk_view(dout, GK_F32, 2, TH_SHAPE(B, HID));
+    gk_tensor gdo = gk_tensor_make(dout, GK_F32, 2, TH_SHAPE(B, HID));
     assert_int_equal(gk_cpu_nmmo3_backward(&gw, &gobs, &gdo, &gg, &err), 0);
     for (int i = 0; i < 7; i++)
         assert_same_bytes(g[i], gwant[i], h.n[i] * 4, "nmmo3 gradient");
