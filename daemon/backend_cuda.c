@@ -60,6 +60,7 @@ typedef struct exec_slot {
     cudaEvent_t ev[EV_COUNT];
     uint8_t *ws;      /* device: the slot's slice of the workspace */
     uint8_t *staging; /* pinned host */
+    gk_cuda_blas *blas; /* cuBLAS bound to stream, its workspace allocated at open */
     struct exec_slot *next_free;
 } exec_slot;
 
@@ -283,6 +284,7 @@ static void cuda_close(gcd_backend *b)
     cudaDeviceSynchronize();
     for (int i = 0; i < b->nslots; i++) {
         exec_slot *s = &b->slots[i];
+        gk_cuda_blas_close(s->blas);
         for (int k = 0; k < EV_COUNT; k++)
             if (s->ev[k] != NULL)
                 cudaEventDestroy(s->ev[k]);
@@ -369,6 +371,9 @@ static int cuda_open(const gcd_config *cfg, gcd_backend **out, gk_err *err)
                    "cudaStreamCreateWithFlags");
         for (int k = 0; k < EV_COUNT; k++)
             OPEN_CHECK(cudaEventCreate(&s->ev[k]), "cudaEventCreate");
+        if (gk_cuda_blas_open(s->stream, &s->blas, err) != 0)
+            goto fail;
+        atomic_fetch_add(&b->allocations, 1);
         s->ws = b->arena + (size_t)i * b->slot_bytes;
         s->staging = b->staging + (size_t)i * b->staging_bytes;
         s->next_free = b->free_slots;
@@ -660,6 +665,7 @@ static gk_cuda_exec run_exec(const gcd_backend *b, const exec_slot *s, size_t sc
         .workspace = s->ws + scratch_off,
         .workspace_bytes = b->slot_bytes - scratch_off,
         .sm_count = b->sm_count,
+        .blas = s->blas,
     };
     return ex;
 }

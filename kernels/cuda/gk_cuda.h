@@ -26,12 +26,29 @@
 extern "C" {
 #endif
 
+/*
+ * A cuBLAS handle bound to one stream, with its own preallocated workspace
+ * (cuBLAS then never allocates on a call).  Opened once per stream at start,
+ * like the stream itself; kernels that run dense GEMMs take it from
+ * gk_cuda_exec.blas.  cuBLAS GEMMs are bitwise reproducible for the same
+ * shapes, stream, workspace and device, so calls that use it stay
+ * deterministic.
+ */
+typedef struct gk_cuda_blas gk_cuda_blas;
+
+/* The workspace every handle gets: NVIDIA's recommendation for Hopper. */
+#define GK_CUDA_BLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+
+int gk_cuda_blas_open(cudaStream_t stream, gk_cuda_blas **out, gk_err *err);
+void gk_cuda_blas_close(gk_cuda_blas *blas);
+
 /* Where and with what a kernel call runs. */
 typedef struct gk_cuda_exec {
     cudaStream_t stream;    /* every launch goes on this stream */
     void *workspace;        /* device scratch, 256-byte aligned, owned by the caller */
     size_t workspace_bytes; /* its size: at least gk_cuda_conv2d_workspace_bytes() */
     int sm_count;           /* multiprocessors of the device (grid sizing) */
+    gk_cuda_blas *blas;     /* bound to stream; NULL where no call needs it */
 } gk_cuda_exec;
 
 /*

@@ -365,7 +365,7 @@ static void run_case(const layer &L, int B, int prec, int reps, cudaStream_t st,
     void *gws = nullptr;
     if (gws_bytes)
         CK(cudaMalloc(&gws, gws_bytes));
-    const gk_cuda_exec ex = {st, gws, gws_bytes, sms};
+    const gk_cuda_exec ex = {st, gws, gws_bytes, sms, NULL};
 
     /* cuDNN */
     const cudnnDataType_t ddt = bf ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
@@ -567,7 +567,7 @@ static int run_profile_case(const char *lname, const char *pname, int B, cudaStr
     size_t wsb = 0;
     CKGK(gk_cuda_conv2d_workspace_bytes(&p, &tx, &tw, sms, &wsb, &err));
     CK(cudaMalloc(&ws, wsb + 256));
-    const gk_cuda_exec ex = {st, ws, wsb, sms};
+    const gk_cuda_exec ex = {st, ws, wsb, sms, NULL};
     for (int i = 0; i < 5; i++)
         CKGK(gk_cuda_conv2d_forward(&p, &tx, &tw, &tb, &ty, &ex, &err));
     for (int i = 0; i < 5; i++)

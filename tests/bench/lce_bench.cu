@@ -351,7 +351,7 @@ int main(int argc, char **argv)
             void *ws = NULL;
             if (ws_bytes > 0)
                 CK(cudaMalloc(&ws, ws_bytes));
-            gk_cuda_exec ex = {st, ws, ws_bytes, sms};
+            gk_cuda_exec ex = {st, ws, ws_bytes, sms, NULL};
             auto g_fwd = [&]() { CKGK(gk_cuda_lce(&p, &tE, &tC, &none, &tT, &tL, &tS, &none, &none, &none, &ex, &err)); };
             auto g_fb = [&]() { CKGK(gk_cuda_lce(&p, &tE, &tC, &none, &tT, &tL, &tS, &tdE, &tdC, &none, &ex, &err)); };
             row rg = {N, rname, "gpucd", 0, 0, 0, 0};

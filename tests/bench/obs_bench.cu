@@ -148,7 +148,7 @@ int main(int argc, char **argv)
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
     const size_t ws_bytes = (size_t)64 << 20;
-    gk_cuda_exec ex = {g_stream, dev_alloc(ws_bytes), ws_bytes, sms};
+    gk_cuda_exec ex = {g_stream, dev_alloc(ws_bytes), ws_bytes, sms, NULL};
     printf("device %s, %d SMs, iterations %d (+%d warm-up)\n", prop.name, sms, g_iters, g_warmup);
 
     /* The ceiling: a 1 GiB device-to-device copy, 2 GiB moved. */

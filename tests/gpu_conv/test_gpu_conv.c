@@ -338,7 +338,7 @@ static void run_layer(const layer *l, int prec)
         int rc = gk_cuda_conv2d_workspace_bytes(&p, &tx, &tw, sm_options[s], &need, &err);
         if (rc != GK_OK || need > g_ws_bytes)
             fail_msg("%s: workspace %zu of %zu: %s", l->name, need, g_ws_bytes, err.msg);
-        const gk_cuda_exec ex = {g_stream, g_ws, g_ws_bytes, sm_options[s]};
+        const gk_cuda_exec ex = {g_stream, g_ws, g_ws_bytes, sm_options[s], NULL};
         unsigned char *first[3] = {0};
         for (int run = 0; run < 2; run++) {
             buf_poison(&y);
@@ -365,7 +365,7 @@ static void run_layer(const layer *l, int prec)
     /* Without dx and db only dw is written: poisoned dx stays untouched. */
     buf_poison(&dx);
     const gk_tensor none = gk_tensor_make(NULL, dt, 0, NULL);
-    const gk_cuda_exec ex = {g_stream, g_ws, g_ws_bytes, g_sms};
+    const gk_cuda_exec ex = {g_stream, g_ws, g_ws_bytes, g_sms, NULL};
     assert_int_equal(gk_cuda_conv2d_backward(&p, &tx, &tw, &tys, &tdy, &none, &tdw, &none, &ex, &err),
                      GK_OK);
     CUDA_OK(cudaStreamSynchronize(g_stream));
@@ -416,7 +416,7 @@ static void test_errors(void **state)
     CUDA_OK(cudaMalloc(&dgw, 128 * 59 * 25 * 4));
     gk_tensor x = gk_tensor_make(dx, GK_F32, 4, xs), w = gk_tensor_make(dw, GK_F32, 4, ws);
     gk_tensor b = gk_tensor_make(db, GK_F32, 1, bs), y = gk_tensor_make(dy, GK_F32, 4, ys);
-    const gk_cuda_exec ex = {g_stream, g_ws, g_ws_bytes, g_sms};
+    const gk_cuda_exec ex = {g_stream, g_ws, g_ws_bytes, g_sms, NULL};
     gk_err err;
 
 #define EXPECT_FAIL(code, call)                                                                    \
@@ -443,10 +443,10 @@ static void test_errors(void **state)
     const gk_conv2d p_stride0 = {0, 3, 0, 0, 0, 0};
     EXPECT_FAIL(GK_EINVAL, gk_cuda_conv2d_forward(&p_stride0, &x, &w, &b, &y, &ex, &err));
     EXPECT_FAIL(GK_EINVAL, gk_cuda_conv2d_forward(&p, &x, &w, &b, &y, NULL, &err));
-    const gk_cuda_exec ex_nosm = {g_stream, g_ws, g_ws_bytes, 0};
+    const gk_cuda_exec ex_nosm = {g_stream, g_ws, g_ws_bytes, 0, NULL};
     EXPECT_FAIL(GK_EINVAL, gk_cuda_conv2d_forward(&p, &x, &w, &b, &y, &ex_nosm, &err));
     /* Too little workspace: the weight gradient always reduces split partials there. */
-    const gk_cuda_exec ex_small = {g_stream, g_ws, 16, g_sms};
+    const gk_cuda_exec ex_small = {g_stream, g_ws, 16, g_sms, NULL};
     gk_tensor none = gk_tensor_make(NULL, GK_F32, 0, NULL);
     gk_tensor dwt = gk_tensor_make(dgw, GK_F32, 4, ws);
     const gk_conv2d p_norelu = {3, 3, 0, 0, 0, 0};

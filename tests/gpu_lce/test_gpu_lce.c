@@ -131,7 +131,7 @@ static void dev_download(const gk_tensor *dev, gk_tensor *host)
 /* Execution context with a workspace of `bytes` (freed by ctx_free). */
 static gk_cuda_exec ctx_make(size_t bytes, int sms)
 {
-    gk_cuda_exec ex = {g_stream, NULL, bytes, sms};
+    gk_cuda_exec ex = {g_stream, NULL, bytes, sms, NULL};
     if (bytes > 0)
         CUDA_OK(cudaMalloc(&ex.workspace, bytes));
     return ex;
