@@ -30,6 +30,14 @@ int gk_cuda_nmmo3_forward_workspace_bytes(const gk_nmmo3_weights *w, const gk_te
 int gk_cuda_nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor *obs,
                           const gk_tensor *features, const gk_tensor *hidden,
                           const gk_cuda_exec *ex, gk_err *err);
+/*
+ * The forward that also keeps conv1's output (after its ReLU) in c1_out,
+ * (B, 128, 3, 4) of the weights' dtype, for the backward; c1_out NULL or
+ * absent: as gk_cuda_nmmo3_forward.
+ */
+int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                               const gk_tensor *features, const gk_tensor *hidden,
+                               const gk_tensor *c1_out, const gk_cuda_exec *ex, gk_err *err);
 int gk_cuda_nmmo3_status(const gk_tensor *obs, const gk_cuda_exec *ex, gk_err *err);
 
 #ifdef __cplusplus

@@ -137,13 +137,17 @@ extern "C" int gk_cuda_nmmo3_forward_workspace_bytes(const gk_nmmo3_weights *w,
     return GK_OK;
 }
 
-extern "C" int gk_cuda_nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor *obs,
-                                     const gk_tensor *features, const gk_tensor *hidden,
-                                     const gk_cuda_exec *ex, gk_err *err)
+extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                          const gk_tensor *features, const gk_tensor *hidden,
+                                          const gk_tensor *c1_out, const gk_cuda_exec *ex,
+                                          gk_err *err)
 {
     int rc = gk_nmmo3_forward_check(w, obs, features, hidden, err);
     if (rc != GK_OK)
         return rc;
+    if (gk_tensor_present(c1_out) &&
+        (c1_out->dtype != w->conv1_w.dtype || gk_tensor_numel(c1_out) != obs->shape[0] * GK_NMMO3_CONV_CH * 12))
+        return gk_fail(err, GK_EINVAL, "nmmo3 forward (cuda): c1 must be (B, 128, 3, 4) of the weights' dtype");
     if ((rc = obs_numel_check(obs, "nmmo3 forward", "obs", err)) != GK_OK)
         return rc;
     nmmo3_layout l;
@@ -159,7 +163,7 @@ extern "C" int gk_cuda_nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor 
     int64_t c1_shape[4] = {B, GK_NMMO3_CONV_CH, 3, 4};
     int64_t c2_shape[4] = {B, GK_NMMO3_CONV_CH, 1, 2};
     gk_tensor mh = view(ws + l.mh, dt, 4, mh_shape);
-    gk_tensor c1 = view(ws + l.c1, dt, 4, c1_shape);
+    gk_tensor c1 = view(gk_tensor_present(c1_out) ? c1_out->data : ws + l.c1, dt, 4, c1_shape);
     gk_tensor c2 = view(ws + l.c2, dt, 4, c2_shape);
     void *feat = gk_tensor_present(features) ? features->data : ws + l.feat;
 
@@ -198,6 +202,13 @@ extern "C" int gk_cuda_nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor 
     gk_tensor pw = view(w->proj_w.data, dt, 4, pw_shape);
     gk_tensor hx = view(hidden->data, dt, 4, h_shape);
     return gk_cuda_conv2d_forward(&proj_params, &fx, &pw, &w->proj_b, &hx, &e_conv, err);
+}
+
+extern "C" int gk_cuda_nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                     const gk_tensor *features, const gk_tensor *hidden,
+                                     const gk_cuda_exec *ex, gk_err *err)
+{
+    return gk_cuda_nmmo3_forward_keep(w, obs, features, hidden, NULL, ex, err);
 }
 
 extern "C" int gk_cuda_nmmo3_status(const gk_tensor *obs, const gk_cuda_exec *ex, gk_err *err)
