@@ -541,22 +541,14 @@ static uint64_t elapsed_us(cudaEvent_t a, cudaEvent_t b)
     return (uint64_t)((double)ms * 1000.0 + 0.5);
 }
 
-static int op_served(gcd_op_kind kind)
-{
-    return kind == GCD_OP_CONV2D_FORWARD || kind == GCD_OP_CONV2D_BACKWARD ||
-           kind == GCD_OP_MULTIHOT_ENCODE || kind == GCD_OP_EMBEDDING_FORWARD ||
-           kind == GCD_OP_EMBEDDING_BACKWARD || kind == GCD_OP_LINEAR_CROSS_ENTROPY ||
-           kind == GCD_OP_NMMO3_FORWARD;
-}
-
-/* The NMMO3 weights as the device sees them. */
-static gk_nmmo3_weights nmmo3_weights_placed(const arg_place *pl)
+/* An NMMO3 weight set (the weights at first, or the backward's gradients) as the device sees it. */
+static gk_nmmo3_weights nmmo3_weights_placed(const arg_place *pl, int first)
 {
     gk_nmmo3_weights w;
     gk_tensor *slot[NMMO3_NWEIGHTS] = {&w.conv1_w, &w.conv1_b, &w.conv2_w, &w.conv2_b,
                                        &w.embed, &w.proj_w, &w.proj_b};
     for (int i = 0; i < NMMO3_NWEIGHTS; i++)
-        *slot[i] = pl[NMMO3_W0 + i].dev;
+        *slot[i] = pl[first + i].dev;
     return w;
 }
 
@@ -569,11 +561,19 @@ static int run_scratch(const gcd_backend *b, const gcd_op *op, const arg_place *
 {
     switch (op->kind) {
     case GCD_OP_NMMO3_FORWARD: {
-        gk_nmmo3_weights w = nmmo3_weights_placed(pl);
+        gk_nmmo3_weights w = nmmo3_weights_placed(pl, NMMO3_W0);
         return gk_cuda_nmmo3_forward_workspace_bytes(&w, &pl[NMMO3_OBS].dev,
                                                      &pl[NMMO3_FWD_FEATURES].dev,
                                                      &pl[NMMO3_FWD_HIDDEN].dev, b->sm_count,
                                                      scratch, err);
+    }
+    case GCD_OP_NMMO3_BACKWARD: {
+        /* The backward runs the batch in chunks fitted to what the slot has left. */
+        gk_nmmo3_weights w = nmmo3_weights_placed(pl, NMMO3_W0);
+        gk_nmmo3_weights g = nmmo3_weights_placed(pl, NMMO3_BWD_G0);
+        return gk_cuda_nmmo3_backward_workspace_bytes(&w, &pl[NMMO3_OBS].dev,
+                                                      &pl[NMMO3_BWD_DOUT].dev, &g, b->sm_count,
+                                                      avail, scratch, err);
     }
     case GCD_OP_LINEAR_CROSS_ENTROPY: {
         /* The loss fits its passes to the workspace it gets, up to its default budget. */
@@ -685,9 +685,15 @@ static int run_kernel(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
         return gk_cuda_embedding_backward(&pl[EMB_BWD_IDX].dev, &pl[EMB_BWD_DOUT].dev,
                                           &pl[EMB_BWD_DTABLE].dev, &ex, err);
     case GCD_OP_NMMO3_FORWARD: {
-        gk_nmmo3_weights w = nmmo3_weights_placed(pl);
+        gk_nmmo3_weights w = nmmo3_weights_placed(pl, NMMO3_W0);
         return gk_cuda_nmmo3_forward(&w, &pl[NMMO3_OBS].dev, &pl[NMMO3_FWD_FEATURES].dev,
                                      &pl[NMMO3_FWD_HIDDEN].dev, &ex, err);
+    }
+    case GCD_OP_NMMO3_BACKWARD: {
+        gk_nmmo3_weights w = nmmo3_weights_placed(pl, NMMO3_W0);
+        gk_nmmo3_weights g = nmmo3_weights_placed(pl, NMMO3_BWD_G0);
+        return gk_cuda_nmmo3_backward(&w, &pl[NMMO3_OBS].dev, &pl[NMMO3_BWD_DOUT].dev, &g, &ex,
+                                      err);
     }
     case GCD_OP_LINEAR_CROSS_ENTROPY:
         return gk_cuda_lce(&op->p.lce, &pl[LCE_E].dev, &pl[LCE_C].dev, &pl[LCE_BIAS].dev,
@@ -807,9 +813,6 @@ static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *ti
 static int cuda_run(gcd_backend *b, gcd_op *op, gcd_run_timing *timing, gk_err *err)
 {
     memset(timing, 0, sizeof *timing);
-    if (!op_served(op->kind))
-        return gk_fail(err, GK_EINVAL, "%s is not available on the cuda backend yet",
-                       gcd_op_name(op->kind));
     if (backend_check_lost(b, err) != 0)
         return GK_EDEVICE;
     uint64_t t0 = gcd_now_us();

@@ -40,6 +40,23 @@ int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_tensor *obs,
                                const gk_tensor *c1_out, const gk_cuda_exec *ex, gk_err *err);
 int gk_cuda_nmmo3_status(const gk_tensor *obs, const gk_cuda_exec *ex, gk_err *err);
 
+/*
+ * The backward (nmmo3_backward.cu): as gk_cpu_nmmo3_backward, on the device.
+ * Recomputes the activations, then every weight gradient in fp32 through
+ * cuBLAS (ex->blas required).  Checks every observation value first and waits
+ * for the verdict (one synchronisation of ex->stream), so a bad value fails
+ * with GK_ERANGE and the CPU's message before any gradient is written; the
+ * rest is only enqueued.  The batch runs in chunks of agents fitted to the
+ * workspace; the gradients' bits depend on the request, the device and the
+ * chunk size (so on the workspace size), never on timing.
+ */
+int gk_cuda_nmmo3_backward_workspace_bytes(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                           const gk_tensor *dout, const gk_nmmo3_weights *grads,
+                                           int sm_count, size_t budget, size_t *bytes,
+                                           gk_err *err);
+int gk_cuda_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *dout,
+                           const gk_nmmo3_weights *grads, const gk_cuda_exec *ex, gk_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -7,8 +7,8 @@
  * the same fresh random inputs by ||gpu - ref|| / ||ref|| (fp32 < 1e-5,
  * tf32 < 5e-3, bf16 < 2e-2), outputs poisoned with NaN first; region runs are
  * repeated and must give the same bytes.  Then: requests from several clients
- * at once, a request too large for an execution slot, an operation the
- * backend does not serve, per-phase timings, that the daemon made no
+ * at once, a request too large for an execution slot, the loss and the NMMO3
+ * encoder forward and backward against the CPU, per-phase timings, that the daemon made no
  * device allocation after it started, and that a daemon whose device fails
  * for good (an injected illegal address) fails the request, stops being ready
  * and exits 3 by itself.
@@ -568,34 +568,106 @@ static void test_nmmo3_forward_matches_cpu(void **state)
     gpucd_close(c);
 }
 
-static void test_unsupported_op_names_backend(void **state)
+/*
+ * Backward: weights resident, obs in a region, dout and the gradients inline;
+ * every gradient against the CPU's.  rows large enough that the 64 MB slot
+ * runs the batch in several chunks (bf16), and bad values refused with the
+ * CPU's message before any gradient is written.
+ */
+static void nmmo3_backward_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, int proj)
 {
-    /* The encoder's backward has no CUDA path yet: a clear refusal, never a CPU fallback. */
-    gpucd_client *c = th_connect(daemon_.ipc_url);
+    const int64_t H = 64, nout = proj ? H : 1817;
+    static const char *const names[7] = {"conv1_w", "conv1_b", "conv2_w", "conv2_b",
+                                         "embed",   "proj_w",  "proj_b"};
     nmmo3_set ws;
-    nmmo3_set_make(&ws, GPUCD_F32, 16);
-    gpucd_tensor t[7], g[7];
-    void *gd[7];
+    nmmo3_set_make(&ws, dt, H);
+    uint64_t ids[7];
+    gpucd_tensor rt[7], gt[7];
+    float *got[7], *want[7];
+    gk_tensor gw[7];
     for (int i = 0; i < 7; i++) {
-        t[i] = gpucd_tensor_host(ws.w[i], GPUCD_F32, ws.ndim[i], ws.shape[i]);
-        gd[i] = xmalloc(ws.n[i] * 4);
-        g[i] = gpucd_tensor_host(gd[i], GPUCD_F32, ws.ndim[i], ws.shape[i]);
+        gpucd_tensor t = gpucd_tensor_host(ws.w[i], dt, ws.ndim[i], ws.shape[i]);
+        CALL_OK(gpucd_tensor_put(c, &t, &ids[i]));
+        rt[i] = gpucd_tensor_resident(ids[i], dt, ws.ndim[i], ws.shape[i]);
+        got[i] = xmalloc(ws.n[i] * 4);
+        want[i] = xmalloc(ws.n[i] * 4);
+        poison(got[i], ws.n[i] * 4);
+        gt[i] = gpucd_tensor_host(got[i], GPUCD_F32, ws.ndim[i], ws.shape[i]);
+        gw[i] = gk_tensor_make(want[i], GK_F32, ws.ndim[i], ws.shape[i]);
     }
-    gpucd_nmmo3_weights nw = {&t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6]};
-    gpucd_nmmo3_weights ng = {&g[0], &g[1], &g[2], &g[3], &g[4], &g[5], &g[6]};
-    uint8_t obs[2 * 1707];
-    th_fill_nmmo3_obs(obs, 2);
-    float dout[2 * 16];
-    th_fill_f32(dout, 2 * 16);
-    gpucd_tensor to = gpucd_tensor_host(obs, GPUCD_U8, 2, TH_SHAPE(2, 1707));
-    gpucd_tensor td = gpucd_tensor_host(dout, GPUCD_F32, 2, TH_SHAPE(2, 16));
-    int rc = gpucd_nmmo3_encode_backward(c, &nw, &to, &td, &ng, NULL);
-    printf("unsupported: %s: %s\n", gpucd_strerror(rc), gpucd_errmsg(c));
-    assert_int_equal(rc, GPUCD_EINVALID_ARGUMENT);
-    assert_non_null(strstr(gpucd_errmsg(c), "not available on the cuda backend"));
-    for (int i = 0; i < 7; i++)
-        free(gd[i]);
+    gpucd_nmmo3_weights nw = {&rt[0], &rt[1], &rt[2], &rt[3], &rt[4], proj ? &rt[5] : NULL,
+                              proj ? &rt[6] : NULL};
+    gpucd_nmmo3_weights ng = {&gt[0], &gt[1], &gt[2], &gt[3], &gt[4], proj ? &gt[5] : NULL,
+                              proj ? &gt[6] : NULL};
+    gpucd_region *r;
+    CALL_OK(gpucd_region_create(c, (size_t)rows * 1707, &r));
+    uint8_t *obs = gpucd_region_data(r);
+    th_fill_nmmo3_obs(obs, (size_t)rows);
+    float *dout32 = xmalloc((size_t)(rows * nout) * 4);
+    th_fill_f32(dout32, (size_t)(rows * nout));
+    void *dout = dout32;
+    if (dt == GPUCD_BF16) {
+        uint16_t *h = xmalloc((size_t)(rows * nout) * 2);
+        for (int64_t k = 0; k < rows * nout; k++)
+            h[k] = gk_f32_to_bf16(dout32[k]);
+        dout = h;
+    }
+    gpucd_tensor to = gpucd_tensor_region(r, 0, GPUCD_U8, 2, TH_SHAPE(rows, 1707));
+    gpucd_tensor td = gpucd_tensor_host(dout, dt, 2, TH_SHAPE(rows, nout));
+    CALL_OK(gpucd_nmmo3_encode_backward(c, &nw, &to, &td, &ng, NULL));
+
+    gk_nmmo3_weights g = nmmo3_set_gk(&ws, proj);
+    gk_nmmo3_weights gref = {gw[0], gw[1], gw[2], gw[3], gw[4], proj ? gw[5] : (gk_tensor){0},
+                             proj ? gw[6] : (gk_tensor){0}};
+    const gk_dtype gdt = dt == GPUCD_BF16 ? GK_BF16 : GK_F32;
+    gk_tensor go = gk_tensor_make(obs, GK_U8, 2, TH_SHAPE(rows, 1707));
+    gk_tensor gd = gk_tensor_make(dout, gdt, 2, TH_SHAPE(rows, nout));
+    gk_err err;
+    assert_int_equal(gk_cpu_nmmo3_backward(&g, &go, &gd, &gref, &err), 0);
+    const double tol = dt == GPUCD_BF16 ? 2e-2 : 1e-5;
+    for (int i = 0; i < (proj ? 7 : 5); i++) {
+        double e = rel_err_of(got[i], want[i], ws.n[i], GPUCD_F32);
+        printf("rel err nmmo3 backward %s rows %lld%s d%s %.3g\n",
+               dt == GPUCD_BF16 ? "bf16" : "f32", (long long)rows, proj ? " proj" : "", names[i], e);
+        if (!(e < tol))
+            fail_msg("nmmo3 backward d%s rel err %.3g > %.3g", names[i], e, tol);
+    }
+
+    /* Out-of-range values: the CPU's message, and no gradient written. */
+    const char *what[2] = {"map value", "player value"};
+    for (int k = 0; k < 2; k++) {
+        th_fill_nmmo3_obs(obs, (size_t)rows);
+        size_t at = (size_t)(rows - 1) * 1707 + (k == 0 ? (size_t)(7 * 10 + 2) : 1650u + 9u);
+        obs[at] = 200;
+        gk_err cpu;
+        assert_int_equal(gk_cpu_nmmo3_backward(&g, &go, &gd, &gref, &cpu), GK_ERANGE);
+        for (int i = 0; i < 7; i++)
+            poison(got[i], ws.n[i] * 4);
+        int rc = gpucd_nmmo3_encode_backward(c, &nw, &to, &td, &ng, NULL);
+        printf("nmmo3 backward bad %s: %s\n", what[k], gpucd_errmsg(c));
+        assert_int_equal(rc, GPUCD_EOUT_OF_RANGE);
+        assert_non_null(strstr(gpucd_errmsg(c), cpu.msg));
+        for (int i = 0; i < 7; i++)
+            for (size_t j = 0; j < ws.n[i]; j++)
+                assert_true(isnan(got[i][j]));
+    }
+    for (int i = 0; i < 7; i++) {
+        CALL_OK(gpucd_tensor_free(c, ids[i]));
+        free(got[i]), free(want[i]);
+    }
+    CALL_OK(gpucd_region_destroy(r));
+    if (dout != dout32)
+        free(dout);
+    free(dout32);
     nmmo3_set_free(&ws);
+}
+
+static void test_nmmo3_backward_matches_cpu(void **state)
+{
+    gpucd_client *c = th_connect(daemon_.ipc_url);
+    nmmo3_backward_case(c, GPUCD_F32, 37, 1);
+    nmmo3_backward_case(c, GPUCD_BF16, 1500, 1);
+    nmmo3_backward_case(c, GPUCD_F32, 5, 0);
     gpucd_close(c);
 }
 
@@ -950,7 +1022,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_conv_matches_cpu),
         cmocka_unit_test(test_concurrent_clients),
         cmocka_unit_test(test_request_larger_than_a_slot),
-        cmocka_unit_test(test_unsupported_op_names_backend),
+        cmocka_unit_test(test_nmmo3_backward_matches_cpu),
         cmocka_unit_test(test_lce_matches_cpu),
         cmocka_unit_test(test_nmmo3_forward_matches_cpu),
         cmocka_unit_test(test_timings_conv1_b1024),

@@ -1,0 +1,544 @@
+/*
+ * nmmo3_backward.cu - the NMMO3 encoder backward on the GPU; see gk_cuda_nmmo3.h.
+ *
+ * The call is stateless like the CPU's: it recomputes the activations with
+ * the forward (gk_cuda_nmmo3_forward_keep), then runs the chain backwards.
+ * Every product is a dense GEMM on cuBLAS (ex->blas) with fp32 accumulation
+ * and fp32 weight gradients; the glue is a handful of layout kernels:
+ *
+ *   dpre  = dout * (hidden > 0)                      (projection's ReLU)
+ *   dWp   = dpre^T feat,  dfeat = dpre Wp,  dbp = column sums of dpre
+ *   dy2   = dfeat[:, 0:256] as (agent, pixel) rows x 128 channels
+ *   dW2   = dy2^T im2col(c1),  dcol = dy2 W2,  db2 = column sums of dy2
+ *   dc1   = col2im(dcol) * (c1 > 0)                  (conv1's ReLU)
+ *   dW1   = dc1^T X,  db1 = column sums of dc1, where X is conv1's input
+ *           unfolded (one row per output pixel, 1475 columns), built from
+ *           the observation bytes: 250 ones a row, exact in bf16
+ *   dembed = embedding backward of dfeat[:, 256:1760] at the player bytes
+ *
+ * The batch is processed in chunks of agents sized to the workspace; each
+ * chunk adds into the fp32 gradients in chunk order (GEMMs with beta = 1,
+ * sums in a fixed order), so the bits depend only on the request, the device
+ * and the workspace size.  Intermediates of bf16 requests are bf16 (what a
+ * chain of bf16 kernels stores); the gradients are fp32.
+ */
+#include <inttypes.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cuda_bf16.h>
+
+#include "blas.cuh"
+#include "gk_cuda_nmmo3.h"
+#include "obs_record.cuh"
+
+namespace {
+
+constexpr int THREADS = 256;
+constexpr int CH = GK_NMMO3_CONV_CH;                 /* 128 */
+constexpr int FEAT = GK_NMMO3_FEATURES;              /* 1817 */
+constexpr int C1_P = 12;                             /* conv1 output pixels, 3 x 4 */
+constexpr int C2_P = 2;                              /* conv2 output pixels, 1 x 2 */
+constexpr int C2_K = CH * 9;                         /* conv2 weights an output channel */
+constexpr int C1_K = 59 * 25;                        /* conv1 weights an output channel */
+constexpr int X_LD = 1480;                           /* C1_K rounded up to 16 bytes of bf16 */
+constexpr int EMB_AT = C2_P * CH;                    /* 256 */
+constexpr int EMB_N = GK_NMMO3_PLAYER_COUNT * GK_NMMO3_EMBED_DIM; /* 1504 */
+constexpr int SUM_ROWS = 1024;                       /* rows a column-sum block adds */
+constexpr int64_t MIN_CHUNK = 64;
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+template <typename T> __device__ __forceinline__ float ld(const T *p, size_t i);
+template <> __device__ __forceinline__ float ld<float>(const float *p, size_t i) { return p[i]; }
+template <> __device__ __forceinline__ float ld<__nv_bfloat16>(const __nv_bfloat16 *p, size_t i)
+{
+    return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ void st(float *p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(__nv_bfloat16 *p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+#define GRID_LOOP(i, n)                                                                             \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                       \
+         i += (size_t)gridDim.x * blockDim.x)
+
+/* dout through the projection's ReLU, in place over hidden. */
+template <typename T> __global__ void relu_grad_kernel(T *hidden_to_dpre, const T *dout, size_t n)
+{
+    GRID_LOOP(i, n) { hidden_to_dpre[i] = ld(hidden_to_dpre, i) > 0.0f ? dout[i] : T(0.0f); }
+}
+
+/* dy2[a*2 + p][c] = dfeat[a][c*2 + p]: conv2's output gradient as pixel rows. */
+template <typename T> __global__ void dy2_rows_kernel(const T *dfeat, size_t ld_feat, T *dy2, size_t agents)
+{
+    GRID_LOOP(i, agents * C2_P * CH)
+    {
+        const size_t r = i / CH, c = i - r * CH, a = r / C2_P, p = r - a * C2_P;
+        dy2[i] = dfeat[a * ld_feat + c * C2_P + p];
+    }
+}
+
+/* col[a*2 + p][c*9 + kh*3 + kw] = c1[a][c][kh][p + kw]: conv2's input unfolded (3x4 -> 1x2, K3). */
+template <typename T> __global__ void conv2_unfold_kernel(const T *c1, T *col, size_t agents)
+{
+    GRID_LOOP(i, agents * C2_P * C2_K)
+    {
+        const size_t r = i / C2_K, k = i - r * C2_K, a = r / C2_P;
+        const int p = (int)(r - a * C2_P), c = (int)(k / 9), t = (int)(k % 9);
+        const int kh = t / 3, kw = t - kh * 3;
+        col[i] = c1[a * CH * C1_P + c * C1_P + kh * 4 + p + kw];
+    }
+}
+
+/*
+ * dc1[a*12 + h*4 + w][c] = (c1 > 0) * sum over the conv2 pixels p that read
+ * (h, w) (kw = w - p in 0..2) of dcol[a*2 + p][c*9 + h*3 + kw].
+ */
+template <typename T> __global__ void conv2_fold_relu_kernel(const T *dcol, const T *c1, T *dc1, size_t agents)
+{
+    GRID_LOOP(i, agents * C1_P * CH)
+    {
+        const size_t r = i / CH, a = r / C1_P;
+        const int c = (int)(i - r * CH), px = (int)(r - a * C1_P), h = px / 4, w = px - h * 4;
+        float s = 0.0f;
+        for (int p = 0; p < C2_P; p++) {
+            const int kw = w - p;
+            if (kw >= 0 && kw < 3)
+                s += ld(dcol, (a * C2_P + p) * C2_K + (size_t)c * 9 + h * 3 + kw);
+        }
+        st(dc1, i, ld(c1, a * CH * C1_P + (size_t)c * C1_P + px) > 0.0f ? s : 0.0f);
+    }
+}
+
+/* Where each map feature's one-hot group starts and how many values it has. */
+struct map_layout {
+    int offsets[10];
+    int slots[10];
+};
+
+/*
+ * Every map byte and player byte of the batch checked before anything is
+ * written: the first bad map value lowers rec[0] to agent * 1650 + byte (the
+ * multihot record), the first bad player value rec[1] to agent * 47 + i.
+ */
+__global__ void obs_validate_kernel(const uint8_t *obs, size_t agents, map_layout m,
+                                    unsigned long long *map_rec, unsigned long long *player_rec)
+{
+    constexpr int MAP = 11 * 15 * 10, CHECKED = MAP + GK_NMMO3_PLAYER_COUNT;
+    GRID_LOOP(i, agents * CHECKED)
+    {
+        const size_t a = i / CHECKED;
+        const int j = (int)(i - a * CHECKED);
+        const uint8_t *o = obs + a * GK_NMMO3_OBS_BYTES;
+        if (j < MAP) {
+            if (o[j] >= m.slots[j % 10])
+                obs_record_offender(map_rec, (unsigned long long)a * MAP + (unsigned)j);
+        } else if (o[GK_NMMO3_PLAYER_OFFSET + j - MAP] >= GK_NMMO3_EMBED_VOCAB) {
+            obs_record_offender(player_rec, (unsigned long long)a * GK_NMMO3_PLAYER_COUNT + (unsigned)(j - MAP));
+        }
+    }
+}
+
+/*
+ * X[a*12 + oh*4 + ow][c*25 + kh*5 + kw] = 1 where the multihot of agent a has
+ * channel c set at (oh*3 + kh, ow*3 + kw); X is zeroed first.  A value out of
+ * range sets nothing (the call has failed before, in batch_validate).
+ */
+template <typename T> __global__ void conv1_unfold_kernel(const uint8_t *obs, T *x, size_t agents, map_layout m)
+{
+    GRID_LOOP(i, agents * C1_P * 25 * 10)
+    {
+        const size_t r = i / 250, a = r / C1_P;
+        const int j = (int)(i - r * 250), tap = j / 10, f = j - tap * 10;
+        const int px = (int)(r - a * C1_P), oh = px / 4, ow = px - oh * 4;
+        const int kh = tap / 5, kw = tap - kh * 5, h = oh * 3 + kh, w = ow * 3 + kw;
+        const unsigned v = obs[a * GK_NMMO3_OBS_BYTES + (size_t)(h * 15 + w) * 10 + f];
+        if (v < (unsigned)m.slots[f]) /* always, after obs_validate_kernel; never out of bounds */
+            st(x, r * X_LD + (size_t)(m.offsets[f] + v) * 25 + tap, 1.0f);
+    }
+}
+
+/*
+ * Column sums of a rows x cols matrix, first pass: block b adds rows
+ * [b*SUM_ROWS, ...) of each column in row order into part[b][col].
+ */
+template <typename T> __global__ void column_sums_kernel(const T *m, size_t rows, int cols, float *part)
+{
+    const size_t r0 = (size_t)blockIdx.x * SUM_ROWS;
+    const size_t r1 = r0 + SUM_ROWS < rows ? r0 + SUM_ROWS : rows;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float s = 0.0f;
+        for (size_t r = r0; r < r1; r++)
+            s += ld(m, r * cols + c);
+        part[(size_t)blockIdx.x * cols + c] = s;
+    }
+}
+
+/* Second pass: out[col] (+)= the blocks' partial sums in block order. */
+__global__ void column_sums_finish_kernel(const float *part, int blocks, int cols, float *out, int accumulate)
+{
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int b = 0; b < blocks; b++)
+            s += part[(size_t)b * cols + c];
+        out[c] = accumulate ? out[c] + s : s;
+    }
+}
+
+__global__ void add_kernel(float *dst, const float *src, int n)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        dst[i] += src[i];
+}
+
+unsigned grid_for(size_t n, int sm_count)
+{
+    size_t g = (n + THREADS - 1) / THREADS;
+    const size_t cap = (size_t)(sm_count > 0 ? sm_count : 1) * 16;
+    return (unsigned)(g < 1 ? 1 : g > cap ? cap : g);
+}
+
+/* Places of one chunk's buffers in the workspace (after the forward's own part). */
+struct bwd_layout {
+    int64_t chunk;
+    size_t fwd_at, fwd, feat, hidden, c1, dfeat, dy2, col, dc1, x, idx, demb, emb_ws, emb_ws_bytes,
+        dembed, part, total;
+};
+
+int layout_make(const gk_nmmo3_weights *w, const gk_tensor *obs, int64_t chunk, int sm_count,
+                bwd_layout *l, gk_err *err)
+{
+    const gk_dtype dt = w->conv1_w.dtype;
+    const size_t es = gk_dtype_size(dt), n = (size_t)chunk;
+    const int projecting = gk_tensor_present(&w->proj_w);
+    const int64_t hid = projecting ? w->proj_w.shape[0] : 0;
+    int64_t obs_shape[2] = {chunk, GK_NMMO3_OBS_BYTES};
+    int64_t feat_shape[2] = {chunk, FEAT}, hid_shape[2] = {chunk, hid};
+    gk_tensor o = gk_tensor_make(obs->data, GK_U8, 2, obs_shape);
+    gk_tensor f = gk_tensor_make((void *)1, dt, 2, feat_shape);
+    gk_tensor h = gk_tensor_make((void *)1, dt, 2, hid_shape);
+    size_t fwd = 0;
+    int rc = gk_cuda_nmmo3_forward_workspace_bytes(w, &o, &f, projecting ? &h : NULL, sm_count,
+                                                   &fwd, err);
+    int64_t idx_shape[2] = {chunk, GK_NMMO3_PLAYER_COUNT};
+    int64_t demb_shape[3] = {chunk, GK_NMMO3_PLAYER_COUNT, GK_NMMO3_EMBED_DIM};
+    int64_t tab_shape[2] = {GK_NMMO3_EMBED_VOCAB, GK_NMMO3_EMBED_DIM};
+    gk_tensor idx = gk_tensor_make((void *)1, GK_U8, 2, idx_shape);
+    gk_tensor demb = gk_tensor_make((void *)2, dt, 3, demb_shape);
+    gk_tensor tab = gk_tensor_make((void *)3, GK_F32, 2, tab_shape);
+    size_t emb = 0;
+    if (rc == GK_OK)
+        rc = gk_cuda_embedding_backward_workspace_bytes(&idx, &demb, &tab, sm_count, &emb, err);
+    if (rc != GK_OK)
+        return rc;
+    size_t at = 2 * (size_t)GK_CUDA_OBS_RECORD_BYTES; /* batch_validate's records */
+    l->fwd_at = at;
+    at += align256(fwd);
+    l->chunk = chunk;
+    l->fwd = fwd;
+    l->feat = at;
+    at += align256(n * FEAT * es);
+    l->hidden = at;
+    at += align256(n * (size_t)hid * es);
+    l->c1 = at;
+    at += align256(n * CH * C1_P * es);
+    l->dfeat = at;
+    at += projecting ? align256(n * FEAT * es) : 0;
+    l->dy2 = at;
+    at += align256(n * C2_P * CH * es);
+    l->col = at; /* conv2's unfolded input, then its gradient */
+    at += align256(n * C2_P * C2_K * es);
+    l->dc1 = at;
+    at += align256(n * C1_P * CH * es);
+    l->x = at;
+    at += align256(n * C1_P * X_LD * es);
+    l->idx = at;
+    at += align256(n * GK_NMMO3_PLAYER_COUNT);
+    l->demb = at;
+    at += align256(n * EMB_N * es);
+    l->emb_ws = at;
+    l->emb_ws_bytes = emb;
+    at += align256(emb);
+    l->dembed = at;
+    at += align256(sizeof(float) * GK_NMMO3_EMBED_VOCAB * GK_NMMO3_EMBED_DIM);
+    l->part = at; /* column-sum partials: the most rows (conv1's) over SUM_ROWS, x the widest */
+    const size_t blocks = (n * C1_P + SUM_ROWS - 1) / SUM_ROWS;
+    const size_t cols = (size_t)(hid > CH ? hid : CH);
+    at += align256(sizeof(float) * (blocks > 0 ? blocks : 1) * cols);
+    l->total = at;
+    return GK_OK;
+}
+
+/* The largest chunk of agents (all of them, or a multiple of MIN_CHUNK) that fits budget. */
+int plan_make(const gk_nmmo3_weights *w, const gk_tensor *obs, int sm_count, size_t budget,
+              bwd_layout *l, gk_err *err)
+{
+    const int64_t B = obs->shape[0];
+    int rc = layout_make(w, obs, B, sm_count, l, err);
+    if (rc != GK_OK || l->total <= budget)
+        return rc;
+    int64_t lo = 1, hi = (B - 1) / MIN_CHUNK; /* chunks of lo..hi x MIN_CHUNK agents */
+    int64_t best = 0;
+    while (lo <= hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if ((rc = layout_make(w, obs, mid * MIN_CHUNK, sm_count, l, err)) != GK_OK)
+            return rc;
+        if (l->total <= budget) {
+            best = mid;
+            lo = mid + 1;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    const int64_t least = B < MIN_CHUNK ? B : MIN_CHUNK;
+    if ((rc = layout_make(w, obs, best > 0 ? best * MIN_CHUNK : least, sm_count, l, err)) != GK_OK)
+        return rc;
+    if (l->total > budget)
+        return gk_fail(err, GK_ENOMEM,
+                       "nmmo3 backward (cuda): needs at least %zu bytes of workspace (a chunk of "
+                       "%lld agents), has %zu",
+                       l->total, (long long)l->chunk, budget);
+    return GK_OK;
+}
+
+/* Row-major C (m x n, ldc) = op(A) op(B) with beta 0 or 1, on cuBLAS's column-major API. */
+struct gemm_rm {
+    cublasHandle_t h;
+    cudaDataType_t in;
+    int accumulate;
+};
+
+int gemm(const gemm_rm &g, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a,
+         int64_t lda, const void *b, int64_t ldb, void *c, cudaDataType_t ct, int64_t ldc,
+         const char *what, gk_err *err)
+{
+    const float one = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
+    cublasStatus_t s = cublasGemmEx(g.h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                    (int)n, (int)m, (int)k, &one, b, g.in, (int)ldb, a, g.in,
+                                    (int)lda, &beta, c, ct, (int)ldc, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return gk_fail(err, GK_EDEVICE, "nmmo3 backward (cuda): %s: %s", what, cublasGetStatusName(s));
+    return GK_OK;
+}
+
+int launch_check(gk_err *err)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "nmmo3 backward (cuda): launch: %s", cudaGetErrorString(e));
+    return GK_OK;
+}
+
+/* db (+)= column sums of m (rows x cols), on the chunk's partial-sum space. */
+template <typename T>
+int column_sums(const T *m, size_t rows, int cols, float *part, float *out, int accumulate,
+                cudaStream_t s, gk_err *err)
+{
+    const unsigned blocks = (unsigned)((rows + SUM_ROWS - 1) / SUM_ROWS);
+    column_sums_kernel<T><<<blocks, cols < THREADS ? cols : THREADS, 0, s>>>(m, rows, cols, part);
+    column_sums_finish_kernel<<<(cols + THREADS - 1) / THREADS, THREADS, 0, s>>>(part, (int)blocks, cols,
+                                                                             out, accumulate);
+    return launch_check(err);
+}
+
+map_layout map_layout_make()
+{
+    map_layout m;
+    for (int f = 0; f < 10; f++) {
+        m.offsets[f] = gk_nmmo3_layout.offsets[f];
+        m.slots[f] = gk_nmmo3_layout.slots[f];
+    }
+    return m;
+}
+
+/*
+ * Checks every observation value of the batch and waits for the verdict (one
+ * stream synchronisation), so that a bad value fails the call with the CPU
+ * kernel's message before any gradient is written: a map value first, as the
+ * CPU checks the whole map first, then a player value.
+ */
+int batch_validate(const gk_tensor *obs, const gk_cuda_exec *ex, gk_err *err)
+{
+    uint8_t *ws = (uint8_t *)ex->workspace;
+    const size_t agents = (size_t)obs->shape[0];
+    const char *op = "nmmo3 backward";
+    cudaError_t ce = cudaMemsetAsync(ws, 0xff, 2 * (size_t)GK_CUDA_OBS_RECORD_BYTES, ex->stream);
+    if (ce != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "%s (cuda): resetting the error records: %s", op,
+                       cudaGetErrorString(ce));
+    const size_t n = agents * (11 * 15 * 10 + GK_NMMO3_PLAYER_COUNT);
+    obs_validate_kernel<<<grid_for(n, ex->sm_count), THREADS, 0, ex->stream>>>(
+        (const uint8_t *)obs->data, agents, map_layout_make(), (unsigned long long *)ws,
+        (unsigned long long *)(ws + GK_CUDA_OBS_RECORD_BYTES));
+    int rc = obs_launch_check(op, err);
+    gk_cuda_exec e_map = *ex, e_player = *ex;
+    e_map.workspace_bytes = e_player.workspace_bytes = GK_CUDA_OBS_RECORD_BYTES;
+    e_player.workspace = ws + GK_CUDA_OBS_RECORD_BYTES;
+    if (rc == GK_OK)
+        rc = gk_cuda_multihot_status(&gk_nmmo3_layout, obs, &e_map, err);
+    unsigned long long pos = OBS_RECORD_CLEAN;
+    if (rc != GK_OK || (rc = obs_record_read(&e_player, &pos, op, err)) != GK_OK ||
+        pos == OBS_RECORD_CLEAN)
+        return rc;
+    const int64_t agent = (int64_t)(pos / GK_NMMO3_PLAYER_COUNT);
+    const int i = (int)(pos % GK_NMMO3_PLAYER_COUNT);
+    uint8_t v = 0;
+    const uint8_t *src = (const uint8_t *)obs->data + agent * GK_NMMO3_OBS_BYTES + GK_NMMO3_PLAYER_OFFSET + i;
+    if ((rc = obs_device_read(ex, &v, src, 1, op, err)) != GK_OK)
+        return rc;
+    return gk_fail(err, GK_ERANGE,
+                   "observation of agent %" PRId64 ", player value %d (byte %d): "
+                   "value %u >= the embedding's %d rows",
+                   agent, i, GK_NMMO3_PLAYER_OFFSET + i, v, GK_NMMO3_EMBED_VOCAB);
+}
+
+/* One chunk of agents [a0, a0 + n): forward, then every gradient added in. */
+template <typename T>
+int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *dout,
+                   const gk_nmmo3_weights *g, int64_t a0, int64_t n, const bwd_layout &l,
+                   int first, const gk_cuda_exec *ex, gk_err *err)
+{
+    const gk_dtype dt = w->conv1_w.dtype;
+    const cudaDataType_t cdt = dt == GK_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    const int projecting = gk_tensor_present(&w->proj_w);
+    const int64_t hid = projecting ? w->proj_w.shape[0] : 0, nout = projecting ? hid : FEAT;
+    const size_t es = gk_dtype_size(dt);
+    uint8_t *ws = (uint8_t *)ex->workspace;
+    const cudaStream_t s = ex->stream;
+    const gemm_rm gm = {ex->blas->handle, cdt, !first};
+    const uint8_t *o = (const uint8_t *)obs->data + a0 * GK_NMMO3_OBS_BYTES;
+    const T *dy = (const T *)((const uint8_t *)dout->data + (size_t)(a0 * nout) * es);
+    T *feat = (T *)(ws + l.feat), *hidden = (T *)(ws + l.hidden), *c1 = (T *)(ws + l.c1);
+    float *part = (float *)(ws + l.part);
+
+    /* The activations (values already validated: the forward's own records are not read). */
+    int64_t obs_shape[2] = {n, GK_NMMO3_OBS_BYTES}, feat_shape[2] = {n, FEAT};
+    int64_t hid_shape[2] = {n, hid}, c1_shape[4] = {n, CH, 3, 4};
+    gk_tensor to = gk_tensor_make((void *)o, GK_U8, 2, obs_shape);
+    gk_tensor tf = gk_tensor_make(feat, dt, 2, feat_shape);
+    gk_tensor th = gk_tensor_make(hidden, dt, 2, hid_shape);
+    gk_tensor tc = gk_tensor_make(c1, dt, 4, c1_shape);
+    gk_cuda_exec ef = *ex;
+    ef.workspace = ws + l.fwd_at;
+    ef.workspace_bytes = l.fwd;
+    int rc = gk_cuda_nmmo3_forward_keep(w, &to, &tf, projecting ? &th : NULL, &tc, &ef, err);
+    if (rc != GK_OK)
+        return rc;
+
+    const T *dfeat = dy;
+    size_t ld_feat = FEAT;
+    if (projecting) {
+        T *dpre = hidden;
+        T *df = (T *)(ws + l.dfeat);
+        const size_t cnt = (size_t)(n * hid);
+        relu_grad_kernel<T><<<grid_for(cnt, ex->sm_count), THREADS, 0, s>>>(dpre, dy, cnt);
+        if ((rc = launch_check(err)) ||
+            (rc = gemm(gm, true, false, hid, FEAT, n, dpre, hid, feat, FEAT, g->proj_w.data,
+                       CUDA_R_32F, FEAT, "d proj_w", err)) ||
+            (rc = gemm({gm.h, cdt, 0}, false, false, n, FEAT, hid, dpre, hid, w->proj_w.data, FEAT,
+                       df, cdt, FEAT, "d features", err)) ||
+            (rc = column_sums<T>(dpre, (size_t)n, (int)hid, part, (float *)g->proj_b.data, !first,
+                                 s, err)))
+            return rc;
+        dfeat = df;
+    }
+
+    /* conv2 (no ReLU): its output gradient is the first 256 features. */
+    T *dy2 = (T *)(ws + l.dy2), *col = (T *)(ws + l.col), *dc1 = (T *)(ws + l.dc1);
+    const size_t r2 = (size_t)n * C2_P, r1 = (size_t)n * C1_P;
+    dy2_rows_kernel<T><<<grid_for(r2 * CH, ex->sm_count), THREADS, 0, s>>>(dfeat, ld_feat, dy2, (size_t)n);
+    conv2_unfold_kernel<T><<<grid_for(r2 * C2_K, ex->sm_count), THREADS, 0, s>>>(c1, col, (size_t)n);
+    if ((rc = launch_check(err)) ||
+        (rc = gemm(gm, true, false, CH, C2_K, (int64_t)r2, dy2, CH, col, C2_K, g->conv2_w.data,
+                   CUDA_R_32F, C2_K, "d conv2_w", err)) ||
+        (rc = column_sums<T>(dy2, r2, CH, part, (float *)g->conv2_b.data, !first, s, err)) ||
+        (rc = gemm({gm.h, cdt, 0}, false, false, (int64_t)r2, C2_K, CH, dy2, CH, w->conv2_w.data,
+                   C2_K, col, cdt, C2_K, "d conv2 input", err)))
+        return rc;
+    conv2_fold_relu_kernel<T><<<grid_for(r1 * CH, ex->sm_count), THREADS, 0, s>>>(col, c1, dc1, (size_t)n);
+
+    /* conv1: its input unfolded from the bytes, one row an output pixel. */
+    T *x = (T *)(ws + l.x);
+    cudaError_t ce = cudaMemsetAsync(x, 0, r1 * X_LD * es, s);
+    if (ce != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "nmmo3 backward (cuda): clearing conv1's input: %s",
+                       cudaGetErrorString(ce));
+    conv1_unfold_kernel<T><<<grid_for(r1 * 250, ex->sm_count), THREADS, 0, s>>>(o, x, (size_t)n,
+                                                                               map_layout_make());
+    if ((rc = launch_check(err)) ||
+        (rc = gemm(gm, true, false, CH, C1_K, (int64_t)r1, dc1, CH, x, X_LD, g->conv1_w.data,
+                   CUDA_R_32F, C1_K, "d conv1_w", err)) ||
+        (rc = column_sums<T>(dc1, r1, CH, part, (float *)g->conv1_b.data, !first, s, err)))
+        return rc;
+
+    /* The embedding: the player bytes and their feature gradients, made contiguous. */
+    uint8_t *idx = ws + l.idx;
+    T *demb = (T *)(ws + l.demb);
+    if ((ce = cudaMemcpy2DAsync(idx, GK_NMMO3_PLAYER_COUNT, o + GK_NMMO3_PLAYER_OFFSET,
+                                GK_NMMO3_OBS_BYTES, GK_NMMO3_PLAYER_COUNT, (size_t)n,
+                                cudaMemcpyDeviceToDevice, s)) != cudaSuccess ||
+        (ce = cudaMemcpy2DAsync(demb, EMB_N * es, dfeat + EMB_AT, ld_feat * es, EMB_N * es,
+                                (size_t)n, cudaMemcpyDeviceToDevice, s)) != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "nmmo3 backward (cuda): gathering the player rows: %s",
+                       cudaGetErrorString(ce));
+    int64_t idx_shape[2] = {n, GK_NMMO3_PLAYER_COUNT};
+    int64_t demb_shape[3] = {n, GK_NMMO3_PLAYER_COUNT, GK_NMMO3_EMBED_DIM};
+    int64_t tab_shape[2] = {GK_NMMO3_EMBED_VOCAB, GK_NMMO3_EMBED_DIM};
+    gk_tensor ti = gk_tensor_make(idx, GK_U8, 2, idx_shape);
+    gk_tensor td = gk_tensor_make(demb, dt, 3, demb_shape);
+    float *table = first ? (float *)g->embed.data : (float *)(ws + l.dembed);
+    gk_tensor tt = gk_tensor_make(table, GK_F32, 2, tab_shape);
+    gk_cuda_exec ee = *ex;
+    ee.workspace = ws + l.emb_ws;
+    ee.workspace_bytes = l.emb_ws_bytes;
+    if ((rc = gk_cuda_embedding_backward(&ti, &td, &tt, &ee, err)) != GK_OK)
+        return rc;
+    if (!first) {
+        const int cnt = GK_NMMO3_EMBED_VOCAB * GK_NMMO3_EMBED_DIM;
+        add_kernel<<<(cnt + THREADS - 1) / THREADS, THREADS, 0, s>>>((float *)g->embed.data, table, cnt);
+    }
+    return launch_check(err);
+}
+
+} // namespace
+
+extern "C" int gk_cuda_nmmo3_backward_workspace_bytes(const gk_nmmo3_weights *w,
+                                                      const gk_tensor *obs, const gk_tensor *dout,
+                                                      const gk_nmmo3_weights *grads, int sm_count,
+                                                      size_t budget, size_t *bytes, gk_err *err)
+{
+    int rc = gk_nmmo3_backward_check(w, obs, dout, grads, err);
+    if (rc != GK_OK)
+        return rc;
+    bwd_layout l;
+    if ((rc = plan_make(w, obs, sm_count, budget, &l, err)) != GK_OK)
+        return rc;
+    *bytes = l.total;
+    return GK_OK;
+}
+
+extern "C" int gk_cuda_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                      const gk_tensor *dout, const gk_nmmo3_weights *grads,
+                                      const gk_cuda_exec *ex, gk_err *err)
+{
+    int rc = gk_nmmo3_backward_check(w, obs, dout, grads, err);
+    if (rc != GK_OK)
+        return rc;
+    if (ex->blas == NULL)
+        return gk_fail(err, GK_EINVAL, "nmmo3 backward (cuda): needs a cuBLAS handle (gk_cuda_exec.blas)");
+    bwd_layout l;
+    if ((rc = plan_make(w, obs, ex->sm_count, ex->workspace == NULL ? 0 : ex->workspace_bytes, &l,
+                        err)) != GK_OK)
+        return rc;
+    if ((rc = batch_validate(obs, ex, err)) != GK_OK)
+        return rc;
+    const int64_t B = obs->shape[0];
+    for (int64_t a0 = 0; a0 < B && rc == GK_OK; a0 += l.chunk) {
+        const int64_t n = B - a0 < l.chunk ? B - a0 : l.chunk;
+        rc = w->conv1_w.dtype == GK_BF16
+                 ? chunk_backward<__nv_bfloat16>(w, obs, dout, grads, a0, n, l, a0 == 0, ex, err)
+                 : chunk_backward<float>(w, obs, dout, grads, a0, n, l, a0 == 0, ex, err);
+    }
+    return rc;
+}

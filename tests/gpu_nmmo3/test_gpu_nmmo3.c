@@ -1,0 +1,353 @@
+/*
+ * test_gpu_nmmo3.c - the NMMO3 encoder backward on the GPU (gk_cuda_nmmo3_backward).
+ *
+ * On fresh random weights, observations and output gradients (the seed is
+ * printed; GPUCD_TEST_SEED replays it), every weight gradient is compared
+ * with gk_cpu_nmmo3_backward by ||gpu - cpu|| / ||cpu|| (f32 < 1e-5, bf16
+ * < 2e-2), gradients poisoned (NaN) first, for f32 and bf16, with and without
+ * the projection, with a workspace for the whole batch and with one that
+ * forces chunks of 64 agents (and a batch that is no multiple of it).  A call
+ * repeated must give the same bytes.  Bad observation values fail with the
+ * CPU's message before any gradient is written; too small a workspace and a
+ * missing cuBLAS handle fail with messages that say so.
+ * Exits 77 (skipped) without a CUDA device.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+
+#include "gk.h"
+#include "gk_bf16.h"
+#include "gk_cuda.h"
+#include "gk_cuda_nmmo3.h"
+#include "harness.h"
+
+static cudaStream_t g_stream;
+static gk_cuda_blas *g_blas;
+static int g_sms;
+static void *g_ws;
+static const size_t WORKSPACE = (size_t)1 << 30;
+
+#define CUDA_OK(call)                                                                              \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                                     \
+    } while (0)
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+
+/* Data moves on the kernels' non-blocking stream, and each move waits for its bytes. */
+static void upload(void *dst, const void *src, size_t bytes)
+{
+    CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream));
+    CUDA_OK(cudaStreamSynchronize(g_stream));
+}
+
+static void download(void *dst, const void *src, size_t bytes)
+{
+    CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g_stream));
+    CUDA_OK(cudaStreamSynchronize(g_stream));
+}
+
+static void *dev_from(const void *host, size_t bytes)
+{
+    void *d = NULL;
+    CUDA_OK(cudaMalloc(&d, bytes));
+    upload(d, host, bytes);
+    return d;
+}
+
+/* Host values of dtype dt (f32 or bf16) from fresh random floats times scale. */
+static void *host_random(size_t n, gk_dtype dt, float scale)
+{
+    float *f = xmalloc(n * 4);
+    th_fill_f32(f, n);
+    for (size_t i = 0; i < n; i++)
+        f[i] *= scale;
+    if (dt == GK_F32)
+        return f;
+    uint16_t *h = xmalloc(n * 2);
+    for (size_t i = 0; i < n; i++)
+        h[i] = gk_f32_to_bf16(f[i]);
+    free(f);
+    return h;
+}
+
+enum { NW = 7 };
+static const char *const names[NW] = {"conv1_w", "conv1_b", "conv2_w", "conv2_b",
+                                      "embed",   "proj_w",  "proj_b"};
+
+/* One problem: host and device copies of everything, and the CPU's gradients. */
+typedef struct problem {
+    gk_dtype dt;
+    int64_t rows, hidden;
+    int proj;
+    int ndim[NW];
+    int64_t shape[NW][4];
+    size_t n[NW];
+    void *hw[NW], *dw[NW]; /* weights */
+    float *want[NW];       /* CPU gradients */
+    float *dg[NW];         /* device gradients */
+    uint8_t *hobs, *dobs;
+    void *hdout, *ddout;
+} problem;
+
+static gk_nmmo3_weights set_of(const problem *p, void *const *data, int grads)
+{
+    gk_nmmo3_weights w;
+    memset(&w, 0, sizeof w);
+    gk_tensor *slot[NW] = {&w.conv1_w, &w.conv1_b, &w.conv2_w, &w.conv2_b,
+                           &w.embed,   &w.proj_w,  &w.proj_b};
+    for (int i = 0; i < (p->proj ? NW : 5); i++)
+        *slot[i] = gk_tensor_make(data[i], grads ? GK_F32 : p->dt, p->ndim[i], p->shape[i]);
+    return w;
+}
+
+static void problem_make(problem *p, gk_dtype dt, int64_t rows, int proj)
+{
+    memset(p, 0, sizeof *p);
+    p->dt = dt, p->rows = rows, p->proj = proj, p->hidden = 96;
+    const int64_t shapes[NW][4] = {{128, 59, 5, 5}, {128}, {128, 128, 3, 3}, {128}, {128, 32},
+                                   {p->hidden, 1817}, {p->hidden}};
+    const int nd[NW] = {4, 1, 4, 1, 2, 2, 1};
+    const size_t es = gk_dtype_size(dt);
+    for (int i = 0; i < NW; i++) {
+        p->ndim[i] = nd[i];
+        p->n[i] = 1;
+        for (int k = 0; k < nd[i]; k++)
+            p->n[i] *= (size_t)(p->shape[i][k] = shapes[i][k]);
+        p->hw[i] = host_random(p->n[i], dt, 0.1f);
+        p->dw[i] = dev_from(p->hw[i], p->n[i] * es);
+        p->want[i] = xmalloc(p->n[i] * 4);
+        CUDA_OK(cudaMalloc((void **)&p->dg[i], p->n[i] * 4));
+    }
+    p->hobs = xmalloc((size_t)rows * 1707);
+    th_fill_nmmo3_obs(p->hobs, (size_t)rows);
+    p->dobs = dev_from(p->hobs, (size_t)rows * 1707);
+    const size_t nout = (size_t)(rows * (proj ? p->hidden : 1817));
+    p->hdout = host_random(nout, dt, 1.0f);
+    p->ddout = dev_from(p->hdout, nout * es);
+    gk_nmmo3_weights w = set_of(p, p->hw, 0), g = set_of(p, (void **)p->want, 1);
+    gk_tensor o = gk_tensor_make(p->hobs, GK_U8, 2, (int64_t[]){rows, 1707});
+    gk_tensor d = gk_tensor_make(p->hdout, dt, 2, (int64_t[]){rows, proj ? p->hidden : 1817});
+    gk_err err;
+    if (gk_cpu_nmmo3_backward(&w, &o, &d, &g, &err) != GK_OK)
+        fail_msg("cpu backward: %s", err.msg);
+}
+
+static void problem_free(problem *p)
+{
+    for (int i = 0; i < NW; i++) {
+        free(p->hw[i]), free(p->want[i]);
+        cudaFree(p->dw[i]), cudaFree(p->dg[i]);
+    }
+    free(p->hobs), free(p->hdout);
+    cudaFree(p->dobs), cudaFree(p->ddout);
+}
+
+/* Runs the GPU backward with a workspace of ws_bytes; rc and the message in *err. */
+static int problem_run(problem *p, size_t ws_bytes, gk_cuda_blas *blas, gk_err *err)
+{
+    for (int i = 0; i < NW; i++) {
+        CUDA_OK(cudaMemsetAsync(p->dg[i], 0xff, p->n[i] * 4, g_stream));
+    }
+    gk_nmmo3_weights w = set_of(p, p->dw, 0), g = set_of(p, (void **)p->dg, 1);
+    gk_tensor o = gk_tensor_make(p->dobs, GK_U8, 2, (int64_t[]){p->rows, 1707});
+    gk_tensor d = gk_tensor_make(p->ddout, p->dt, 2,
+                                 (int64_t[]){p->rows, p->proj ? p->hidden : 1817});
+    gk_cuda_exec ex = {.stream = g_stream, .workspace = g_ws, .workspace_bytes = ws_bytes,
+                       .sm_count = g_sms, .blas = blas};
+    int rc = gk_cuda_nmmo3_backward(&w, &o, &d, &g, &ex, err);
+    CUDA_OK(cudaStreamSynchronize(g_stream));
+    return rc;
+}
+
+static double rel_err(const float *got, const float *want, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)got[i] - want[i];
+        num += e * e;
+        den += (double)want[i] * want[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Every gradient within tolerance of the CPU's; copies them into keep[] when given. */
+static void problem_check(const problem *p, const char *what, float **keep)
+{
+    const double tol = p->dt == GK_BF16 ? 2e-2 : 1e-5;
+    for (int i = 0; i < (p->proj ? NW : 5); i++) {
+        float *got = xmalloc(p->n[i] * 4);
+        download(got, p->dg[i], p->n[i] * 4);
+        double e = rel_err(got, p->want[i], p->n[i]);
+        printf("rel err %s %s rows %lld%s d%s %.3g\n", what, p->dt == GK_BF16 ? "bf16" : "f32",
+               (long long)p->rows, p->proj ? " proj" : "", names[i], e);
+        if (!(e < tol))
+            fail_msg("%s: d%s rel err %.3g > %.3g", what, names[i], e, tol);
+        if (keep != NULL)
+            keep[i] = got;
+        else
+            free(got);
+    }
+}
+
+/* The smallest workspace the call accepts for this problem (chunks of 64 agents or fewer). */
+static size_t workspace_min(problem *p)
+{
+    gk_nmmo3_weights w = set_of(p, p->dw, 0), g = set_of(p, (void **)p->dg, 1);
+    gk_tensor o = gk_tensor_make(p->dobs, GK_U8, 2, (int64_t[]){p->rows, 1707});
+    gk_tensor d = gk_tensor_make(p->ddout, p->dt, 2,
+                                 (int64_t[]){p->rows, p->proj ? p->hidden : 1817});
+    size_t bytes = 0;
+    gk_err err;
+    /* A budget of one byte fails and names the minimum; ask again with plenty to see the whole. */
+    assert_int_equal(gk_cuda_nmmo3_backward_workspace_bytes(&w, &o, &d, &g, g_sms, 1, &bytes, &err),
+                     GK_ENOMEM);
+    printf("too small: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "workspace"));
+    size_t lo = 1, hi = WORKSPACE;
+    while (lo < hi) { /* the least budget that plans */
+        size_t mid = lo + (hi - lo) / 2;
+        if (gk_cuda_nmmo3_backward_workspace_bytes(&w, &o, &d, &g, g_sms, mid, &bytes, &err) == GK_OK)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+static void test_matches_cpu(void **state)
+{
+    (void)state;
+    const struct {
+        gk_dtype dt;
+        int64_t rows;
+        int proj;
+    } cases[] = {{GK_F32, 37, 1}, {GK_BF16, 300, 1}, {GK_F32, 5, 0}, {GK_BF16, 1, 0}, {GK_BF16, 2100, 1}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        problem p;
+        problem_make(&p, cases[k].dt, cases[k].rows, cases[k].proj);
+        gk_err err;
+        if (problem_run(&p, WORKSPACE, g_blas, &err) != GK_OK)
+            fail_msg("backward: %s", err.msg);
+        float *first[NW] = {0};
+        problem_check(&p, "whole", first);
+        /* Again: the same bytes. */
+        if (problem_run(&p, WORKSPACE, g_blas, &err) != GK_OK)
+            fail_msg("backward again: %s", err.msg);
+        for (int i = 0; i < (p.proj ? NW : 5); i++) {
+            float *again = xmalloc(p.n[i] * 4);
+            download(again, p.dg[i], p.n[i] * 4);
+            if (memcmp(again, first[i], p.n[i] * 4) != 0)
+                fail_msg("d%s differs between two identical calls", names[i]);
+            free(again), free(first[i]);
+        }
+        problem_free(&p);
+    }
+}
+
+static void test_chunks_match_cpu(void **state)
+{
+    (void)state;
+    /* 1000 agents in chunks of 64: 15 full chunks and one of 40. */
+    for (int proj = 0; proj < 2; proj++) {
+        problem p;
+        problem_make(&p, proj ? GK_BF16 : GK_F32, 1000, proj);
+        size_t least = workspace_min(&p);
+        printf("least workspace %zu bytes\n", least);
+        gk_err err;
+        if (problem_run(&p, least, g_blas, &err) != GK_OK)
+            fail_msg("backward in chunks: %s", err.msg);
+        problem_check(&p, "chunks", NULL);
+        assert_int_equal(problem_run(&p, least - 1, g_blas, &err), GK_ENOMEM);
+        printf("one byte less: %s\n", err.msg);
+        assert_non_null(strstr(err.msg, "workspace"));
+        problem_free(&p);
+    }
+}
+
+static void test_bad_input(void **state)
+{
+    (void)state;
+    problem p;
+    problem_make(&p, GK_BF16, 40, 1);
+    gk_nmmo3_weights w = set_of(&p, p.hw, 0), g = set_of(&p, (void **)p.want, 1);
+    gk_tensor o = gk_tensor_make(p.hobs, GK_U8, 2, (int64_t[]){p.rows, 1707});
+    gk_tensor d = gk_tensor_make(p.hdout, p.dt, 2, (int64_t[]){p.rows, p.hidden});
+    /* A map value (agent 39), a player value (agent 0), both (the map one is named). */
+    const size_t at[3][2] = {{39 * 1707 + 123 * 10 + 2, 0}, {1650 + 46, 0},
+                             {39 * 1707 + 5 * 10 + 8, 1650 + 3}};
+    for (int k = 0; k < 3; k++) {
+        th_fill_nmmo3_obs(p.hobs, (size_t)p.rows);
+        p.hobs[at[k][0]] = 17 + 200 * (k == 1);
+        if (at[k][1] != 0)
+            p.hobs[at[k][1]] = 128;
+        upload(p.dobs, p.hobs, (size_t)p.rows * 1707);
+        gk_err cpu, gpu;
+        assert_int_equal(gk_cpu_nmmo3_backward(&w, &o, &d, &g, &cpu), GK_ERANGE);
+        assert_int_equal(problem_run(&p, WORKSPACE, g_blas, &gpu), GK_ERANGE);
+        printf("bad value: %s\n", gpu.msg);
+        assert_string_equal(gpu.msg, cpu.msg);
+        for (int i = 0; i < NW; i++) { /* nothing written: still the NaN poison */
+            float *got = xmalloc(p.n[i] * 4);
+            download(got, p.dg[i], p.n[i] * 4);
+            for (size_t j = 0; j < p.n[i]; j++)
+                if (!isnan(got[j]))
+                    fail_msg("d%s[%zu] written by a failed call", names[i], j);
+            free(got);
+        }
+    }
+    th_fill_nmmo3_obs(p.hobs, (size_t)p.rows);
+    upload(p.dobs, p.hobs, (size_t)p.rows * 1707);
+    gk_err err;
+    assert_int_equal(problem_run(&p, WORKSPACE, NULL, &err), GK_EINVAL);
+    printf("no cuBLAS: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "cuBLAS"));
+    problem_free(&p);
+}
+
+int main(int argc, char **argv)
+{
+    th_init(argc, argv);
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        printf("SKIPPED: no CUDA device (%s)\n",
+               e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
+        return 77;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    gk_err err;
+    if (cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaMalloc(&g_ws, WORKSPACE) != cudaSuccess ||
+        gk_cuda_blas_open(g_stream, &g_blas, &err) != GK_OK) {
+        printf("cannot set up the device\n");
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matches_cpu),
+        cmocka_unit_test(test_chunks_match_cpu),
+        cmocka_unit_test(test_bad_input),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    gk_cuda_blas_close(g_blas);
+    cudaFree(g_ws);
+    cudaStreamDestroy(g_stream);
+    return rc;
+}
