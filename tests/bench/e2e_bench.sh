@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# e2e_bench.sh - issue 6's end-to-end figures, from client processes on the
+# daemon's host: the NMMO3 encoder forward with observations in a registered
+# shared-memory region and the projected hidden (512, bf16) back, weights
+# resident.  Run ON the GPU machine from the repository root, after a build
+# (default build folder build-gpu; argument 1 overrides it).  Environment:
+# WINDOW_US, PROCS, SIZES, BACKEND (below).
+#
+#  1. one client, B = 1024 and B = 32768: latency percentiles and the split
+#     that gpucdctl bench reports (socket round trip, queue, copy in, compute,
+#     copy out, the daemon's other time);
+#  2. 64 client processes at once, each sending B = 64 batches back to back
+#     (closed loop), against a daemon with batching off and then with
+#     --batch-window-us $WINDOW_US: the summed throughput and the worst and
+#     median per-process p99.
+#
+# Each gpucdctl checks one request against the CPU kernels before timing and
+# every reply after; a failed run fails the script.  CSVs land in $OUT.
+set -euo pipefail
+build=${1:-build-gpu}
+out=${OUT:-./out}
+mkdir -p "$out"
+WINDOW_US=${WINDOW_US:-1000}
+PROCS=${PROCS:-64}
+SIZES=${SIZES:-1024 32768}  # the one-client batch sizes
+BACKEND=${BACKEND:-cuda}    # cpu: to try the script itself on a machine without a GPU
+sock="ipc://$(mktemp -u /tmp/gpucd-e2e-XXXXXX).sock"
+ctl="$build/client/gpucdctl"
+daemon_pid=
+
+daemon_start() { # extra daemon flags...
+    "$build/daemon/gpucd" --listen "$sock" --backend "$BACKEND" --workspace-mb 8192 \
+        --resident-mb 2048 --stats-listen none --log-level warn "$@" &
+    daemon_pid=$!
+    for _ in $(seq 1 200); do
+        "$ctl" --url "$sock" --timeout-ms 1000 ping >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    echo "e2e_bench: the daemon did not answer" >&2
+    return 1
+}
+
+daemon_stop() {
+    kill -TERM "$daemon_pid"
+    wait "$daemon_pid" || true
+}
+trap '[ -n "$daemon_pid" ] && kill -KILL "$daemon_pid" 2>/dev/null || true' EXIT
+
+encode() { # csv batch concurrency [extra gpucdctl flags]
+    local csv=$1 batch=$2 conc=$3
+    shift 3
+    "$ctl" --url "$sock" bench --op nmmo3_encode --dtype bf16 --hidden 512 --batch "$batch" \
+        --concurrency "$conc" --csv "$csv" "$@"
+}
+
+# A CSV row's named columns, "name=value" each.
+csv_fields() { # csv name...
+    local csv=$1
+    shift
+    awk -F, -v want="$*" 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+        { n = split(want, w, " "); line = "";
+          for (i = 1; i <= n; i++) line = line w[i] "=" $(col[w[i]]) " ";
+          print line }' "$csv"
+}
+
+echo "== one client, nmmo3_encode bf16 hidden 512, obs in a region"
+daemon_start
+for b in $SIZES; do
+    encode "$out/e2e_b$b.csv" "$b" 1 --warmup-s 2 --window-s 2
+    csv_fields "$out/e2e_b$b.csv" batch requests_per_s p50_us p99_us client_transport_us \
+        server_queue_us copy_in_us compute_us copy_out_us server_other_us
+done
+daemon_stop
+
+# 64 processes, started together, each a closed loop of B = 64 requests for
+# the same fixed time (2 s warm-up, three 2 s windows).
+crowd() { # label
+    local label=$1 pids=()
+    for i in $(seq 1 "$PROCS"); do
+        encode "$out/crowd_${label}_$i.csv" 64 1 --warmup-s 2 --window-s 2 --max-windows 3 \
+            --tolerance 10 >"$out/crowd_${label}_$i.log" 2>&1 &
+        pids+=($!)
+    done
+    local rc=0
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    [ "$rc" -eq 0 ] || { echo "e2e_bench: a $label worker failed" >&2; tail -n 5 "$out"/crowd_"${label}"_*.log >&2; return 1; }
+    local rows worst median
+    # rows_per_s is column 12, p99_us 16, server_queue_us 19, batch_wait_us 20.
+    rows=$(tail -q -n 1 "$out"/crowd_"${label}"_*.csv | awk -F, '{ s += $12 } END { printf "%.0f", s }')
+    worst=$(tail -q -n 1 "$out"/crowd_"${label}"_*.csv | cut -d, -f16 | sort -g | tail -n 1)
+    median=$(tail -q -n 1 "$out"/crowd_"${label}"_*.csv | cut -d, -f16 | sort -g |
+        awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
+    echo "$label: $PROCS processes, $rows rows/s, p99 worst $worst us, median $median us," \
+        "$(tail -q -n 1 "$out"/crowd_"${label}"_*.csv |
+            awk -F, '{ q += $19; w += $20 } END { printf "mean queue %.0f us, mean batch wait %.0f us", q / NR, w / NR }')"
+}
+
+echo "== $PROCS processes x B = 64, batching off, then on (window $WINDOW_US us)"
+daemon_start
+crowd off
+daemon_stop
+daemon_start --batch-window-us "$WINDOW_US" --max-batch 8192
+crowd on
+daemon_stop
