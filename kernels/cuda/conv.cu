@@ -4,8 +4,11 @@
  *
  * GEMM views (k is the reduction index; all maps are in index_map.cuh terms):
  *   forward  M = N*OH*OW, N = OC, K = C*KH*KW:  A = x gathered, B = w rows.
- *   dgrad    one GEMM per stride phase (h % sh, w % sw): M = N*(H/sh)*(W/sw), N = C,
- *            K = OC * (the taps kh, kw that reach that phase): A = dy gathered, B = w.
+ *   dgrad    small images (dgrad_tile.cuh: KH*KW <= 128, OH*OW <= 96, pixel lists that
+ *            fit): dense dcol = w^T dy per (channel block, sample block), col2im in
+ *            shared memory.  Otherwise one GEMM per stride phase (h % sh, w % sw):
+ *            M = N*(H/sh)*(W/sw), N = C, K = OC * (the taps kh, kw that reach that
+ *            phase): A = dy gathered, B = w.
  *   wgrad    M = OC, N = C*KH*KW, K = N*OH*OW: A = dy rows, B = x gathered; db is a
  *            separate per-channel reduction.
  */
@@ -13,6 +16,7 @@
 #include <stdint.h>
 
 #include "gk_cuda.h"
+#include "dgrad_tile.cuh"
 #include "igemm.cuh"
 
 namespace {
@@ -312,6 +316,137 @@ int igemm_run(ig_params<T> prm, const launch_plan &lp, bool pad, const gk_cuda_e
     return launch_check<T>("split-K reduction", err);
 }
 
+/*
+ * The small-image dgrad (dgrad_tile.cuh): channel blocks of cb channels (all their
+ * taps in the DG_BM rows), sample blocks of nb samples (all their output pixels in
+ * the DG_BN columns).  dy is packed per launch of at most DG_PACK_BUDGET bytes of
+ * sample blocks, so the workspace stays small at large batches.
+ */
+constexpr size_t DG_PACK_BUDGET = (size_t)32 << 20;
+
+struct dgrad_tile_plan {
+    bool fits;
+    int taps, maxt, cb, nchb, nb, nsb, kpad, chunk_sb;
+    size_t a_bytes, b_bytes; /* workspace: packed w^T, then packed dy of one launch */
+};
+
+size_t round256(size_t n) { return (n + 255) / 256 * 256; }
+
+template <class T, int MATH> dgrad_tile_plan dgrad_tile_plan_of(const conv_shape &s)
+{
+    dgrad_tile_plan d = {};
+    const int taps = s.KH * s.KW, ohw = s.OH * s.OW, hw = s.H * s.W;
+    const int maxt = ((s.KH + s.sh - 1) / s.sh) * ((s.KW + s.sw - 1) / s.sw);
+    d.fits = taps <= DG_BM && ohw <= DG_BN && hw <= DG_TAB_MAX &&
+             (long long)hw * maxt <= DG_TAB_MAX;
+    if (!d.fits)
+        return d;
+    d.taps = taps;
+    d.maxt = maxt;
+    const int per = DG_BM / taps;
+    d.nchb = (s.C + per - 1) / per;
+    d.cb = (s.C + d.nchb - 1) / d.nchb; /* balanced: the last block is not a sliver */
+    d.nb = DG_BN / ohw;
+    d.nsb = (s.N + d.nb - 1) / d.nb;
+    const int bk = dg_geom<T, MATH>::BK;
+    d.kpad = (s.OC + bk - 1) / bk * bk;
+    const size_t sb_bytes = (size_t)d.kpad * DG_BN * sizeof(T);
+    size_t chunk = DG_PACK_BUDGET / sb_bytes;
+    chunk = chunk < 1 ? 1 : chunk > (size_t)d.nsb ? (size_t)d.nsb : chunk;
+    /* equal launches: no short last one */
+    const size_t launches = ((size_t)d.nsb + chunk - 1) / chunk;
+    chunk = ((size_t)d.nsb + launches - 1) / launches;
+    d.chunk_sb = (int)chunk;
+    d.a_bytes = round256((size_t)d.nchb * d.kpad * DG_BM * sizeof(T));
+    d.b_bytes = round256(chunk * sb_bytes);
+    return d;
+}
+
+/* Blocks per SM of the dgrad tile kernels (after allowing their dynamic shared memory). */
+int g_dg_occupancy[VAR_COUNT];
+
+template <class T, int MATH> int dgrad_tile_occupancy(int var)
+{
+    int n = __atomic_load_n(&g_dg_occupancy[var], __ATOMIC_RELAXED);
+    if (n > 0)
+        return n;
+    const int smem = dg_geom<T, MATH>::SMEM_BYTES;
+    if (cudaFuncSetAttribute(dgrad_tile_kernel<T, MATH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             smem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, dgrad_tile_kernel<T, MATH>, DG_THREADS,
+                                                      smem) != cudaSuccess ||
+        n < 1) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    __atomic_store_n(&g_dg_occupancy[var], n, __ATOMIC_RELAXED);
+    return n;
+}
+
+template <class T, int MATH>
+int dgrad_tile_run(const conv_shape &s, const dgrad_tile_plan &d, const T *dy, const T *mask,
+                   const T *w, T *dx, const gk_cuda_exec *ex, int var, gk_err *err)
+{
+    if (d.a_bytes + d.b_bytes > ex->workspace_bytes)
+        return gk_fail(err, GK_ENOMEM, "conv2d (cuda): dgrad needs %zu workspace bytes, %zu given",
+                       d.a_bytes + d.b_bytes, ex->workspace_bytes);
+    const int occ = dgrad_tile_occupancy<T, MATH>(var);
+    if (occ < 1)
+        return gk_fail(err, GK_EDEVICE, "conv2d (cuda): dgrad kernel cannot be resident (%d bytes of shared memory)",
+                       dg_geom<T, MATH>::SMEM_BYTES);
+    T *apack = (T *)ex->workspace;
+    T *bpack = (T *)((unsigned char *)ex->workspace + d.a_bytes);
+    const int ohw = s.OH * s.OW, hw = s.H * s.W;
+    dgrad_pack_w_kernel<T, MATH><<<ex->sm_count * 2, 256, 0, ex->stream>>>(
+        w, s.OC, s.C, d.taps, d.cb, d.nchb, d.kpad, apack);
+    int rc = launch_check<T>("dgrad weight packing", err);
+    if (rc)
+        return rc;
+    const int cap = ex->sm_count * occ;
+    for (int sb0 = 0; sb0 < d.nsb; sb0 += d.chunk_sb) {
+        const int nsb = d.nsb - sb0 < d.chunk_sb ? d.nsb - sb0 : d.chunk_sb;
+        const int n0 = sb0 * d.nb, ns = s.N - n0 < nsb * d.nb ? s.N - n0 : nsb * d.nb;
+        const size_t off = (size_t)n0 * s.OC * ohw;
+        dgrad_pack_dy_kernel<T, MATH><<<ex->sm_count * 4, 256, 0, ex->stream>>>(
+            dy + off, mask ? mask + off : nullptr, s.OC, ohw, d.nb, ns, nsb, d.kpad, bpack);
+        if ((rc = launch_check<T>("dgrad dy packing", err)))
+            return rc;
+        dg_params<T> prm;
+        prm.apack = apack;
+        prm.bpack = bpack;
+        prm.dx = dx + (size_t)n0 * s.C * hw;
+        prm.kpad = d.kpad;
+        prm.C = s.C;
+        prm.nchb = d.nchb;
+        prm.cb = d.cb;
+        prm.taps = d.taps;
+        prm.nsamples = ns;
+        prm.nb = d.nb;
+        prm.items = d.nchb * nsb;
+        prm.ohw = ohw;
+        prm.hw = hw;
+        prm.maxt = d.maxt;
+        prm.hw_div = fastdiv_make((uint32_t)hw);
+        prm.H = s.H;
+        prm.W = s.W;
+        prm.KH = s.KH;
+        prm.KW = s.KW;
+        prm.OH = s.OH;
+        prm.OW = s.OW;
+        prm.sh = s.sh;
+        prm.sw = s.sw;
+        prm.ph = s.ph;
+        prm.pw = s.pw;
+        /* a multiple of the channel blocks keeps each block on one channel block */
+        int grid = cap >= d.nchb ? cap / d.nchb * d.nchb : cap;
+        grid = grid < prm.items ? grid : prm.items;
+        dgrad_tile_kernel<T, MATH><<<grid, DG_THREADS, dg_geom<T, MATH>::SMEM_BYTES, ex->stream>>>(prm);
+        if ((rc = launch_check<T>("dgrad", err)))
+            return rc;
+    }
+    return GK_OK;
+}
+
 template <class T, int MATH>
 int forward_run(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, const gk_tensor *b,
                 const gk_tensor *y, const gk_cuda_exec *ex, int var, gk_err *err)
@@ -345,6 +480,10 @@ int backward_run(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, con
     }
     if (!gk_tensor_present(dx))
         return GK_OK;
+    const dgrad_tile_plan dt = dgrad_tile_plan_of<T, MATH>(s);
+    if (dt.fits)
+        return dgrad_tile_run<T, MATH>(s, dt, (const T *)dy->data, mask, (const T *)w->data,
+                                       (T *)dx->data, ex, var, err);
     for (int rh = 0; rh < s.sh && rh < s.H; rh++)
         for (int rw = 0; rw < s.sw && rw < s.W; rw++) {
             ig_params<T> dg = dgrad_phase_params<T>(s, rh, rw, (const T *)dy->data, mask,
@@ -379,6 +518,11 @@ size_t workspace_of(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, 
     ig_params<T> wg = wgrad_params<T>(s, nullptr, nullptr, nullptr, nullptr);
     size_t b = plan_splits(wg, var, sm, true).ws_bytes;
     most = b > most ? b : most;
+    const dgrad_tile_plan dt = var == VAR_BF16   ? dgrad_tile_plan_of<T, MATH_BF16>(s)
+                               : var == VAR_TF32 ? dgrad_tile_plan_of<T, MATH_TF32>(s)
+                                                 : dgrad_tile_plan_of<T, MATH_FFMA>(s);
+    if (dt.fits)
+        return dt.a_bytes + dt.b_bytes > most ? dt.a_bytes + dt.b_bytes : most;
     for (int rh = 0; rh < s.sh && rh < s.H; rh++)
         for (int rw = 0; rw < s.sw && rw < s.W; rw++) {
             ig_params<T> dg = dgrad_phase_params<T>(s, rh, rw, nullptr, nullptr, nullptr, nullptr);
@@ -424,6 +568,15 @@ extern "C" int gk_cuda_conv_warmup(gk_err *err)
         kernel_load(bias_grad_kernel<uint16_t>),
         kernel_load(pack_rows_kernel<float, MATH_TF32>),
         kernel_load(pack_rows_kernel<uint16_t, MATH_BF16>),
+        kernel_load(dgrad_tile_kernel<float, MATH_FFMA>),
+        kernel_load(dgrad_tile_kernel<float, MATH_TF32>),
+        kernel_load(dgrad_tile_kernel<uint16_t, MATH_BF16>),
+        kernel_load(dgrad_pack_w_kernel<float, MATH_FFMA>),
+        kernel_load(dgrad_pack_w_kernel<float, MATH_TF32>),
+        kernel_load(dgrad_pack_w_kernel<uint16_t, MATH_BF16>),
+        kernel_load(dgrad_pack_dy_kernel<float, MATH_FFMA>),
+        kernel_load(dgrad_pack_dy_kernel<float, MATH_TF32>),
+        kernel_load(dgrad_pack_dy_kernel<uint16_t, MATH_BF16>),
     };
     for (cudaError_t one : e) {
         if (one != cudaSuccess)
@@ -432,6 +585,10 @@ extern "C" int gk_cuda_conv_warmup(gk_err *err)
     }
     for (int v = 0; v < VAR_COUNT; v++)
         occupancy(v);
+    if (dgrad_tile_occupancy<float, MATH_FFMA>(VAR_F32) < 1 ||
+        dgrad_tile_occupancy<float, MATH_TF32>(VAR_TF32) < 1 ||
+        dgrad_tile_occupancy<uint16_t, MATH_BF16>(VAR_BF16) < 1)
+        return gk_fail(err, GK_EDEVICE, "conv2d (cuda): the dgrad kernels cannot be resident");
     return GK_OK;
 }
 

@@ -13,6 +13,7 @@
  * (backward with dx) - (backward without dx): the API always computes dw.
  *
  * Usage: conv_bench [--quick]   (--quick: B = 1024 only, fewer repetitions)
+ *        conv_bench --batch B       (only that batch size, the full repetitions)
  *        conv_bench --case LAYER PREC B   (gpucd only, forward and backward 5 times each:
  *                                           a target for a profiler)
  */
@@ -583,6 +584,7 @@ static int run_profile_case(const char *lname, const char *pname, int B, cudaStr
 int main(int argc, char **argv)
 {
     const bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    const int only_batch = argc == 3 && strcmp(argv[1], "--batch") == 0 ? atoi(argv[2]) : 0;
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     cudaDeviceProp prop;
@@ -611,6 +613,8 @@ int main(int argc, char **argv)
     for (int bi = 0; bi < (quick ? 1 : 2); bi++)
         for (const layer &L : layers)
             for (int prec = 0; prec < 3; prec++) {
+                if (only_batch > 0 && batches[bi] != only_batch)
+                    continue;
                 run_case(L, batches[bi], prec, quick ? 10 : (bi ? 15 : 40), st, dnn, blas, sms, rs);
                 fflush(stdout);
             }

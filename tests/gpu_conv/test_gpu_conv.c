@@ -2,7 +2,9 @@
  * test_gpu_conv.c - the CUDA convolution kernels against a float64 reference.
  *
  * For every layer shape (both NMMO3 layers, then odd strides, paddings, B=1,
- * C=59, an output-channel tail) and every precision (fp32, tf32, bf16):
+ * C=59, an output-channel tail, many sample blocks, and images too large for
+ * the small-image dgrad, which take the stride-phase GEMM) and every precision
+ * (fp32, tf32, bf16):
  * forward (bias, relu), wgrad, bias grad and dgrad on fresh random inputs,
  * outputs poisoned with NaN first, checked by ||gpu - ref|| / ||ref||; each op
  * runs twice and must give bitwise the same bytes; each case also runs with a
@@ -44,6 +46,12 @@ static const layer layers[] = {
     {"stride (2,1) pad (0,2)", 2, 7, 10, 6, 9, 3, 2, 2, 1, 0, 2, 1},
     {"stride 1 pad 2, K > H, OC 129", 5, 3, 4, 4, 129, 5, 5, 1, 1, 2, 2, 0},
     {"stride 3 K 2: rows no tap reads", 2, 4, 8, 9, 5, 2, 2, 3, 3, 0, 0, 1},
+    /* many sample blocks (conv2 packs 48 samples a block), a partial last one */
+    {"conv2 shape, 101 samples", 101, 128, 3, 4, 128, 3, 3, 1, 1, 0, 0, 1},
+    /* the small-image dgrad does not apply: the stride-phase implicit GEMM runs */
+    {"OH*OW 400 > 96: phase dgrad", 2, 3, 20, 20, 8, 3, 3, 1, 1, 1, 1, 1},
+    {"stride 2, OH*OW 132: phase dgrad", 2, 4, 23, 21, 6, 3, 3, 2, 2, 1, 1, 0},
+    {"KH*KW 132 > 128: phase dgrad", 2, 3, 14, 13, 5, 12, 11, 1, 1, 0, 0, 0},
 };
 
 static uint64_t g_seed;
