@@ -205,6 +205,13 @@ struct bwd_layout {
         dembed, part, total;
 };
 
+/*
+ * Planning asks the other calls for their workspace with tensors that do not
+ * exist yet: each gets its own address range, 2^44 bytes apart, so that the
+ * calls' overlap checks see distinct tensors.  Never dereferenced.
+ */
+void *planning_address(int k) { return (void *)((uintptr_t)k << 44); }
+
 int layout_make(const gk_nmmo3_weights *w, const gk_tensor *obs, int64_t chunk, int sm_count,
                 bwd_layout *l, gk_err *err)
 {
@@ -215,17 +222,17 @@ int layout_make(const gk_nmmo3_weights *w, const gk_tensor *obs, int64_t chunk, 
     int64_t obs_shape[2] = {chunk, GK_NMMO3_OBS_BYTES};
     int64_t feat_shape[2] = {chunk, FEAT}, hid_shape[2] = {chunk, hid};
     gk_tensor o = gk_tensor_make(obs->data, GK_U8, 2, obs_shape);
-    gk_tensor f = gk_tensor_make((void *)1, dt, 2, feat_shape);
-    gk_tensor h = gk_tensor_make((void *)1, dt, 2, hid_shape);
+    gk_tensor f = gk_tensor_make(planning_address(1), dt, 2, feat_shape);
+    gk_tensor h = gk_tensor_make(planning_address(2), dt, 2, hid_shape);
     size_t fwd = 0;
     int rc = gk_cuda_nmmo3_forward_workspace_bytes(w, &o, &f, projecting ? &h : NULL, sm_count,
                                                    &fwd, err);
     int64_t idx_shape[2] = {chunk, GK_NMMO3_PLAYER_COUNT};
     int64_t demb_shape[3] = {chunk, GK_NMMO3_PLAYER_COUNT, GK_NMMO3_EMBED_DIM};
     int64_t tab_shape[2] = {GK_NMMO3_EMBED_VOCAB, GK_NMMO3_EMBED_DIM};
-    gk_tensor idx = gk_tensor_make((void *)1, GK_U8, 2, idx_shape);
-    gk_tensor demb = gk_tensor_make((void *)2, dt, 3, demb_shape);
-    gk_tensor tab = gk_tensor_make((void *)3, GK_F32, 2, tab_shape);
+    gk_tensor idx = gk_tensor_make(planning_address(1), GK_U8, 2, idx_shape);
+    gk_tensor demb = gk_tensor_make(planning_address(2), dt, 3, demb_shape);
+    gk_tensor tab = gk_tensor_make(planning_address(3), GK_F32, 2, tab_shape);
     size_t emb = 0;
     if (rc == GK_OK)
         rc = gk_cuda_embedding_backward_workspace_bytes(&idx, &demb, &tab, sm_count, &emb, err);

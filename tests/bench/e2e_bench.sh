@@ -15,11 +15,13 @@
 #     median per-process p99.
 #
 # Each gpucdctl checks one request against the CPU kernels before timing and
-# every reply after; a failed run fails the script.  CSVs land in $OUT.
+# every reply after; a failed run fails the script.  The one-client CSVs land
+# in $OUT, the 64 processes' CSVs and logs in $OUT/crowd.tar.gz.
 set -euo pipefail
 build=${1:-build-gpu}
 out=${OUT:-./out}
 mkdir -p "$out"
+crowd_dir=$(mktemp -d /tmp/gpucd-e2e-crowd-XXXXXX)
 WINDOW_US=${WINDOW_US:-1000}
 PROCS=${PROCS:-64}
 SIZES=${SIZES:-1024 32768}  # the one-client batch sizes
@@ -77,21 +79,21 @@ daemon_stop
 crowd() { # label
     local label=$1 pids=()
     for i in $(seq 1 "$PROCS"); do
-        encode "$out/crowd_${label}_$i.csv" 64 1 --warmup-s 2 --window-s 2 --max-windows 3 \
-            --tolerance 10 >"$out/crowd_${label}_$i.log" 2>&1 &
+        encode "$crowd_dir/${label}_$i.csv" 64 1 --warmup-s 2 --window-s 2 --max-windows 3 \
+            --tolerance 10 >"$crowd_dir/${label}_$i.log" 2>&1 &
         pids+=($!)
     done
     local rc=0
     for p in "${pids[@]}"; do wait "$p" || rc=1; done
-    [ "$rc" -eq 0 ] || { echo "e2e_bench: a $label worker failed" >&2; tail -n 5 "$out"/crowd_"${label}"_*.log >&2; return 1; }
+    [ "$rc" -eq 0 ] || { echo "e2e_bench: a $label worker failed" >&2; tail -n 5 "$crowd_dir"/"${label}"_*.log >&2; return 1; }
     local rows worst median
     # rows_per_s is column 12, p99_us 16, server_queue_us 19, batch_wait_us 20.
-    rows=$(tail -q -n 1 "$out"/crowd_"${label}"_*.csv | awk -F, '{ s += $12 } END { printf "%.0f", s }')
-    worst=$(tail -q -n 1 "$out"/crowd_"${label}"_*.csv | cut -d, -f16 | sort -g | tail -n 1)
-    median=$(tail -q -n 1 "$out"/crowd_"${label}"_*.csv | cut -d, -f16 | sort -g |
+    rows=$(tail -q -n 1 "$crowd_dir"/"${label}"_*.csv | awk -F, '{ s += $12 } END { printf "%.0f", s }')
+    worst=$(tail -q -n 1 "$crowd_dir"/"${label}"_*.csv | cut -d, -f16 | sort -g | tail -n 1)
+    median=$(tail -q -n 1 "$crowd_dir"/"${label}"_*.csv | cut -d, -f16 | sort -g |
         awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
     echo "$label: $PROCS processes, $rows rows/s, p99 worst $worst us, median $median us," \
-        "$(tail -q -n 1 "$out"/crowd_"${label}"_*.csv |
+        "$(tail -q -n 1 "$crowd_dir"/"${label}"_*.csv |
             awk -F, '{ q += $19; w += $20 } END { printf "mean queue %.0f us, mean batch wait %.0f us", q / NR, w / NR }')"
 }
 
@@ -102,3 +104,4 @@ daemon_stop
 daemon_start --batch-window-us "$WINDOW_US" --max-batch 8192
 crowd on
 daemon_stop
+tar -C "$crowd_dir" -czf "$out/crowd.tar.gz" .
