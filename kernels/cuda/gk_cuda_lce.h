@@ -5,13 +5,15 @@
  * gk_tensor.data is a DEVICE pointer on the current device, and scratch
  * memory comes from ex->workspace (see gk_cuda.h for gk_cuda_exec).
  *
- * The N x V logits are never stored: they are recomputed tile by tile on the
- * tensor cores (bf16 / f16 products, tf32 when p->tf32 with f32 inputs, true
- * fp32 FFMA otherwise), always with fp32 accumulation.  dE and dC are
- * accumulated in fp32 (in the f32 output itself, or in the workspace and
- * rounded once into a bf16 / f16 output).  Results are bitwise reproducible
- * for the same request, device (sm_count) and workspace size: no atomics,
- * every sum in a fixed order.
+ * The N x V logits are never stored whole: chunks of rows x vocabulary
+ * entries are computed by cuBLAS (ex->blas, bound to ex->stream: required)
+ * into the workspace in fp32 (bf16 / f16 products, tf32 when p->tf32 with f32
+ * inputs, true fp32 otherwise; fp32 accumulation always), reduced there, and
+ * recomputed for the backward.  dE and dC are accumulated in fp32 (in the f32
+ * output itself, or in the workspace and rounded once into a bf16 / f16
+ * output).  Results are bitwise reproducible for the same request, device and
+ * workspace size: no atomics, every sum in a fixed order, cuBLAS GEMMs
+ * reproducible on one stream and workspace.
  *
  * One difference from the other gk_cuda_* calls: targets are data, checked on
  * the device by a first kernel, and the call waits for that check (one
@@ -20,14 +22,14 @@
  * after that is only enqueued.
  *
  * Offsets are 64-bit throughout: unlike the other gk_cuda_* calls, tensors
- * may hold 2^31 elements or more (C of 262144 x 8192, for one); V must be
- * below 2^31.
+ * may hold 2^31 elements or more (C of 262144 x 8192, for one); N, D and V
+ * must each be below 2^31 (cuBLAS sizes are int).
  *
  * Workspace: the call adapts to ex->workspace_bytes.  With less than the
- * preferred amount it splits the gradient accumulation into several passes
- * over rows (dE) or vocabulary entries (dC) instead of refusing; it fails with
- * GK_ENOMEM only below the minimum (per-row state plus one 128-row pass),
- * naming both sizes.
+ * preferred amount it computes narrower chunks, splits the rows into blocks,
+ * and at last runs dE and dC as separate sweeps over passes of rows instead
+ * of refusing; it fails with GK_ENOMEM only below the minimum (per-row state
+ * plus 128 rows x 256 entries and their accumulators), naming both sizes.
  */
 #ifndef GK_CUDA_LCE_H
 #define GK_CUDA_LCE_H
@@ -45,9 +47,10 @@ extern "C" {
 #define GK_CUDA_LCE_DEFAULT_BUDGET ((size_t)1 << 30)
 
 /*
- * Workspace bytes the call wants for this request on a device with sm_count
- * multiprocessors, at most budget (the plan then splits into passes), and at
- * least the minimum; fails with GK_ENOMEM when the minimum exceeds budget.
+ * Workspace bytes the call wants for this request, at most budget (the plan
+ * then splits into passes), and at least the minimum; fails with GK_ENOMEM
+ * when the minimum exceeds budget.  sm_count must be positive (the plan does
+ * not depend on it).
  * Tensors as for gk_cuda_lce (their data pointers are not read; they may be
  * any non-NULL value for present tensors).
  */

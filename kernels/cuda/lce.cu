@@ -1,443 +1,222 @@
 /*
- * lce.cu - fused linear cross entropy on the CUDA backend (issue 5).
+ * lce.cu - fused linear cross entropy on the CUDA backend (issue 5), v2:
+ * the logits GEMMs run on cuBLAS, the softmax work in small row kernels.
  *
- * Logits z = E C^T (+ bias, softcapped) only ever exist as 128 x 128 tiles in
- * registers (lce_tile.cuh).  A request runs as:
- *   targets   validate every target (the one synchronisation, see
- *             gk_cuda_lce.h) and derive each row's effective target (shift,
- *             ignore_index -> -1);
- *   forward   grid (row blocks, vocabulary splits): each block walks its
- *             vocabulary split tile by tile, each thread keeping an online
- *             (max, sum of exp) per row it holds; the 16 threads of a row are
- *             merged in a fixed order into a partial per split, and the
- *             target logit is written by the one thread that meets it;
- *   rows      one thread per row merges the splits in split order: LSE and
- *             the row loss;
- *   loss      one block reduces the row losses in a fixed order, counts the
- *             rows, and sets the gradient weight w (grad_scale / count for mean);
- *   dE        grid (row blocks, vocabulary splits): each block recomputes
- *             its logits tiles, forms G = softmax - onehot (times the softcap
- *             derivative) in shared memory and adds w * G C, 128 columns of D
- *             at a time, into fp32 accumulators that only this block touches
- *             (the f32 output itself, or per-split partials in the workspace
- *             summed in split order by a finishing kernel);
- *   dC, dbias grid (vocabulary blocks): each block owns 128 vocabulary rows
- *             and walks every row block in order, adding w * G^T E into its
- *             own fp32 rows and the column sums of G into its bias gradient.
- * No atomics touch a result, every sum has a fixed order: bitwise reproducible
- * for a given request, sm_count and workspace size.
+ * The N x V logits are never stored whole: only a chunk of R rows x Vc
+ * vocabulary entries, in fp32, in the workspace (F below).  A request runs as:
+ *   targets   validate every target, derive each row's effective target
+ *             (shift, ignore_index -> -1) and count the counted rows; the call
+ *             waits for this kernel (see gk_cuda_lce.h): a bad target fails
+ *             before any output is written, and the count gives the host the
+ *             gradient weight w (grad_scale, / count for mean);
+ *   forward   per row block, per vocabulary chunk in order: F = E_rows C_chunk^T
+ *             (cublasGemmEx, fp32 out), then one block per row applies bias and
+ *             softcap, reduces the chunk to (max, sum of exp) in a fixed tree
+ *             and merges it into the row's running (max, sum); the target's
+ *             logit is taken from the chunk that holds it;
+ *   rows      LSE = max + log(sum) (in double) and the row loss; the reduced
+ *             loss by one block in a fixed order;
+ *   backward  per vocabulary chunk, per row block: F is recomputed, one block
+ *             per row turns it into G = (softmax - onehot) * softcap' in place
+ *             (bf16/f16 G for 16-bit inputs, f32 for f32), then
+ *               dE_rows  += w G C_chunk      (fp32, beta = 1 after the first chunk)
+ *               dC_chunk  = w G^T E_rows     (K = the row block; written once when
+ *                                              one block holds every row)
+ *               dbias     = w G^T 1          (a GEMV on cuBLAS)
+ * Every sum has a fixed order (the chunk loop, fixed block trees, cuBLAS GEMMs
+ * that are reproducible on one stream, workspace and device), no atomics touch
+ * a result: the same request gives the same bits for the same workspace size.
  *
- * Filtering (filter_eps > 0): a tile whose |softmax - onehot| are all below
- * eps adds nothing to dE, dC or dbias, and its two small GEMMs are skipped
- * (the recompute is not).  The test is one block-wide OR per tile, so the
- * filtered path costs no more than the unfiltered one.  Row blocks whose rows
- * are all ignored are skipped entirely.
+ * Passes: R and Vc are chosen from the workspace (plan_make).  The preferred
+ * plan holds every row in one block, so dC is written once and dE is
+ * accumulated over the chunks; with less workspace the rows are split into
+ * blocks (dC then accumulates in fp32 across them), and below that dE runs as
+ * its own sweep over passes of rows, before a dC sweep.  Refused (GK_ENOMEM)
+ * only below 128 rows x 256 entries plus the accumulators.
+ *
+ * Filtering (filter_eps > 0) is element-wise, as in kernels/cpu/lce.c: a
+ * term with |softmax - onehot| < eps is zeroed in G.  It costs nothing and
+ * saves nothing: the GEMMs run in full either way (see LCE_NOTES.md).
  *
  * f16: G is stored as (softmax - onehot) * 2^12 so that small probabilities
- * stay normal f16 numbers; w is divided by the same factor.
+ * stay normal f16 numbers; the GEMMs' alpha is w / 2^12.
  */
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include <algorithm>
 
+#include "blas.cuh"
 #include "gk_cuda.h"
 #include "gk_cuda_lce.h"
-#include "lce_tile.cuh"
 
 namespace {
 
-enum lce_mode { MODE_FWD = 0, MODE_DE = 1, MODE_DC = 2 };
+/*
+ * Row kernels: one block of RT threads per row of a chunk, each thread
+ * holding VPT entries in registers (so G can overwrite its own fp32 row).
+ */
+enum { RT = 256, VPT = 32, VC_MAX = RT * VPT, VC_STEP = 256, VC_GOOD = 1024, R_STEP = 128 };
 
-/* Per-row state and scalars in the workspace. */
+/* Per-row state in the workspace. */
 struct lce_state {
-    int32_t *tgt;        /* N: effective target, -1 when ignored */
-    float *lse;          /* N */
-    float *zt;           /* N: the target's logit (rows with a target) */
-    float *rowloss;      /* N */
-    float *part_m;       /* splits x N: forward partial maxima */
-    float *part_s;       /* splits x N: forward partial sums of exp */
-    float *weight;       /* 1: d(scaled reduced loss) / d(row loss) of a counted row */
-    unsigned long long *bad; /* 1: smallest index of an out-of-range target, ~0 if none */
+    int32_t *tgt;  /* N: effective target, -1 when ignored */
+    float *m, *s;  /* N: running max and sum of exp over the chunks done */
+    float *zt;     /* N: the target's logit (rows with a target) */
+    float *lse;    /* N */
+    float *rowloss; /* N */
+    unsigned long long *bad;   /* smallest index of an out-of-range target, ~0 if none */
+    unsigned long long *count; /* rows with a target */
 };
 
-template <int P> struct lce_kargs {
-    using T = typename lce_traits<P>::T;
-    const T *E, *C, *bias;
-    int64_t N, D, V;
-    int vec;       /* E and C rows are 16-byte aligned */
-    float softcap; /* 0: off */
-    float eps;     /* 0: no filtering */
-    float gscale;  /* G is stored times this (2^12 for f16, else 1) */
-    lce_state st;
-    int64_t r0, r1;        /* rows this launch covers */
-    int64_t v0, v1;        /* vocabulary entries this launch covers */
-    int64_t vtiles_split;  /* FWD, DE: vocabulary tiles per blockIdx.y */
-    float *acc;            /* DE: + y * acc_split + (row - r0) * D; DC: + (v - v0) * D */
-    int64_t acc_split;
-    void *dbias;           /* DC: written when not NULL */
-    int dbias_f32;
-};
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
 
-template <int P> struct lce_smem {
-    using TR = lce_traits<P>;
-    using S = typename TR::S;
-    static constexpr int STAGES = 2 * LT * TR::LDK * (int)sizeof(S); /* one operand, two stages */
-    static constexpr int G = LT * TR::LDG * (int)sizeof(S); /* one G tile; GROUP of them */
-    static constexpr int KN = LT * TR::LDT * (int)sizeof(S);
-    static constexpr int RED = LT * LT_CONTRIB * 4;
-    static constexpr int bytes(int mode)
-    {
-        return 2 * STAGES + 2 * RED + (mode == MODE_FWD ? 0 : TR::GROUP * G + KN);
-    }
-};
+template <class T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
 
 /* z of one logit from its product u: bias, then softcap; th = tanh(u / cap) for the derivative. */
-template <int P>
-__device__ __forceinline__ float logit_finish(const lce_kargs<P> &a, float u, int64_t v, float *th)
+template <class T>
+__device__ __forceinline__ float logit_of(float u, const T *bias, int64_t v, float cap, float *th)
 {
-    if (a.bias != nullptr)
-        u += lce_to_float<P>(a.bias[v]);
-    if (a.softcap > 0.0f) {
-        *th = tanhf(u / a.softcap);
-        return a.softcap * *th;
+    if (bias != nullptr)
+        u += to_f(bias[v]);
+    if (cap > 0.0f) {
+        *th = tanhf(u / cap);
+        return cap * *th;
     }
     *th = 0.0f;
     return u;
 }
 
-template <int P> __device__ __forceinline__ void out_store(void *out, int f32, int64_t i, float v)
+/* Max or sum over the block, the same fixed tree every time; every thread gets the result. */
+__device__ __forceinline__ float block_reduce(float v, bool is_max, float *sh)
 {
-    if (f32)
-        ((float *)out)[i] = v;
-    else
-        ((typename lce_traits<P>::S *)out)[i] = lce_encode<P>(v);
+    for (int o = 16; o > 0; o >>= 1) {
+        const float u = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, u) : v + u;
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads(); /* sh free from a previous call */
+    if (lane == 0)
+        sh[warp] = v;
+    __syncthreads();
+    v = lane < RT / 32 ? sh[lane] : (is_max ? -INFINITY : 0.0f);
+    for (int o = 16; o > 0; o >>= 1) {
+        const float u = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, u) : v + u;
+    }
+    return v;
 }
 
 /*
- * The forward: per (row block, vocabulary split), the partial max and sum of
- * exp of each row, and the target logits found in the split.
+ * Forward, one block per row of the chunk F (vc entries from v0, rows from
+ * r0): the chunk's (max, sum of exp) merged into the row's running pair.
  */
-template <int P>
-__device__ void forward_block(const lce_kargs<P> &a, unsigned char *smem)
+template <class T>
+__global__ void __launch_bounds__(RT) fwd_chunk_kernel(const float *F, int64_t ldf, int vc, int64_t v0, int64_t r0,
+                                                       const T *bias, float cap, lce_state st, int first)
 {
-    using TR = lce_traits<P>;
-    using S = typename TR::S;
-    using F = frag<TR::MMA>;
-    S *sA = (S *)smem, *sB = (S *)(smem + lce_smem<P>::STAGES);
-    float *red_m = (float *)(smem + 2 * lce_smem<P>::STAGES), *red_s = red_m + LT * LT_CONTRIB;
-    const int tid = threadIdx.x;
-    const int64_t row0 = a.r0 + (int64_t)blockIdx.x * LT;
-    const int nrows = (int)min((int64_t)LT, a.r1 - row0);
-    const int64_t vtiles = (a.v1 - a.v0 + LT - 1) / LT;
-    const int64_t vt0 = (int64_t)blockIdx.y * a.vtiles_split, vt1 = min(vtiles, vt0 + a.vtiles_split);
+    __shared__ float sh[32];
+    const int64_t row = r0 + blockIdx.x;
+    const float *f = F + (int64_t)blockIdx.x * ldf;
+    float z[VPT], mx = -INFINITY, th;
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        const int j = threadIdx.x + k * RT;
+        z[k] = j < vc ? logit_of(f[j], bias, v0 + j, cap, &th) : -INFINITY;
+        mx = fmaxf(mx, z[k]);
+    }
+    const float M = block_reduce(mx, true, sh);
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < VPT; k++)
+        sum += expf(z[k] - M); /* 0 for the -inf past vc */
+    const float S = block_reduce(sum, false, sh);
+    if (threadIdx.x != 0)
+        return;
+    const int32_t t = st.tgt[row];
+    if (t >= v0 && t < v0 + vc)
+        st.zt[row] = logit_of(f[t - v0], bias, t, cap, &th); /* the same arithmetic as z[] */
+    if (first) {
+        st.m[row] = M;
+        st.s[row] = S;
+    } else {
+        const float m = st.m[row], nm = fmaxf(m, M);
+        st.s[row] = st.s[row] * expf(m - nm) + S * expf(M - nm);
+        st.m[row] = nm;
+    }
+}
 
-    float m[8], s[8];
-    int32_t tg[8];
+/*
+ * Backward, one block per row of the chunk: G = (softmax - onehot) * softcap'
+ * * gscale, 0 for ignored rows and filtered terms, written in place over the
+ * row's fp32 logits (a 16-bit G row takes the first half of the fp32 row's
+ * bytes, so every read of the row comes before the first write).
+ */
+template <class T>
+__global__ void __launch_bounds__(RT) grad_chunk_kernel(float *F, int64_t ldf, int vc, int64_t v0, int64_t r0,
+                                                        const T *bias, float cap, float eps, float gscale,
+                                                        lce_state st)
+{
+    const int64_t row = r0 + blockIdx.x;
+    float *f = F + (int64_t)blockIdx.x * ldf;
+    const int32_t t = st.tgt[row];
+    const float L = st.lse[row];
+    float g[VPT];
 #pragma unroll
-    for (int rs = 0; rs < 8; rs++) {
-        const int r = F::row(tid, rs);
-        m[rs] = -INFINITY;
-        s[rs] = 0.0f;
-        tg[rs] = r < nrows ? a.st.tgt[row0 + r] : -1;
-    }
-    float acc[64];
-    for (int64_t vt = vt0; vt < vt1; vt++) {
-        const int64_t vb = a.v0 + vt * LT;
-        const int ncols = (int)min((int64_t)LT, a.v1 - vb);
-        lce_tile_nt<P>(acc, a.E + row0 * a.D, nrows, a.C + vb * a.D, ncols, a.D, a.vec, sA, sB, tid);
-#pragma unroll
-        for (int rs = 0; rs < 8; rs++) {
-            float z[8], lmax = -INFINITY;
-#pragma unroll
-            for (int cs = 0; cs < 8; cs++) {
-                const int c = F::col(tid, cs);
-                float th;
-                z[cs] = c < ncols ? logit_finish<P>(a, acc[F::idx(rs, cs)], vb + c, &th) : -INFINITY;
-                lmax = fmaxf(lmax, z[cs]);
-                if (c < ncols && vb + c == tg[rs])
-                    a.st.zt[row0 + F::row(tid, rs)] = z[cs];
-            }
-            if (lmax == -INFINITY)
-                continue; /* none of this thread's columns is inside V */
-            const float nm = fmaxf(m[rs], lmax);
-            float sum = m[rs] == -INFINITY ? 0.0f : s[rs] * expf(m[rs] - nm);
-#pragma unroll
-            for (int cs = 0; cs < 8; cs++)
-                if (z[cs] != -INFINITY)
-                    sum += expf(z[cs] - nm);
-            m[rs] = nm;
-            s[rs] = sum;
+    for (int k = 0; k < VPT; k++) {
+        const int j = threadIdx.x + k * RT;
+        g[k] = 0.0f;
+        if (t >= 0 && j < vc) {
+            float th;
+            const float z = logit_of(f[j], bias, v0 + j, cap, &th);
+            float d = expf(z - L) - (v0 + j == t ? 1.0f : 0.0f);
+            if (fabsf(d) < eps)
+                d = 0.0f;
+            g[k] = (cap > 0.0f ? d * (1.0f - th * th) : d) * gscale;
         }
-    }
-    /* the 16 threads of each row, merged in contributor order */
-#pragma unroll
-    for (int rs = 0; rs < 8; rs++) {
-        const int r = F::row(tid, rs), c = F::rcontrib(tid);
-        red_m[r * LT_CONTRIB + c] = m[rs];
-        red_s[r * LT_CONTRIB + c] = s[rs];
     }
     __syncthreads();
-    if (tid < nrows) {
-        float M = -INFINITY, sum = 0.0f;
-        for (int c = 0; c < LT_CONTRIB; c++)
-            M = fmaxf(M, red_m[tid * LT_CONTRIB + c]);
-        for (int c = 0; c < LT_CONTRIB; c++) {
-            const float mc = red_m[tid * LT_CONTRIB + c];
-            if (mc != -INFINITY)
-                sum += red_s[tid * LT_CONTRIB + c] * expf(mc - M);
-        }
-        a.st.part_m[(int64_t)blockIdx.y * a.N + row0 + tid] = M;
-        a.st.part_s[(int64_t)blockIdx.y * a.N + row0 + tid] = sum;
+    T *out = (T *)f;
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        const int j = threadIdx.x + k * RT;
+        if (j < vc)
+            out[j] = from_f<T>(g[k]);
     }
 }
 
-/*
- * G of the logits tile in acc, unscaled by w: (softmax - onehot) * softcap
- * derivative * gscale, 0 for ignored rows and outside the tile, written to sG
- * as [row][col] (TRANSPOSE false) or [col][row].  colsum[cs] gets the column
- * sums of this thread's rows (without gscale).  Returns whether some term has
- * |softmax - onehot| >= eps (always true without filtering).
- */
-template <int P, bool TRANSPOSE>
-__device__ __forceinline__ bool grad_tile(const lce_kargs<P> &a, const float acc[64], const int32_t tg[8],
-                                          const float lse[8], int64_t vb, int ncols,
-                                          typename lce_traits<P>::S *sG, float colsum[8], int tid)
-{
-    using TR = lce_traits<P>;
-    using F = frag<TR::MMA>;
-    bool big = a.eps <= 0.0f;
-#pragma unroll
-    for (int cs = 0; cs < 8; cs++)
-        colsum[cs] = 0.0f;
-#pragma unroll
-    for (int rs = 0; rs < 8; rs++) {
-        const int r = F::row(tid, rs);
-#pragma unroll
-        for (int cs = 0; cs < 8; cs++) {
-            const int c = F::col(tid, cs);
-            float g = 0.0f;
-            if (tg[rs] >= 0 && c < ncols) {
-                float th;
-                const float z = logit_finish<P>(a, acc[F::idx(rs, cs)], vb + c, &th);
-                const float d = expf(z - lse[rs]) - (vb + c == tg[rs] ? 1.0f : 0.0f);
-                big = big || fabsf(d) >= a.eps;
-                g = a.softcap > 0.0f ? d * (1.0f - th * th) : d;
-            }
-            colsum[cs] += g;
-            const typename lce_traits<P>::S e = lce_encode<P>(g * a.gscale);
-            if (TRANSPOSE)
-                sG[c * TR::LDG + r] = e;
-            else
-                sG[r * TR::LDG + c] = e;
-        }
-    }
-    return big;
-}
-
-/* dst[rows x 128 cols at d0, row stride D] += w * acc, for rows < rows, cols < D - d0. */
-template <bool MMA>
-__device__ __forceinline__ void acc_add(float *dst, int64_t D, int rows, int cols, float w, const float acc[64],
-                                        int tid)
-{
-    using F = frag<MMA>;
-#pragma unroll
-    for (int rs = 0; rs < 8; rs++) {
-        const int r = F::row(tid, rs);
-        if (r >= rows)
-            continue;
-#pragma unroll
-        for (int cs = 0; cs < 8; cs++) {
-            const int c = F::col(tid, cs);
-            if (c < cols)
-                dst[(int64_t)r * D + c] += w * acc[F::idx(rs, cs)];
-        }
-    }
-}
-
-/* Loads this thread's rows' effective targets and LSE; -1 outside the block. */
-template <int P>
-__device__ __forceinline__ void rows_load(const lce_kargs<P> &a, int64_t row0, int nrows, int32_t tg[8],
-                                          float lse[8], int tid)
-{
-    using F = frag<lce_traits<P>::MMA>;
-#pragma unroll
-    for (int rs = 0; rs < 8; rs++) {
-        const int r = F::row(tid, rs);
-        tg[rs] = r < nrows ? a.st.tgt[row0 + r] : -1;
-        lse[rs] = r < nrows ? a.st.lse[row0 + r] : 0.0f;
-    }
-}
-
-/*
- * dE partial of one (row block, vocabulary split).  G of GROUP consecutive
- * vocabulary tiles is kept in shared memory, so that each 128-column chunk of
- * the block's fp32 rows is read and written once per GROUP tiles.
- */
-template <int P>
-__device__ void dE_block(const lce_kargs<P> &a, unsigned char *smem)
-{
-    using TR = lce_traits<P>;
-    using S = typename TR::S;
-    constexpr int GT = LT * TR::LDG; /* elements of one G tile */
-    S *sA = (S *)smem, *sB = (S *)(smem + lce_smem<P>::STAGES);
-    S *sG = (S *)(smem + 2 * lce_smem<P>::STAGES + 2 * lce_smem<P>::RED);
-    S *sT = (S *)((unsigned char *)sG + TR::GROUP * lce_smem<P>::G);
-    const int tid = threadIdx.x;
-    const int64_t row0 = a.r0 + (int64_t)blockIdx.x * LT;
-    const int nrows = (int)min((int64_t)LT, a.r1 - row0);
-    if (!__syncthreads_or(tid < nrows && a.st.tgt[row0 + tid] >= 0))
-        return; /* every row ignored: its dE stays zero */
-    const int64_t vtiles = (a.v1 - a.v0 + LT - 1) / LT;
-    const int64_t vt0 = (int64_t)blockIdx.y * a.vtiles_split, vt1 = min(vtiles, vt0 + a.vtiles_split);
-    const float w = *a.st.weight / a.gscale;
-    float *dst = a.acc + (int64_t)blockIdx.y * a.acc_split + (row0 - a.r0) * a.D;
-    int32_t tg[8];
-    float lse[8], colsum[8], acc[64];
-    rows_load<P>(a, row0, nrows, tg, lse, tid);
-    for (int64_t vg = vt0; vg < vt1; vg += TR::GROUP) {
-        unsigned keep = 0; /* bit j: tile vg + j has a term >= eps (the same in every thread) */
-        for (int j = 0; j < TR::GROUP && vg + j < vt1; j++) {
-            const int64_t vb = a.v0 + (vg + j) * LT;
-            const int ncols = (int)min((int64_t)LT, a.v1 - vb);
-            lce_tile_nt<P>(acc, a.E + row0 * a.D, nrows, a.C + vb * a.D, ncols, a.D, a.vec, sA, sB, tid);
-            const bool big = grad_tile<P, false>(a, acc, tg, lse, vb, ncols, sG + j * GT, colsum, tid);
-            if (__syncthreads_or(big))
-                keep |= 1u << j;
-        }
-        if (keep == 0)
-            continue; /* filtered: every term below eps */
-        for (int64_t d0 = 0; d0 < a.D; d0 += LT) {
-#pragma unroll
-            for (int i = 0; i < 64; i++)
-                acc[i] = 0.0f;
-            for (int j = 0; j < TR::GROUP; j++) {
-                if (!(keep >> j & 1u))
-                    continue;
-                const int64_t vb = a.v0 + (vg + j) * LT;
-                lce_stage_kn<P>(sT, a.C + vb * a.D, a.D, (int)min((int64_t)LT, a.v1 - vb), d0, a.D, a.vec, tid);
-                __syncthreads();
-                lce_mma_nn<P, LT>(acc, sG + j * GT, TR::LDG, sT, TR::LDT, tid);
-                __syncthreads(); /* sT is rewritten next */
-            }
-            acc_add<TR::MMA>(dst + d0, a.D, nrows, (int)min((int64_t)LT, a.D - d0), w, acc, tid);
-        }
-    }
-}
-
-/*
- * dC rows and dbias of one vocabulary block, over every row block in order;
- * G^T of GROUP consecutive row blocks is kept before each read-modify-write.
- */
-template <int P>
-__device__ void dC_block(const lce_kargs<P> &a, unsigned char *smem)
-{
-    using TR = lce_traits<P>;
-    using S = typename TR::S;
-    using F = frag<TR::MMA>;
-    constexpr int GT = LT * TR::LDG;
-    S *sA = (S *)smem, *sB = (S *)(smem + lce_smem<P>::STAGES);
-    float *red = (float *)(smem + 2 * lce_smem<P>::STAGES);
-    S *sG = (S *)(smem + 2 * lce_smem<P>::STAGES + 2 * lce_smem<P>::RED);
-    S *sT = (S *)((unsigned char *)sG + TR::GROUP * lce_smem<P>::G);
-    const int tid = threadIdx.x;
-    const int64_t vb = a.v0 + (int64_t)blockIdx.x * LT;
-    const int ncols = (int)min((int64_t)LT, a.v1 - vb);
-    const float w = *a.st.weight;
-    float *dst = a.acc != nullptr ? a.acc + (vb - a.v0) * a.D : nullptr;
-    float dbias = 0.0f; /* column tid's sum, for tid < 128 */
-    int32_t tg[8];
-    float lse[8], colsum[8], acc[64];
-    for (int64_t rg = 0; rg < a.N; rg += (int64_t)TR::GROUP * LT) {
-        unsigned keep = 0; /* bit j: row block rg / LT + j counts (the same in every thread) */
-        for (int j = 0; j < TR::GROUP && rg + (int64_t)j * LT < a.N; j++) {
-            const int64_t row0 = rg + (int64_t)j * LT;
-            const int nrows = (int)min((int64_t)LT, a.N - row0);
-            if (!__syncthreads_or(tid < nrows && a.st.tgt[row0 + tid] >= 0))
-                continue; /* no counted row */
-            rows_load<P>(a, row0, nrows, tg, lse, tid);
-            lce_tile_nt<P>(acc, a.E + row0 * a.D, nrows, a.C + vb * a.D, ncols, a.D, a.vec, sA, sB, tid);
-            const bool big = grad_tile<P, true>(a, acc, tg, lse, vb, ncols, sG + j * GT, colsum, tid);
-            if (!__syncthreads_or(big))
-                continue; /* filtered */
-            keep |= 1u << j;
-            if (a.dbias != nullptr) {
-#pragma unroll
-                for (int cs = 0; cs < 8; cs++)
-                    red[F::col(tid, cs) * LT_CONTRIB + F::ccontrib(tid)] = colsum[cs];
-                __syncthreads();
-                if (tid < LT) {
-                    float t = 0.0f;
-                    for (int c = 0; c < LT_CONTRIB; c++)
-                        t += red[tid * LT_CONTRIB + c];
-                    dbias += t;
-                }
-                __syncthreads();
-            }
-        }
-        if (keep == 0 || dst == nullptr)
-            continue;
-        for (int64_t d0 = 0; d0 < a.D; d0 += LT) {
-#pragma unroll
-            for (int i = 0; i < 64; i++)
-                acc[i] = 0.0f;
-            for (int j = 0; j < TR::GROUP; j++) {
-                if (!(keep >> j & 1u))
-                    continue;
-                const int64_t row0 = rg + (int64_t)j * LT;
-                lce_stage_kn<P>(sT, a.E + row0 * a.D, a.D, (int)min((int64_t)LT, a.N - row0), d0, a.D, a.vec, tid);
-                __syncthreads();
-                lce_mma_nn<P, LT>(acc, sG + j * GT, TR::LDG, sT, TR::LDT, tid);
-                __syncthreads();
-            }
-            acc_add<TR::MMA>(dst + d0, a.D, ncols, (int)min((int64_t)LT, a.D - d0), w / a.gscale, acc, tid);
-        }
-    }
-    if (a.dbias != nullptr && tid < ncols)
-        out_store<P>(a.dbias, a.dbias_f32, vb + tid, w * dbias);
-}
-
-template <int P, int MODE>
-__global__ void __launch_bounds__(LT_THREADS, 1) lce_kernel(const __grid_constant__ lce_kargs<P> a)
-{
-    extern __shared__ __align__(16) unsigned char smem[];
-    if constexpr (MODE == MODE_FWD)
-        forward_block<P>(a, smem);
-    else if constexpr (MODE == MODE_DE)
-        dE_block<P>(a, smem);
-    else
-        dC_block<P>(a, smem);
-}
-
-/* Every target checked (bad: the smallest bad index); effective targets after shift. */
+/* Every target checked (bad: the smallest bad index); effective targets after shift; counted rows. */
 template <class TI>
-__global__ void targets_kernel(const TI *t, int64_t N, int64_t V, int64_t ignore, int shift, int32_t *tgt,
-                               unsigned long long *bad)
+__global__ void targets_kernel(const TI *t, int64_t N, int64_t V, int64_t ignore, int shift, lce_state st)
 {
+    unsigned long long counted = 0;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t raw = (int64_t)t[i];
         if (raw != ignore && (raw < 0 || raw >= V))
-            atomicMin(bad, (unsigned long long)i); /* an error report only: min is order-free */
+            atomicMin(st.bad, (unsigned long long)i); /* an error report only: min is order-free */
         const int64_t src = shift ? i + 1 : i;
         const int64_t e = src < N ? (int64_t)t[src] : ignore;
-        tgt[i] = (e == ignore || e < 0 || e >= V) ? -1 : (int32_t)e;
+        const bool ok = !(e == ignore || e < 0 || e >= V);
+        st.tgt[i] = ok ? (int32_t)e : -1;
+        counted += ok;
     }
+    if (counted > 0)
+        atomicAdd(st.count, counted); /* an integer sum: the same in any order */
 }
 
-/* Per row: merge the forward splits in order; LSE and the row loss. */
-__global__ void rows_kernel(lce_state st, int64_t N, int splits, float *lse_out, float *loss_none)
+/* Per row: LSE and the row loss. */
+__global__ void rows_kernel(lce_state st, int64_t N, float *lse_out, float *loss_none)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (int64_t)gridDim.x * blockDim.x) {
-        float M = -INFINITY;
-        for (int s = 0; s < splits; s++)
-            M = fmaxf(M, st.part_m[s * N + i]);
-        float sum = 0.0f;
-        for (int s = 0; s < splits; s++) {
-            const float ms = st.part_m[s * N + i];
-            if (ms != -INFINITY)
-                sum += st.part_s[s * N + i] * expf(ms - M);
-        }
-        const double lse = (double)M + log((double)sum);
+        const double lse = (double)st.m[i] + log((double)st.s[i]);
         st.lse[i] = (float)lse;
         const float rl = st.tgt[i] >= 0 ? (float)(lse - (double)st.zt[i]) : 0.0f;
         st.rowloss[i] = rl;
@@ -450,9 +229,8 @@ __global__ void rows_kernel(lce_state st, int64_t N, int splits, float *lse_out,
 
 enum { LOSS_THREADS = 1024 };
 
-/* One block: the reduced loss (fixed order, in double) and the gradient weight. */
-__global__ void __launch_bounds__(LOSS_THREADS) loss_kernel(lce_state st, int64_t N, int reduction,
-                                                            float grad_scale, float *loss_scalar)
+/* One block: the reduced loss, in double and a fixed order. */
+__global__ void __launch_bounds__(LOSS_THREADS) loss_kernel(lce_state st, int64_t N, int mean, float *loss_scalar)
 {
     __shared__ double tot[LOSS_THREADS];
     __shared__ long long cnt[LOSS_THREADS];
@@ -472,126 +250,150 @@ __global__ void __launch_bounds__(LOSS_THREADS) loss_kernel(lce_state st, int64_
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) {
-        double total = tot[0], w = grad_scale;
-        if (reduction == GK_REDUCE_MEAN) {
-            total = cnt[0] > 0 ? total / (double)cnt[0] : 0.0;
-            w = cnt[0] > 0 ? w / (double)cnt[0] : 0.0;
-        }
-        if (loss_scalar != nullptr)
-            *loss_scalar = (float)total;
-        *st.weight = (float)w;
-    }
+    if (threadIdx.x == 0)
+        *loss_scalar = (float)(mean ? (cnt[0] > 0 ? tot[0] / (double)cnt[0] : 0.0) : tot[0]);
 }
 
-/* out[i] = sum over s < splits of acc[s * stride + i], rounded once to the output dtype. */
-template <int P>
-__global__ void acc_store_kernel(const float *acc, int splits, int64_t stride, int64_t n, void *out, int f32)
+/* out = acc rounded once to out's 16-bit type. */
+template <class T> __global__ void store_kernel(const float *acc, int64_t n, T *out)
 {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float v = 0.0f;
-        for (int s = 0; s < splits; s++)
-            v += acc[s * stride + i];
-        out_store<P>(out, f32, i, v);
-    }
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = from_f<T>(acc[i]);
+}
+
+template <class T> __global__ void ones_kernel(T *x, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = from_f<T>(1.0f);
 }
 
 /* ---- planning ------------------------------------------------------------------------ */
 
-struct lce_plan {
-    int64_t N, D, V;
-    int64_t vtiles, rblocks;
-    int fwd_splits;
-    int64_t fwd_vtiles_split;
-    bool want_dE, want_dC, want_dbias;
-    int de_splits;
-    int64_t de_vtiles_split, de_rows_pass; /* rows a dE pass covers */
-    bool de_direct;                        /* accumulate in the f32 dE itself */
-    int64_t dc_vocab_pass;
-    bool dc_direct;
-    size_t state_bytes, acc_bytes;
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t m) { return cdiv(a, m) * m; }
+
+/* One sweep's blocking: R rows x Vc entries of F; P rows of the dE accumulator (0: none). */
+struct sweep_cfg {
+    int64_t R, Vc, P;
+    size_t bytes; /* workspace the sweep needs, state included */
 };
 
-size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+struct lce_plan {
+    int64_t N, D, V;
+    size_t esize;  /* bytes of an input element, and of a G element */
+    bool want_dE, want_dC, want_dbias;
+    bool dE_f32, dC_f32, dbias_f32; /* accumulated in the output itself */
+    bool fused;    /* one backward sweep for every gradient; else a dE sweep, then a dC / dbias sweep */
+    sweep_cfg fwd, de, dc;
+    size_t state_bytes, total;
+};
 
-size_t state_bytes_of(int64_t N, int splits)
+/* The widest chunk: all of V (rounded up to 8 entries: 32-byte rows of F) up to VC_MAX. */
+int64_t chunk_max(int64_t V) { return std::min<int64_t>(round_up(V, 8), (int64_t)VC_MAX); }
+
+size_t state_bytes_of(int64_t N) { return align256((size_t)N * 4) * 6 + 256; }
+
+/*
+ * Workspace for a sweep: state, F, the ones for dbias, the dE accumulator
+ * (16-bit dE), and the chunk accumulators of dC and dbias when the rows take
+ * several blocks and the output is 16-bit.
+ */
+size_t sweep_bytes(const lce_plan &pl, int64_t R, int64_t Vc, int64_t P, bool with_dC)
 {
-    return align256((size_t)N * 4) * 4 + align256((size_t)N * 4 * splits) * 2 + 256;
+    size_t b = pl.state_bytes + align256((size_t)R * (size_t)Vc * 4);
+    if (P > 0 && !pl.dE_f32)
+        b += align256((size_t)P * (size_t)pl.D * 4);
+    const int64_t rows = P > 0 ? P : pl.N;
+    if (with_dC && pl.want_dbias)
+        b += align256((size_t)R * pl.esize);
+    if (with_dC && pl.want_dC && !pl.dC_f32 && R < rows)
+        b += align256((size_t)Vc * (size_t)pl.D * 4);
+    if (with_dC && pl.want_dbias && !pl.dbias_f32 && R < rows)
+        b += align256((size_t)Vc * 4);
+    return b;
 }
 
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+/*
+ * The largest blocking for a sweep under budget: rows from Rmax down (halving,
+ * multiples of R_STEP), for each the widest chunk (up to VC_MAX, multiples of
+ * VC_STEP); a chunk narrower than VC_GOOD is only taken at the fewest rows.
+ * Deterministic and monotone in budget, so planning again with exactly the
+ * bytes returned gives the same blocking.
+ */
+bool sweep_fit(const lce_plan &pl, int64_t Rmax, int64_t P, bool with_dC, size_t budget, sweep_cfg *out)
+{
+    const int64_t vfull = chunk_max(pl.V);
+    const int64_t rmin = std::min<int64_t>(Rmax, R_STEP);
+    for (int64_t R = Rmax;;) {
+        const int64_t floor = R == rmin ? std::min<int64_t>(vfull, VC_STEP) : std::min<int64_t>(vfull, VC_GOOD);
+        for (int64_t Vc = vfull; Vc >= floor; Vc = (Vc - 1) / VC_STEP * VC_STEP) {
+            const size_t b = sweep_bytes(pl, R, Vc, P, with_dC);
+            if (b <= budget) {
+                *out = sweep_cfg{R, Vc, P, b};
+                return true;
+            }
+            if (Vc <= VC_STEP)
+                break;
+        }
+        if (R == rmin)
+            return false;
+        R = std::max(rmin, round_up(R / 2, R_STEP));
+    }
+}
 
-int plan_make(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk_tensor *dE, const gk_tensor *dC,
-              const gk_tensor *dbias, int sm, size_t budget, lce_plan *pl, gk_err *err)
+int plan_make(const gk_tensor *E, const gk_tensor *C, const gk_tensor *dE, const gk_tensor *dC,
+              const gk_tensor *dbias, size_t budget, lce_plan *pl, gk_err *err)
 {
     *pl = lce_plan{};
-    (void)p;
     pl->N = E->shape[0];
     pl->D = E->shape[1];
     pl->V = C->shape[0];
-    pl->vtiles = cdiv(pl->V, LT);
-    pl->rblocks = cdiv(pl->N, LT);
-    /* forward: about two blocks per SM; at most 64 splits */
-    int64_t splits = std::min<int64_t>(std::min<int64_t>(cdiv(2 * (int64_t)sm, pl->rblocks), pl->vtiles), 64);
-    pl->fwd_vtiles_split = cdiv(pl->vtiles, splits);
-    pl->fwd_splits = (int)cdiv(pl->vtiles, pl->fwd_vtiles_split);
-    pl->state_bytes = state_bytes_of(pl->N, pl->fwd_splits);
+    pl->esize = gk_dtype_size(E->dtype);
     pl->want_dE = gk_tensor_present(dE);
     pl->want_dC = gk_tensor_present(dC);
     pl->want_dbias = gk_tensor_present(dbias);
-    const size_t row_bytes = (size_t)pl->D * sizeof(float);
-    /* accumulators that cannot live in the output: at least one pass of 128 rows (or all, if fewer) */
-    const size_t min_dE = pl->want_dE && dE->dtype != GK_F32 ? (size_t)std::min<int64_t>(LT, pl->N) * row_bytes : 0;
-    const size_t min_dC = pl->want_dC && dC->dtype != GK_F32 ? (size_t)std::min<int64_t>(LT, pl->V) * row_bytes : 0;
-    const size_t need_min = pl->state_bytes + align256(std::max(min_dE, min_dC));
-    if (need_min > budget)
-        return gk_fail(err, GK_ENOMEM, "lce (cuda): needs at least %zu workspace bytes, %zu given", need_min, budget);
-    const size_t avail = budget - pl->state_bytes;
-    if (pl->want_dE) {
-        /* at least one block per SM: split the vocabulary when row blocks are few */
-        int64_t se = std::min<int64_t>(cdiv(sm, pl->rblocks), pl->vtiles);
-        pl->de_vtiles_split = cdiv(pl->vtiles, se);
-        se = cdiv(pl->vtiles, pl->de_vtiles_split);
-        pl->de_rows_pass = pl->N;
-        pl->de_direct = se == 1 && dE->dtype == GK_F32;
-        if (!pl->de_direct && (size_t)se * pl->N * row_bytes > avail) {
-            se = 1; /* fewer, longer blocks before fewer rows per pass */
-            pl->de_vtiles_split = pl->vtiles;
-            pl->de_direct = dE->dtype == GK_F32;
-            if (!pl->de_direct && (size_t)pl->N * row_bytes > avail)
-                pl->de_rows_pass = std::min(pl->N, (int64_t)(avail / row_bytes) / LT * LT);
+    pl->dE_f32 = pl->want_dE && dE->dtype == GK_F32;
+    pl->dC_f32 = pl->want_dC && dC->dtype == GK_F32;
+    pl->dbias_f32 = pl->want_dbias && dbias->dtype == GK_F32;
+    pl->state_bytes = state_bytes_of(pl->N);
+    const int64_t N = pl->N;
+    const bool want_c = pl->want_dC || pl->want_dbias;
+    bool ok = true;
+    if (!pl->want_dE && !want_c) {
+        ok = sweep_fit(*pl, N, 0, false, budget, &pl->fwd);
+        pl->total = pl->fwd.bytes;
+    } else if (sweep_fit(*pl, N, pl->want_dE ? N : 0, want_c, budget, &pl->de)) {
+        pl->fused = true;
+        pl->total = pl->de.bytes;
+    } else if (!pl->want_dE) {
+        ok = false;
+    } else {
+        /* dE over passes of P rows, the largest P first */
+        const int64_t pmin = std::min<int64_t>(N, R_STEP);
+        for (int64_t P = N;; P = std::max(pmin, round_up(P / 2, R_STEP))) {
+            if ((ok = sweep_fit(*pl, P, P, false, budget, &pl->de)) || P == pmin)
+                break;
         }
-        pl->de_splits = (int)se;
-        if (!pl->de_direct)
-            pl->acc_bytes = align256((size_t)se * pl->de_rows_pass * row_bytes);
+        if (ok && want_c)
+            ok = sweep_fit(*pl, N, 0, true, budget, &pl->dc);
+        pl->total = std::max(pl->de.bytes, pl->dc.bytes);
     }
-    if (pl->want_dC || pl->want_dbias) {
-        pl->dc_direct = !pl->want_dC || dC->dtype == GK_F32;
-        pl->dc_vocab_pass = pl->V;
-        if (!pl->dc_direct) {
-            if ((size_t)pl->V * row_bytes > avail)
-                pl->dc_vocab_pass = (int64_t)(avail / row_bytes) / LT * LT;
-            pl->acc_bytes = std::max(pl->acc_bytes, align256((size_t)pl->dc_vocab_pass * row_bytes));
-        }
+    if (!ok) {
+        /* the smallest blocking of the sweeps this request needs */
+        const int64_t r = std::min<int64_t>(N, R_STEP), vc = std::min<int64_t>(chunk_max(pl->V), VC_STEP);
+        size_t need = sweep_bytes(*pl, r, vc, pl->want_dE ? r : 0, false);
+        if (want_c)
+            need = std::max(need, sweep_bytes(*pl, r, vc, 0, true));
+        return gk_fail(err, GK_ENOMEM, "lce (cuda): needs at least %zu workspace bytes, %zu given", need, budget);
     }
+    /* the forward runs before the backward sweeps: it may take all of their workspace */
+    if ((pl->want_dE || want_c) && !sweep_fit(*pl, N, 0, false, pl->total, &pl->fwd))
+        pl->fwd = pl->de; /* not reached: the backward's own blocking always fits */
     return GK_OK;
 }
 
-lce_state state_carve(void *ws, int64_t N, int splits)
-{
-    unsigned char *b = (unsigned char *)ws;
-    const size_t n4 = align256((size_t)N * 4), ns = align256((size_t)N * 4 * splits);
-    lce_state st;
-    st.tgt = (int32_t *)b;
-    st.lse = (float *)(b + n4);
-    st.zt = (float *)(b + 2 * n4);
-    st.rowloss = (float *)(b + 3 * n4);
-    st.part_m = (float *)(b + 4 * n4);
-    st.part_s = (float *)(b + 4 * n4 + ns);
-    st.weight = (float *)(b + 4 * n4 + 2 * ns);
-    st.bad = (unsigned long long *)(b + 4 * n4 + 2 * ns + 128);
-    return st;
-}
+/* ---- running ------------------------------------------------------------------------- */
 
 int cuda_check(cudaError_t e, const char *what, gk_err *err)
 {
@@ -602,143 +404,297 @@ int cuda_check(cudaError_t e, const char *what, gk_err *err)
 
 int launch_check(const char *what, gk_err *err) { return cuda_check(cudaGetLastError(), what, err); }
 
-template <int P, int MODE> int lce_launch(const lce_kargs<P> &a, dim3 grid, cudaStream_t st, gk_err *err)
-{
-    const int bytes = lce_smem<P>::bytes(MODE);
-    int rc = cuda_check(cudaFuncSetAttribute(lce_kernel<P, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-                        "raising the shared memory limit", err);
-    if (rc)
-        return rc;
-    lce_kernel<P, MODE><<<grid, LT_THREADS, bytes, st>>>(a);
-    return launch_check(MODE == MODE_FWD ? "forward" : MODE == MODE_DE ? "dE" : "dC", err);
-}
-
 int grid_of(int64_t n, int sm) { return (int)std::min<int64_t>(std::max<int64_t>(cdiv(n, 256), 1), 8 * (int64_t)sm); }
 
-template <int P>
-int lce_run(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk_tensor *bias,
-            const gk_tensor *targets, const gk_tensor *loss, const gk_tensor *lse, const gk_tensor *dE,
-            const gk_tensor *dC, const gk_tensor *dbias, const gk_cuda_exec *ex, const lce_plan &pl,
-            gk_err *err)
-{
-    using T = typename lce_traits<P>::T;
-    const cudaStream_t stream = ex->stream;
-    const int64_t N = pl.N, D = pl.D, V = pl.V;
-    lce_state st = state_carve(ex->workspace, N, pl.fwd_splits);
-    float *accbuf = (float *)((unsigned char *)ex->workspace + pl.state_bytes);
-    int rc;
+template <class T> struct dtype_of;
+template <> struct dtype_of<float> { static constexpr cudaDataType_t v = CUDA_R_32F; };
+template <> struct dtype_of<__nv_bfloat16> { static constexpr cudaDataType_t v = CUDA_R_16BF; };
+template <> struct dtype_of<__half> { static constexpr cudaDataType_t v = CUDA_R_16F; };
 
-    /* targets, checked before any output is written */
-    if ((rc = cuda_check(cudaMemsetAsync(st.bad, 0xff, sizeof *st.bad, stream), "clearing the target check", err)))
+cudaDataType_t cuda_dtype(gk_dtype d)
+{
+    return d == GK_BF16 ? CUDA_R_16BF : d == GK_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* What every step of a run needs. */
+template <class T> struct lce_ctx {
+    const gk_cuda_exec *ex;
+    const lce_plan *pl;
+    cublasComputeType_t compute;
+    const T *E, *C, *bias;
+    float cap, eps, gscale;
+    float alpha; /* w / gscale: the G GEMMs' scale */
+    lce_state st;
+    unsigned char *ws; /* past the state */
+};
+
+/*
+ * C (m x n, column-major, ldc) = alpha op(A) op(B) + beta C on the request's
+ * stream, with fp32 compute (tf32 when asked for); 64-bit sizes checked to
+ * fit cuBLAS's int by shape_check_cuda and the plan.
+ */
+template <class T>
+int gemm(const lce_ctx<T> &c, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, float alpha,
+         const void *A, cudaDataType_t at, int64_t lda, const void *B, cudaDataType_t bt, int64_t ldb, float beta,
+         void *Cm, cudaDataType_t ct, int64_t ldc, const char *what, gk_err *err)
+{
+    const cublasStatus_t s = cublasGemmEx(c.ex->blas->handle, ta, tb, (int)m, (int)n, (int)k, &alpha, A, at, (int)lda,
+                                          B, bt, (int)ldb, &beta, Cm, ct, (int)ldc, c.compute, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return gk_fail(err, GK_EDEVICE, "lce (cuda): cublasGemmEx (%s, m %lld n %lld k %lld) failed: %s", what,
+                       (long long)m, (long long)n, (long long)k, gk_cuda_blas_status_name(s));
+    return GK_OK;
+}
+
+/* F (rn x vc, row stride ldf) = E[rows r0..] C[v0..]^T in fp32. */
+template <class T>
+int logits_chunk(const lce_ctx<T> &c, float *F, int64_t ldf, int64_t r0, int64_t rn, int64_t v0, int64_t vc,
+                 gk_err *err)
+{
+    const int64_t D = c.pl->D;
+    return gemm(c, CUBLAS_OP_T, CUBLAS_OP_N, vc, rn, D, 1.0f, c.C + v0 * D, dtype_of<T>::v, D, c.E + r0 * D,
+                dtype_of<T>::v, D, 0.0f, F, CUDA_R_32F, ldf, "logits", err);
+}
+
+template <class T> int forward(const lce_ctx<T> &c, gk_err *err)
+{
+    const lce_plan &pl = *c.pl;
+    const cudaStream_t stream = c.ex->stream;
+    float *F = (float *)c.ws;
+    const int64_t ldf = pl.fwd.Vc;
+    int rc;
+    for (int64_t r0 = 0; r0 < pl.N; r0 += pl.fwd.R) {
+        const int64_t rn = std::min(pl.fwd.R, pl.N - r0);
+        for (int64_t v0 = 0; v0 < pl.V; v0 += pl.fwd.Vc) {
+            const int64_t vc = std::min(pl.fwd.Vc, pl.V - v0);
+            if ((rc = logits_chunk(c, F, ldf, r0, rn, v0, vc, err)))
+                return rc;
+            fwd_chunk_kernel<T><<<(unsigned)rn, RT, 0, stream>>>(F, ldf, (int)vc, v0, r0, c.bias, c.cap, c.st, v0 == 0);
+            if ((rc = launch_check("forward chunk", err)))
+                return rc;
+        }
+    }
+    return GK_OK;
+}
+
+template <class T>
+int store(const float *acc, int64_t n, void *out, const gk_cuda_exec *ex, gk_err *err)
+{
+    store_kernel<T><<<grid_of(n, ex->sm_count), 256, 0, ex->stream>>>(acc, n, (T *)out);
+    return launch_check("gradient store", err);
+}
+
+/* out element offset i of a gradient tensor of dtype dt. */
+void *elem_at(const gk_tensor *t, int64_t i) { return (unsigned char *)t->data + (size_t)i * gk_dtype_size(t->dtype); }
+
+/*
+ * One backward sweep over rows [a0, a1): dE of those rows when do_dE, dC and
+ * dbias (of every vocabulary entry, so only with a0 = 0, a1 = N) when do_dC.
+ */
+template <class T>
+int sweep(const lce_ctx<T> &c, const sweep_cfg &cfg, int64_t a0, int64_t a1, bool do_dE, bool do_dC,
+          const gk_tensor *dE, const gk_tensor *dC, const gk_tensor *dbias, gk_err *err)
+{
+    const lce_plan &pl = *c.pl;
+    const cudaStream_t stream = c.ex->stream;
+    const int64_t D = pl.D, R = cfg.R, Vc = cfg.Vc, ldf = Vc, ldg = Vc * (int64_t)(4 / sizeof(T));
+    const bool one_block = a1 - a0 <= R;
+    const bool dC_now = do_dC && pl.want_dC, db_now = do_dC && pl.want_dbias;
+    const cudaDataType_t tin = dtype_of<T>::v;
+
+    /* the workspace past the state, in sweep_bytes' order */
+    unsigned char *p = c.ws;
+    float *F = (float *)p;
+    p += align256((size_t)R * Vc * 4);
+    float *deacc = nullptr, *dcacc = nullptr, *dbacc = nullptr;
+    T *ones = nullptr;
+    if (do_dE && !pl.dE_f32) {
+        deacc = (float *)p;
+        p += align256((size_t)cfg.P * D * 4);
+    }
+    if (db_now) {
+        ones = (T *)p;
+        p += align256((size_t)R * sizeof(T));
+        ones_kernel<T><<<grid_of(R, c.ex->sm_count), 256, 0, stream>>>(ones, R);
+        int rc = launch_check("ones", err);
+        if (rc)
+            return rc;
+    }
+    if (dC_now && !pl.dC_f32 && !one_block) {
+        dcacc = (float *)p;
+        p += align256((size_t)Vc * D * 4);
+    }
+    if (db_now && !pl.dbias_f32 && !one_block)
+        dbacc = (float *)p;
+    float *dEout = do_dE ? (pl.dE_f32 ? (float *)dE->data + a0 * D : deacc) : nullptr;
+
+    int rc;
+    for (int64_t v0 = 0; v0 < pl.V; v0 += Vc) {
+        const int64_t vc = std::min(Vc, pl.V - v0);
+        for (int64_t r0 = a0; r0 < a1; r0 += R) {
+            const int64_t rn = std::min(R, a1 - r0);
+            const float first_rows = r0 == a0 ? 0.0f : 1.0f;
+            if ((rc = logits_chunk(c, F, ldf, r0, rn, v0, vc, err)))
+                return rc;
+            grad_chunk_kernel<T><<<(unsigned)rn, RT, 0, stream>>>(F, ldf, (int)vc, v0, r0, c.bias, c.cap, c.eps,
+                                                                  c.gscale, c.st);
+            if ((rc = launch_check("gradient chunk", err)))
+                return rc;
+            /* dE_rows^T (D x rn) += C_chunk^T (D x vc) G^T (vc x rn) */
+            if (do_dE &&
+                (rc = gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, D, rn, vc, c.alpha, c.C + v0 * D, tin, D, F, tin, ldg,
+                           v0 == 0 ? 0.0f : 1.0f, dEout + (r0 - a0) * D, CUDA_R_32F, D, "dE", err)))
+                return rc;
+            /* dC_chunk^T (D x vc) (+)= E_rows^T (D x rn) G (rn x vc) */
+            if (dC_now) {
+                void *out = dcacc != nullptr ? (void *)dcacc : elem_at(dC, v0 * D);
+                const cudaDataType_t ot = dcacc != nullptr ? CUDA_R_32F : cuda_dtype(dC->dtype);
+                if ((rc = gemm(c, CUBLAS_OP_N, CUBLAS_OP_T, D, vc, rn, c.alpha, c.E + r0 * D, tin, D, F, tin, ldg,
+                               first_rows, out, ot, D, "dC", err)))
+                    return rc;
+            }
+            /* dbias_chunk (vc) (+)= G^T (vc x rn) 1 (rn) */
+            if (db_now) {
+                void *out = dbacc != nullptr ? (void *)dbacc : elem_at(dbias, v0);
+                const cudaDataType_t ot = dbacc != nullptr ? CUDA_R_32F : cuda_dtype(dbias->dtype);
+                if ((rc = gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, vc, 1, rn, c.alpha, F, tin, ldg, ones, tin, rn,
+                               first_rows, out, ot, vc, "dbias", err)))
+                    return rc;
+            }
+        }
+        if (dcacc != nullptr) {
+            if ((rc = dC->dtype == GK_BF16 ? store<__nv_bfloat16>(dcacc, vc * D, elem_at(dC, v0 * D), c.ex, err)
+                                           : store<__half>(dcacc, vc * D, elem_at(dC, v0 * D), c.ex, err)))
+                return rc;
+        }
+        if (dbacc != nullptr) {
+            if ((rc = dbias->dtype == GK_BF16 ? store<__nv_bfloat16>(dbacc, vc, elem_at(dbias, v0), c.ex, err)
+                                              : store<__half>(dbacc, vc, elem_at(dbias, v0), c.ex, err)))
+                return rc;
+        }
+    }
+    if (deacc != nullptr) {
+        const int64_t n = (a1 - a0) * D;
+        if ((rc = dE->dtype == GK_BF16 ? store<__nv_bfloat16>(deacc, n, elem_at(dE, a0 * D), c.ex, err)
+                                       : store<__half>(deacc, n, elem_at(dE, a0 * D), c.ex, err)))
+            return rc;
+    }
+    return GK_OK;
+}
+
+lce_state state_carve(void *ws, int64_t N)
+{
+    unsigned char *b = (unsigned char *)ws;
+    const size_t n4 = align256((size_t)N * 4);
+    lce_state st;
+    st.tgt = (int32_t *)b;
+    st.m = (float *)(b + n4);
+    st.s = (float *)(b + 2 * n4);
+    st.zt = (float *)(b + 3 * n4);
+    st.lse = (float *)(b + 4 * n4);
+    st.rowloss = (float *)(b + 5 * n4);
+    st.bad = (unsigned long long *)(b + 6 * n4);
+    st.count = st.bad + 1;
+    return st;
+}
+
+/*
+ * Validates the targets and counts the rows (the one synchronisation);
+ * *count gets the counted rows.
+ */
+int targets_check(const gk_lce *p, const gk_tensor *targets, const lce_state &st, int64_t N, int64_t V,
+                  const gk_cuda_exec *ex, unsigned long long *count, gk_err *err)
+{
+    const cudaStream_t stream = ex->stream;
+    int rc;
+    if ((rc = cuda_check(cudaMemsetAsync(st.bad, 0xff, sizeof *st.bad, stream), "clearing the target check", err)) ||
+        (rc = cuda_check(cudaMemsetAsync(st.count, 0, sizeof *st.count, stream), "clearing the row count", err)))
         return rc;
     const int tg = grid_of(N, ex->sm_count);
     if (targets->dtype == GK_I32)
         targets_kernel<int32_t><<<tg, 256, 0, stream>>>((const int32_t *)targets->data, N, V, p->ignore_index,
-                                                        p->shift, st.tgt, st.bad);
+                                                        p->shift, st);
     else
         targets_kernel<int64_t><<<tg, 256, 0, stream>>>((const int64_t *)targets->data, N, V, p->ignore_index,
-                                                        p->shift, st.tgt, st.bad);
+                                                        p->shift, st);
     if ((rc = launch_check("target check", err)))
         return rc;
-    unsigned long long bad = 0;
-    if ((rc = cuda_check(cudaMemcpyAsync(&bad, st.bad, sizeof bad, cudaMemcpyDeviceToHost, stream),
+    unsigned long long res[2] = {0, 0};
+    if ((rc = cuda_check(cudaMemcpyAsync(res, st.bad, sizeof res, cudaMemcpyDeviceToHost, stream),
                          "reading the target check", err)) ||
         (rc = cuda_check(cudaStreamSynchronize(stream), "the target check", err)))
         return rc;
-    if (bad < (unsigned long long)N) {
+    *count = res[1];
+    if (res[0] < (unsigned long long)N) {
         int64_t value = 0;
         const size_t ts = gk_dtype_size(targets->dtype);
-        if ((rc = cuda_check(cudaMemcpy(&value, (const unsigned char *)targets->data + bad * ts, ts,
-                                        cudaMemcpyDeviceToHost),
-                             "reading a bad target", err)))
+        if ((rc = cuda_check(cudaMemcpyAsync(&value, (const unsigned char *)targets->data + res[0] * ts, ts,
+                                             cudaMemcpyDeviceToHost, stream),
+                             "reading a bad target", err)) ||
+            (rc = cuda_check(cudaStreamSynchronize(stream), "reading a bad target", err)))
             return rc;
         if (ts == 4)
             value = (int64_t)(int32_t)(uint32_t)value;
         return gk_fail(err, GK_ERANGE,
                        "lce: targets[%lld] = %lld is outside [0, %lld) and is not ignore_index (%lld)",
-                       (long long)bad, (long long)value, (long long)V, (long long)p->ignore_index);
+                       (long long)res[0], (long long)value, (long long)V, (long long)p->ignore_index);
     }
+    return GK_OK;
+}
 
-    lce_kargs<P> a = {};
-    a.E = (const T *)E->data;
-    a.C = (const T *)C->data;
-    a.bias = gk_tensor_present(bias) ? (const T *)bias->data : nullptr;
-    a.N = N;
-    a.D = D;
-    a.V = V;
-    a.vec = D % lce_traits<P>::EPC == 0 && (uintptr_t)E->data % 16 == 0 && (uintptr_t)C->data % 16 == 0;
-    a.softcap = p->softcap;
-    a.eps = p->filter_eps;
-    a.gscale = P == LP_F16 ? 4096.0f : 1.0f;
-    a.st = st;
+template <class T>
+int lce_run(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk_tensor *bias,
+            const gk_tensor *targets, const gk_tensor *loss, const gk_tensor *lse, const gk_tensor *dE,
+            const gk_tensor *dC, const gk_tensor *dbias, const gk_cuda_exec *ex, const lce_plan &pl, gk_err *err)
+{
+    const cudaStream_t stream = ex->stream;
+    const int64_t N = pl.N;
+    lce_ctx<T> c;
+    c.ex = ex;
+    c.pl = &pl;
+    c.compute = E->dtype == GK_F32 && !p->tf32 ? CUBLAS_COMPUTE_32F
+                : E->dtype == GK_F32           ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                               : CUBLAS_COMPUTE_32F;
+    c.E = (const T *)E->data;
+    c.C = (const T *)C->data;
+    c.bias = gk_tensor_present(bias) ? (const T *)bias->data : nullptr;
+    c.cap = p->softcap;
+    c.eps = p->filter_eps;
+    c.gscale = E->dtype == GK_F16 ? 4096.0f : 1.0f;
+    c.st = state_carve(ex->workspace, N);
+    c.ws = (unsigned char *)ex->workspace + pl.state_bytes;
 
-    /* forward */
-    a.r0 = 0, a.r1 = N, a.v0 = 0, a.v1 = V;
-    a.vtiles_split = pl.fwd_vtiles_split;
-    if ((rc = lce_launch<P, MODE_FWD>(a, dim3((unsigned)pl.rblocks, (unsigned)pl.fwd_splits), stream, err)))
+    unsigned long long count = 0;
+    int rc;
+    if ((rc = targets_check(p, targets, c.st, N, pl.V, ex, &count, err)))
+        return rc;
+    double w = p->grad_scale;
+    if (p->reduction == GK_REDUCE_MEAN)
+        w = count > 0 ? w / (double)count : 0.0;
+    c.alpha = (float)(w / (double)c.gscale);
+
+    if ((rc = forward(c, err)))
         return rc;
     const bool none = p->reduction == GK_REDUCE_NONE;
     rows_kernel<<<grid_of(N, ex->sm_count), 256, 0, stream>>>(
-        st, N, pl.fwd_splits, gk_tensor_present(lse) ? (float *)lse->data : nullptr,
-        none ? (float *)loss->data : nullptr);
-    if ((rc = launch_check("row merge", err)))
+        c.st, N, gk_tensor_present(lse) ? (float *)lse->data : nullptr, none ? (float *)loss->data : nullptr);
+    if ((rc = launch_check("row loss", err)))
         return rc;
-    loss_kernel<<<1, LOSS_THREADS, 0, stream>>>(st, N, (int)p->reduction, p->grad_scale,
-                                                none ? nullptr : (float *)loss->data);
-    if ((rc = launch_check("loss reduction", err)))
-        return rc;
-
-    /* dE: passes over rows */
-    if (pl.want_dE) {
-        const size_t rowb = (size_t)D * sizeof(float);
-        for (int64_t r0 = 0; r0 < N; r0 += pl.de_rows_pass) {
-            const int64_t r1 = std::min(N, r0 + pl.de_rows_pass), nr = r1 - r0;
-            a.r0 = r0, a.r1 = r1, a.v0 = 0, a.v1 = V;
-            a.vtiles_split = pl.de_vtiles_split;
-            a.acc = pl.de_direct ? (float *)dE->data + r0 * D : accbuf;
-            a.acc_split = nr * D;
-            if ((rc = cuda_check(cudaMemsetAsync(a.acc, 0, (size_t)pl.de_splits * nr * rowb, stream), "clearing dE",
-                                 err)))
-                return rc;
-            if ((rc = lce_launch<P, MODE_DE>(a, dim3((unsigned)cdiv(nr, LT), (unsigned)pl.de_splits), stream, err)))
-                return rc;
-            if (!pl.de_direct) {
-                const int f32 = dE->dtype == GK_F32;
-                void *out = (unsigned char *)dE->data + (size_t)(r0 * D) * gk_dtype_size(dE->dtype);
-                acc_store_kernel<P><<<grid_of(nr * D, ex->sm_count), 256, 0, stream>>>(accbuf, pl.de_splits, nr * D,
-                                                                                     nr * D, out, f32);
-                if ((rc = launch_check("dE store", err)))
-                    return rc;
-            }
-        }
+    if (!none) {
+        loss_kernel<<<1, LOSS_THREADS, 0, stream>>>(c.st, N, p->reduction == GK_REDUCE_MEAN, (float *)loss->data);
+        if ((rc = launch_check("loss reduction", err)))
+            return rc;
     }
 
-    /* dC and dbias: passes over the vocabulary */
-    if (pl.want_dC || pl.want_dbias) {
-        const size_t rowb = (size_t)D * sizeof(float);
-        a.acc_split = 0;
-        a.vtiles_split = 0;
-        a.r0 = 0, a.r1 = N;
-        for (int64_t v0 = 0; v0 < V; v0 += pl.dc_vocab_pass) {
-            const int64_t v1 = std::min(V, v0 + pl.dc_vocab_pass), nv = v1 - v0;
-            a.v0 = v0, a.v1 = v1;
-            a.acc = !pl.want_dC ? nullptr : pl.dc_direct ? (float *)dC->data + v0 * D : accbuf;
-            a.dbias = pl.want_dbias ? dbias->data : nullptr;
-            a.dbias_f32 = pl.want_dbias && dbias->dtype == GK_F32;
-            if (a.acc != nullptr &&
-                (rc = cuda_check(cudaMemsetAsync(a.acc, 0, (size_t)nv * rowb, stream), "clearing dC", err)))
+    const bool want_c = pl.want_dC || pl.want_dbias;
+    if (pl.fused)
+        return sweep(c, pl.de, 0, N, pl.want_dE, want_c, dE, dC, dbias, err);
+    if (pl.want_dE)
+        for (int64_t a0 = 0; a0 < N; a0 += pl.de.P)
+            if ((rc = sweep(c, pl.de, a0, std::min(N, a0 + pl.de.P), true, false, dE, dC, dbias, err)))
                 return rc;
-            if ((rc = lce_launch<P, MODE_DC>(a, dim3((unsigned)cdiv(nv, LT)), stream, err)))
-                return rc;
-            if (pl.want_dC && !pl.dc_direct) {
-                void *out = (unsigned char *)dC->data + (size_t)(v0 * D) * gk_dtype_size(dC->dtype);
-                acc_store_kernel<P><<<grid_of(nv * D, ex->sm_count), 256, 0, stream>>>(accbuf, 1, 0, nv * D, out,
-                                                                                     dC->dtype == GK_F32);
-                if ((rc = launch_check("dC store", err)))
-                    return rc;
-            }
-        }
-    }
+    if (want_c)
+        return sweep(c, pl.dc, 0, N, false, true, dE, dC, dbias, err);
     return GK_OK;
 }
 
@@ -752,18 +708,19 @@ int exec_check(const gk_cuda_exec *ex, gk_err *err)
         return gk_fail(err, GK_EINVAL, "lce (cuda): workspace of %zu bytes has no pointer", ex->workspace_bytes);
     if ((uintptr_t)ex->workspace % 256 != 0)
         return gk_fail(err, GK_EINVAL, "lce (cuda): workspace must be 256-byte aligned");
+    if (ex->blas == NULL)
+        return gk_fail(err, GK_EINVAL, "lce (cuda): needs a cuBLAS handle (gk_cuda_exec.blas)");
+    if (ex->blas->stream != ex->stream)
+        return gk_fail(err, GK_EINVAL, "lce (cuda): the cuBLAS handle is bound to another stream");
     return GK_OK;
 }
 
-/* Grid limits: y (vocabulary splits) is at most 64 by the plan; x counts 128-row blocks. */
+/* cuBLAS takes int sizes: N, D and V must fit (V also because targets are kept as int32). */
 int shape_check_cuda(const gk_tensor *E, const gk_tensor *C, gk_err *err)
 {
-    if (cdiv(E->shape[0], LT) > INT32_MAX || cdiv(C->shape[0], LT) > INT32_MAX)
-        return gk_fail(err, GK_EINVAL, "lce (cuda): N = %lld or V = %lld exceeds the grid (2^31 blocks of 128)",
-                       (long long)E->shape[0], (long long)C->shape[0]);
-    if (C->shape[0] > INT32_MAX)
-        return gk_fail(err, GK_EINVAL, "lce (cuda): V = %lld must be below 2^31 (targets are kept as int32)",
-                       (long long)C->shape[0]);
+    if (E->shape[0] > INT32_MAX || E->shape[1] > INT32_MAX || C->shape[0] > INT32_MAX)
+        return gk_fail(err, GK_EINVAL, "lce (cuda): N = %lld, D = %lld and V = %lld must each be below 2^31",
+                       (long long)E->shape[0], (long long)E->shape[1], (long long)C->shape[0]);
     return GK_OK;
 }
 
@@ -785,9 +742,9 @@ extern "C" int gk_cuda_lce_workspace_bytes(const gk_lce *p, const gk_tensor *E, 
         (rc = shape_check_cuda(E, C, err)))
         return rc;
     lce_plan pl;
-    if ((rc = plan_make(p, E, C, dE, dC, dbias, sm_count, budget, &pl, err)))
+    if ((rc = plan_make(E, C, dE, dC, dbias, budget, &pl, err)))
         return rc;
-    *bytes = pl.state_bytes + pl.acc_bytes;
+    *bytes = pl.total;
     return GK_OK;
 }
 
@@ -801,14 +758,11 @@ extern "C" int gk_cuda_lce(const gk_lce *p, const gk_tensor *E, const gk_tensor 
         (rc = exec_check(ex, err)) || (rc = shape_check_cuda(E, C, err)))
         return rc;
     lce_plan pl;
-    if ((rc = plan_make(p, E, C, dE, dC, dbias, ex->sm_count, ex->workspace_bytes, &pl, err)))
+    if ((rc = plan_make(E, C, dE, dC, dbias, ex->workspace_bytes, &pl, err)))
         return rc;
     switch (E->dtype) {
-    case GK_BF16: return lce_run<LP_BF16>(p, E, C, bias, targets, loss, lse, dE, dC, dbias, ex, pl, err);
-    case GK_F16: return lce_run<LP_F16>(p, E, C, bias, targets, loss, lse, dE, dC, dbias, ex, pl, err);
-    default:
-        if (p->tf32)
-            return lce_run<LP_TF32>(p, E, C, bias, targets, loss, lse, dE, dC, dbias, ex, pl, err);
-        return lce_run<LP_F32>(p, E, C, bias, targets, loss, lse, dE, dC, dbias, ex, pl, err);
+    case GK_BF16: return lce_run<__nv_bfloat16>(p, E, C, bias, targets, loss, lse, dE, dC, dbias, ex, pl, err);
+    case GK_F16: return lce_run<__half>(p, E, C, bias, targets, loss, lse, dE, dC, dbias, ex, pl, err);
+    default: return lce_run<float>(p, E, C, bias, targets, loss, lse, dE, dC, dbias, ex, pl, err);
     }
 }

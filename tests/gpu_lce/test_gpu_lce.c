@@ -7,16 +7,18 @@
  *             tf32, bf16 and f16 inputs, at N=37 V=301 with D 64 (16-byte
  *             loads) and D 61 (element loads), i32/i64 targets, f32 or input
  *             dtype gradients, some rows ignored, subsets of the outputs;
- *   larger    N=256, D=128, V=4099 (several blocks and vocabulary splits),
- *             and the same on a one-SM plan (dE over groups of tiles);
+ *   larger    N=256, D=128, V=9001: several vocabulary chunks under the
+ *             default budget, then budgets of 2 MB (narrower chunks, one row
+ *             block) and 600 KB (two row blocks: dC accumulated across them);
  *   filter    eps above every term: gradients exactly zero; eps below every
  *             term: bytes unchanged; a softmax peaked on a few entries with
  *             eps 2^-12: within the element-wise bound of kernels/cpu/lce.c,
- *             and changed (tiles were dropped);
- *   passes    the smallest workspace the call accepts (many row and vocabulary
- *             passes) and a one-SM plan, still right;
- *   errors    bad targets (GK_ERANGE, outputs untouched), missing context,
- *             workspace below the minimum, bad shapes.
+ *             and changed (terms were dropped);
+ *   passes    exactly the minimum workspace the call names when refused (dE
+ *             and dC in separate sweeps, many row passes and chunks), and
+ *             budgets between it and the default, still right;
+ *   errors    bad targets (GK_ERANGE, outputs untouched), missing context or
+ *             cuBLAS handle, workspace below the minimum, bad shapes.
  * Every GPU output is poisoned (all bits set: NaN) before the call, and every
  * call is made twice and must give the same bytes.  Exits 77 without a device.
  */
@@ -39,6 +41,7 @@
 
 static int g_sms;
 static cudaStream_t g_stream;
+static gk_cuda_blas *g_blas; /* bound to g_stream, as the daemon binds one to each slot */
 
 /*
  * The kernels run on a non-blocking stream, which does not wait for the legacy
@@ -131,7 +134,7 @@ static void dev_download(const gk_tensor *dev, gk_tensor *host)
 /* Execution context with a workspace of `bytes` (freed by ctx_free). */
 static gk_cuda_exec ctx_make(size_t bytes, int sms)
 {
-    gk_cuda_exec ex = {g_stream, NULL, bytes, sms, NULL};
+    gk_cuda_exec ex = {g_stream, NULL, bytes, sms, g_blas};
     if (bytes > 0)
         CUDA_OK(cudaMalloc(&ex.workspace, bytes));
     return ex;
@@ -294,35 +297,36 @@ static void test_options(void **state)
 static void test_larger(void **state)
 {
     (void)state;
+    const size_t budgets[] = {GK_CUDA_LCE_DEFAULT_BUDGET, (size_t)2 << 20, (size_t)600 << 10};
     for (int pi = 0; pi < NPRECS; pi++)
         for (int v = 0; v < 2; v++) {
             const gk_dtype dt = precs[pi][0];
             lce_problem pb;
-            lce_problem_make(&pb, &g_rng, 256, 128, 4099, dt, GK_I64, v, 0.5, 0.1);
+            lce_problem_make(&pb, &g_rng, 256, 128, 9001, dt, GK_I64, v, 0.5, 0.1);
             pb.p.tf32 = (int)precs[pi][1];
             pb.p.reduction = v ? GK_REDUCE_SUM : GK_REDUCE_MEAN;
             pb.p.softcap = v ? 15.0f : 0.0f;
             pb.p.shift = v;
-            char label[96];
-            snprintf(label, sizeof label, "larger %s variant %d", prec_name(dt, pb.p.tf32), v);
-            check_case(&pb, WANT_ALL, dt == GK_F32 ? GK_F32 : dt, GK_CUDA_LCE_DEFAULT_BUDGET, g_sms, label);
-            /* one SM: no vocabulary split, so dE walks groups of tiles */
-            snprintf(label, sizeof label, "larger %s variant %d, one SM", prec_name(dt, pb.p.tf32), v);
-            check_case(&pb, WANT_ALL, dt == GK_F32 ? GK_F32 : dt, GK_CUDA_LCE_DEFAULT_BUDGET, 1, label);
+            for (int b = 0; b < 3; b++) {
+                char label[96];
+                snprintf(label, sizeof label, "larger %s variant %d budget %zu", prec_name(dt, pb.p.tf32), v,
+                         budgets[b]);
+                check_case(&pb, WANT_ALL, dt == GK_F32 ? GK_F32 : dt, budgets[b], g_sms, label);
+            }
             lce_problem_free(&pb);
         }
 }
 
-/* One GPU run with the default budget on sms multiprocessors; outputs in o (made here). */
-static void gpu_once(lce_problem *pb, lce_outputs *o, int want, gk_dtype gdtype, int sms)
+/* One GPU run under budget; outputs in o (made here). */
+static void gpu_once(lce_problem *pb, lce_outputs *o, int want, gk_dtype gdtype, size_t budget)
 {
     lce_outputs_make(o, pb, want, gdtype);
     dev_problem d;
     dev_make(&d, pb, o);
     int rc;
-    size_t bytes = ws_wanted(pb, &d, sms, GK_CUDA_LCE_DEFAULT_BUDGET, &rc);
+    size_t bytes = ws_wanted(pb, &d, g_sms, budget, &rc);
     assert_int_equal(rc, GK_OK);
-    gk_cuda_exec ex = ctx_make(bytes, sms);
+    gk_cuda_exec ex = ctx_make(bytes, g_sms);
     gk_err err = {{0}};
     if ((rc = gpu_run(pb, &d, o, &ex, &err)) != GK_OK)
         fail_msg("gpu rc %d: %s", rc, err.msg);
@@ -336,9 +340,9 @@ static void test_filter_extremes(void **state)
     lce_problem pb;
     lce_problem_make(&pb, &g_rng, 150, 48, 700, GK_BF16, GK_I32, 1, 1.0, 0.1);
     lce_outputs plain, huge, tiny;
-    gpu_once(&pb, &plain, WANT_ALL, GK_F32, g_sms);
+    gpu_once(&pb, &plain, WANT_ALL, GK_F32, GK_CUDA_LCE_DEFAULT_BUDGET);
     pb.p.filter_eps = 1.5f; /* |softmax - onehot| <= 1: every tile dropped */
-    gpu_once(&pb, &huge, WANT_ALL, GK_F32, g_sms);
+    gpu_once(&pb, &huge, WANT_ALL, GK_F32, GK_CUDA_LCE_DEFAULT_BUDGET);
     assert_true(same_bytes(&plain.loss, &huge.loss));
     assert_true(same_bytes(&plain.lse, &huge.lse));
     for (int64_t i = 0; i < pb.N * pb.D; i++)
@@ -348,7 +352,7 @@ static void test_filter_extremes(void **state)
     for (int64_t v = 0; v < pb.V; v++)
         assert_true(tensor_get(&huge.dbias, v) == 0.0);
     pb.p.filter_eps = 1e-30f; /* far below every softmax of these small logits */
-    gpu_once(&pb, &tiny, WANT_ALL, GK_F32, g_sms);
+    gpu_once(&pb, &tiny, WANT_ALL, GK_F32, GK_CUDA_LCE_DEFAULT_BUDGET);
     assert_true(outputs_same(&plain, &tiny));
     lce_outputs_free(&plain);
     lce_outputs_free(&huge);
@@ -430,20 +434,20 @@ static void test_filter_peaked(void **state)
             bb[v] += eps * w;
     }
     const tols t = tols_of(GK_BF16, 0);
-    /* all SMs (a vocabulary split per tile), then one SM (dE groups with dropped tiles) */
-    const int sms_list[2] = {g_sms, 1};
+    /* the default budget (one block, one chunk), then a small one (row blocks, chunks) */
+    const size_t budgets[2] = {GK_CUDA_LCE_DEFAULT_BUDGET, (size_t)400 << 10};
     for (int k = 0; k < 2; k++) {
         lce_outputs plain, filtered;
         pb.p.filter_eps = 0.0f;
-        gpu_once(&pb, &plain, WANT_ALL, GK_F32, sms_list[k]);
+        gpu_once(&pb, &plain, WANT_ALL, GK_F32, budgets[k]);
         pb.p.filter_eps = (float)eps;
-        gpu_once(&pb, &filtered, WANT_ALL, GK_F32, sms_list[k]);
+        gpu_once(&pb, &filtered, WANT_ALL, GK_F32, budgets[k]);
         expect_within_bound(&filtered.dE, &ref.dE, bE, t.grad, "dE");
         expect_within_bound(&filtered.dC, &ref.dC, bC, t.grad, "dC");
         expect_within_bound(&filtered.dbias, &ref.dbias, bb, t.grad, "dbias");
         assert_true(same_bytes(&plain.loss, &filtered.loss));
         /*
-         * some tile was dropped: dC rows past 128 are exactly zero filtered, ~1e-9 w
+         * some term was dropped: dC rows past 100 are exactly zero filtered, ~1e-9 w
          * unfiltered (dE may not change a bit: its dropped terms are below its ulp)
          */
         assert_false(same_bytes(&plain.dC, &filtered.dC));
@@ -455,19 +459,26 @@ static void test_filter_peaked(void **state)
     lce_problem_free(&pb);
 }
 
-/* Workspace halved from the wanted size until refused: the last accepted is the minimum. */
+/*
+ * The minimum workspace, as the refusal of a too small budget names it; a
+ * budget one byte below it is refused, and exactly it is accepted and used.
+ */
 static size_t ws_minimum(const lce_problem *pb, const dev_problem *d)
 {
-    int rc;
-    size_t ok = ws_wanted(pb, d, g_sms, GK_CUDA_LCE_DEFAULT_BUDGET, &rc);
+    gk_err err = {{0}};
+    size_t bytes = 0;
+    int rc = gk_cuda_lce_workspace_bytes(&pb->p, &d->E, &d->C, &d->bias, &d->targets, &d->loss, &d->lse, &d->dE,
+                                         &d->dC, &d->dbias, g_sms, 64, &bytes, &err);
+    assert_int_equal(rc, GK_ENOMEM);
+    unsigned long long min = 0;
+    const char *at = strstr(err.msg, "needs at least ");
+    if (at == NULL || sscanf(at, "needs at least %llu", &min) != 1)
+        fail_msg("no minimum in \"%s\"", err.msg);
+    assert_int_equal(ws_wanted(pb, d, g_sms, (size_t)min - 1, &rc), 0);
+    assert_int_equal(rc, GK_ENOMEM);
+    assert_int_equal(ws_wanted(pb, d, g_sms, (size_t)min, &rc), min);
     assert_int_equal(rc, GK_OK);
-    for (size_t b = ok; b > 0; b /= 2) {
-        size_t got = ws_wanted(pb, d, g_sms, b, &rc);
-        if (rc != GK_OK)
-            break;
-        ok = got;
-    }
-    return ok;
+    return (size_t)min;
 }
 
 static void test_passes(void **state)
@@ -489,8 +500,11 @@ static void test_passes(void **state)
         char label[96];
         snprintf(label, sizeof label, "%s, minimum workspace %zu", prec_name(dt, pb.p.tf32), min);
         check_case(&pb, WANT_ALL, gdt, min, g_sms, label);
-        snprintf(label, sizeof label, "%s, one SM", prec_name(dt, pb.p.tf32));
-        check_case(&pb, WANT_ALL, gdt, GK_CUDA_LCE_DEFAULT_BUDGET, 1, label);
+        /* between the minimum and the preferred plan: other blockings and sweeps */
+        for (size_t b = 2 * min; b < ((size_t)2 << 20); b *= 2) {
+            snprintf(label, sizeof label, "%s, workspace budget %zu", prec_name(dt, pb.p.tf32), b);
+            check_case(&pb, WANT_ALL, gdt, b, g_sms, label);
+        }
         lce_problem_free(&pb);
     }
 }
@@ -555,6 +569,12 @@ static void test_errors(void **state)
                      GK_ENOMEM);
     assert_non_null(strstr(err.msg, "workspace"));
     bad = ex;
+    bad.blas = NULL;
+    assert_int_equal(gk_cuda_lce(&pb.p, &d.E, &d.C, &d.bias, &d.targets, &d.loss, &d.lse, &d.dE, &d.dC,
+                                 &d.dbias, &bad, &err),
+                     GK_EINVAL);
+    assert_non_null(strstr(err.msg, "cuBLAS"));
+    bad = ex;
     bad.workspace = NULL;
     assert_int_equal(gk_cuda_lce(&pb.p, &d.E, &d.C, &d.bias, &d.targets, &d.loss, &d.lse, &d.dE, &d.dC,
                                  &d.dbias, &bad, &err),
@@ -591,9 +611,11 @@ int main(void)
         return 77;
     }
     g_rng = harness_seed() ^ 0x6c6365u;
+    gk_err err = {{0}};
     if (cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) != cudaSuccess) {
-        printf("test_gpu_lce: device setup failed\n");
+        cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) != cudaSuccess ||
+        gk_cuda_blas_open(g_stream, &g_blas, &err) != GK_OK) {
+        printf("test_gpu_lce: device setup failed %s\n", err.msg);
         return 1;
     }
     const struct CMUnitTest tests[] = {
@@ -602,6 +624,7 @@ int main(void)
         cmocka_unit_test(test_filter_peaked), cmocka_unit_test(test_passes),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    gk_cuda_blas_close(g_blas);
     cudaStreamDestroy(g_stream);
     return failed ? 1 : 0;
 }
