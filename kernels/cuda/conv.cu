@@ -264,11 +264,9 @@ void igemm_launch(const ig_params<T> &prm, int grid, bool bt, cudaStream_t st)
             return;
         }
     }
-    if constexpr (MATH != MATH_FFMA) {
-        if (prm.bpack != nullptr) {
-            igemm_kernel<T, MATH, false, PAD, true><<<grid, IG_THREADS, 0, st>>>(prm);
-            return;
-        }
+    if (prm.bpack != nullptr) {
+        igemm_kernel<T, MATH, false, PAD, true><<<grid, IG_THREADS, 0, st>>>(prm);
+        return;
     }
     if (prm.a.mask != nullptr)
         igemm_kernel<T, MATH, true, PAD, false><<<grid, IG_THREADS, 0, st>>>(prm);
@@ -289,8 +287,12 @@ int igemm_run(ig_params<T> prm, const launch_plan &lp, bool pad, const gk_cuda_e
     if (lp.pack_bytes > 0) {
         /* B (the weights, rows of K) packed behind the partials, 256-byte aligned */
         T *pack = (T *)((unsigned char *)ex->workspace + lp.ws_bytes);
-        pack_rows_kernel<T, MATH><<<ex->sm_count * 2, 256, 0, ex->stream>>>(
-            prm.b.base, prm.N, prm.K, pack, prm.tiles_n * IG_BN, prm.kpad);
+        if constexpr (MATH == MATH_FFMA)
+            pack_rows_kmajor_kernel<T><<<ex->sm_count * 2, 256, 0, ex->stream>>>(
+                prm.b.base, prm.N, prm.K, pack, prm.tiles_n * IG_BN, prm.kpad);
+        else
+            pack_rows_kernel<T, MATH><<<ex->sm_count * 2, 256, 0, ex->stream>>>(
+                prm.b.base, prm.N, prm.K, pack, prm.tiles_n * IG_BN, prm.kpad);
         int rc = launch_check<T>("weight packing", err);
         if (rc)
             return rc;
@@ -455,7 +457,7 @@ int forward_run(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, cons
     ig_params<T> prm = forward_params<T>(s, (const T *)x->data, (const T *)w->data,
                                          gk_tensor_present(b) ? (const T *)b->data : nullptr,
                                          (T *)y->data, p->relu);
-    const launch_plan lp = plan_splits(prm, var, ex->sm_count, false, MATH != MATH_FFMA);
+    const launch_plan lp = plan_splits(prm, var, ex->sm_count, false, true);
     return igemm_run<T, MATH>(prm, lp, s.ph || s.pw, ex, "forward", err);
 }
 
@@ -513,7 +515,7 @@ size_t workspace_of(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, 
 {
     const conv_shape s = shape_of(p, x, w);
     ig_params<T> f = forward_params<T>(s, nullptr, nullptr, nullptr, nullptr, 0);
-    const launch_plan lf = plan_splits(f, var, sm, false, var != VAR_F32);
+    const launch_plan lf = plan_splits(f, var, sm, false, true);
     size_t most = lf.ws_bytes + lf.pack_bytes;
     ig_params<T> wg = wgrad_params<T>(s, nullptr, nullptr, nullptr, nullptr);
     size_t b = plan_splits(wg, var, sm, true).ws_bytes;
@@ -548,6 +550,9 @@ extern "C" int gk_cuda_conv_warmup(gk_err *err)
         kernel_load(igemm_kernel<float, MATH_FFMA, true, false, false>),
         kernel_load(igemm_kernel<float, MATH_FFMA, false, true, false>),
         kernel_load(igemm_kernel<float, MATH_FFMA, true, true, false>),
+        kernel_load(igemm_kernel<float, MATH_FFMA, false, false, true>),
+        kernel_load(igemm_kernel<float, MATH_FFMA, false, true, true>),
+        kernel_load(pack_rows_kmajor_kernel<float>),
         kernel_load(igemm_kernel<float, MATH_TF32, false, false, false>),
         kernel_load(igemm_kernel<float, MATH_TF32, true, false, false>),
         kernel_load(igemm_kernel<float, MATH_TF32, false, true, false>),

@@ -37,7 +37,8 @@ template <class T> struct ig_params {
     int M, N, K;
     int tiles_m, tiles_n, splits, ksplit; /* ksplit: K range of one split, a multiple of BK */
     int items;                            /* tiles_m * tiles_n * splits */
-    /* BPACK: B read from bpack[n][kpad] (zero-padded, tf32 pre-rounded) by 16-byte copies */
+    /* BPACK: B read by 16-byte copies from bpack, zero-padded: [n][kpad] for tensor-core
+       math (tf32 pre-rounded), k-major [kpad][tiles_n * IG_BN] for FFMA */
     const T *bpack;
     int kpad;
     /* epilogue: ws != NULL writes fp32 partials ws[split][M][N]; else out[orow + ocol] */
@@ -173,7 +174,7 @@ __device__ __forceinline__ void epilogue_store(const ig_params<T> &p, int split,
  * (no padding, the common case) rows and columns past the end are clamped to
  * valid addresses, rows are dropped by the epilogue, and columns k >= K are
  * zeroed: an element costs one shared load, an add and the global load.
- * BPACK (tensor-core math only): B comes from the packed weights by cp.async.
+ * BPACK: B comes from the packed weights by cp.async (forward: every math).
  * BT (bf16, no padding): B is loaded with lanes along its rows and stored k-major, read
  * by ldmatrix.trans: for the weight gradient, whose B rows (c, kh, kw) are contiguous
  * input runs while its k (n, oh, ow) strides through them.
@@ -213,7 +214,18 @@ __global__ void __launch_bounds__(IG_THREADS, PAD ? 1 : 2) igemm_kernel(const __
         const int bt_n = tid & (IG_BN - 1), bt_k = (tid / IG_BN) * 16; /* BT: row, first k */
         auto load = [&](int k0, int buf) {
             const int k = k0 + kl;
-            if constexpr (BPACK) {
+            if constexpr (BPACK && MATH == MATH_FFMA) {
+                /* BK k rows x 128 floats, k-major like the shared tile: two 16-byte chunks a thread */
+                const int npad = p.tiles_n * IG_BN;
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int chunk = tid + c * IG_THREADS, kr = chunk >> 5, part = chunk & 31;
+                    const float *src = (const float *)p.bpack + (size_t)(k0 + kr) * npad + n0 + part * 4;
+                    cp_async_16((uint32_t)__cvta_generic_to_shared(sb + buf * G::STAGE_BYTES +
+                                                                   (kr * G::FFMA_LD + part * 4) * 4),
+                                src);
+                }
+            } else if constexpr (BPACK) {
                 /* 128 rows x 64 bytes: two 16-byte chunks a thread */
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
@@ -286,7 +298,8 @@ __global__ void __launch_bounds__(IG_THREADS, PAD ? 1 : 2) igemm_kernel(const __
                         *(uint32_t *)(db + r * G::MMA_ROW_BYTES + kl * 4) = f32_to_tf32(vb);
                 } else {
                     ((float *)da)[kl * G::FFMA_LD + r] = va;
-                    ((float *)db)[kl * G::FFMA_LD + r] = vb;
+                    if constexpr (!BPACK)
+                        ((float *)db)[kl * G::FFMA_LD + r] = vb;
                 }
             }
         };
@@ -511,6 +524,21 @@ __global__ void pack_rows_kernel(const T *w, int rows, int k, T *out, int rows_p
         if constexpr (MATH == MATH_TF32)
             v = __uint_as_float(f32_to_tf32(v));
         out[i] = v;
+    }
+}
+
+/*
+ * Packs w (rows x k, row-major) k-major into out[kpad][rows_pad], zeros around:
+ * the FFMA forward copies its B tiles ([k][n] in shared memory) from there.
+ */
+template <class T>
+__global__ void pack_rows_kmajor_kernel(const T *w, int rows, int k, T *out, int rows_pad, int kpad)
+{
+    const size_t total = (size_t)rows_pad * kpad;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const int c = (int)(i / rows_pad), r = (int)(i % rows_pad);
+        out[i] = (r < rows && c < k) ? w[(size_t)r * k + c] : T(0);
     }
 }
 
