@@ -1,18 +1,20 @@
 /*
  * gk_cuda_nmmo3.h - the NMMO3 encoder forward on the GPU (nmmo3.cu).
  *
- * Composed from the other kernels, on ex->stream, never synchronising:
- * multihot (the one-hot image, materialised in the workspace) -> conv1 + bias
- * + ReLU -> conv2 + bias -> one assembly kernel that writes each features row
- * [conv2 256 | player embedding 1504 | player values 47 | rewards 10] ->
- * optionally the projection relu(features . proj_w^T + proj_b), run as a 1x1
- * convolution.  Shapes and dtypes as gk_nmmo3_forward_check.  Data values are
- * validated on the device: after the caller has synchronised ex->stream,
- * gk_cuda_nmmo3_status returns GK_ERANGE with the CPU kernel's message (a map
- * value first, as the CPU checks the map first, then a player value).
+ * Composed on ex->stream, never synchronising: conv1 + bias + ReLU straight
+ * from the observation bytes (conv1_obs.cu: the 59-channel multihot image is
+ * never materialised) -> conv2 + bias -> one assembly kernel that writes each
+ * features row [conv2 256 | player embedding 1504 | player values 47 |
+ * rewards 10] -> optionally the projection relu(features . proj_w^T +
+ * proj_b): a cuBLAS GEMM (fp32 accumulation and output, true fp32 for f32)
+ * and a bias + ReLU kernel when ex->blas is given, else a 1x1 convolution.
+ * The workspace covers both.  Shapes and dtypes as
+ * gk_nmmo3_forward_check.  Data values are validated on the device: after
+ * the caller has synchronised ex->stream, gk_cuda_nmmo3_status returns
+ * GK_ERANGE with the CPU kernel's message (a map value first, as the CPU
+ * checks the map first, then a player value).
  *
- * Not yet the target design of issue 6 (conv1 built from the bytes without
- * the multihot image, one graph for the whole encode): a correct first step.
+ * Not yet the whole target design of issue 6 (one graph for the whole encode).
  */
 #ifndef GK_CUDA_NMMO3_H
 #define GK_CUDA_NMMO3_H
@@ -39,6 +41,19 @@ int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_tensor *obs,
                                const gk_tensor *features, const gk_tensor *hidden,
                                const gk_tensor *c1_out, const gk_cuda_exec *ex, gk_err *err);
 int gk_cuda_nmmo3_status(const gk_tensor *obs, const gk_cuda_exec *ex, gk_err *err);
+
+/*
+ * conv1 alone, from the bytes (conv1_obs.cu): c1 = relu(conv1(multihot(obs))
+ * + conv1_b), conv1_w (128, 59, 5, 5) and conv1_b (128) f32 or bf16, obs u8
+ * (B, 1707), c1 (B, 128, 3, 4) of the weights' dtype.  The workspace (16-byte
+ * aligned) holds the error record and the repacked weights; every map byte is
+ * checked, and gk_cuda_nmmo3_conv1_status (after a synchronisation) names the
+ * first bad one as the CPU multihot does.
+ */
+int gk_cuda_nmmo3_conv1_workspace_bytes(const gk_tensor *conv1_w, size_t *bytes, gk_err *err);
+int gk_cuda_nmmo3_conv1(const gk_tensor *conv1_w, const gk_tensor *conv1_b, const gk_tensor *obs,
+                        const gk_tensor *c1, const gk_cuda_exec *ex, gk_err *err);
+int gk_cuda_nmmo3_conv1_status(const gk_tensor *obs, const gk_cuda_exec *ex, gk_err *err);
 
 /*
  * The backward (nmmo3_backward.cu): as gk_cpu_nmmo3_backward, on the device.

@@ -5,6 +5,7 @@
 
 #include <cuda_bf16.h>
 
+#include "blas.cuh"
 #include "gk_cuda_nmmo3.h"
 #include "obs_record.cuh"
 
@@ -14,13 +15,23 @@ constexpr int THREADS = 256;
 constexpr int CONV2_OUT = 2 * GK_NMMO3_CONV_CH; /* (128, 1, 2) flattened */
 constexpr int EMB_OUT = GK_NMMO3_PLAYER_COUNT * GK_NMMO3_EMBED_DIM;
 constexpr int RAW_AT = CONV2_OUT + EMB_OUT; /* 1760: the 47 player values, then 10 rewards */
+/*
+ * Row stride of the features when they live in the workspace: 1817 rounded up
+ * to 16 bytes of bf16, with zeros in the padding, so that the projection's
+ * GEMM gets 16-byte aligned rows (cuBLAS's fast kernels need them).
+ */
+constexpr int FEAT_LD = 1824;
 
 /*
- * Workspace: [record of the multihot | record of the assembly | multihot image |
- * conv1 out | conv2 out | features (when only hidden is asked for) | conv scratch].
+ * Workspace: [record of the assembly | conv1's part (its record of the map
+ * bytes, its repacked weights) | conv1 out | conv2 out | features (when only
+ * hidden is asked for, rows of FEAT_LD) | scratch: conv2's, then the
+ * projection's (fp32 GEMM output + proj_w with FEAT_LD rows, or the 1x1
+ * convolution's scratch)].
  */
 struct nmmo3_layout {
-    size_t mh, c1, c2, feat, scratch, total;
+    size_t conv1, conv1_bytes, c1, c2, feat, scratch, total;
+    size_t proj_pw; /* the padded proj_w, after the fp32 GEMM output, in the scratch */
     size_t feat_bytes;
 };
 
@@ -29,18 +40,23 @@ size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 __device__ __forceinline__ void store_f(float *p, size_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store_f(__nv_bfloat16 *p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
-/* One features element a thread: conv2 copied, player bytes looked up in the embedding, raw values. */
+/*
+ * One features element a thread: conv2 copied, player bytes looked up in the
+ * embedding, raw values; rows of ld elements, zeros past column 1817.
+ */
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
 assemble_kernel(const uint8_t *__restrict__ obs, const T *__restrict__ c2,
-                const T *__restrict__ embed, T *__restrict__ feat, unsigned rows,
+                const T *__restrict__ embed, T *__restrict__ feat, unsigned rows, unsigned ld,
                 unsigned long long *rec)
 {
-    const unsigned total = rows * GK_NMMO3_FEATURES;
+    const unsigned total = rows * ld;
     for (unsigned k = blockIdx.x * blockDim.x + threadIdx.x; k < total; k += gridDim.x * blockDim.x) {
-        const unsigned b = k / GK_NMMO3_FEATURES, c = k - b * GK_NMMO3_FEATURES;
+        const unsigned b = k / ld, c = k - b * ld;
         const uint8_t *o = obs + (size_t)b * GK_NMMO3_OBS_BYTES;
-        if (c < CONV2_OUT) {
+        if (c >= GK_NMMO3_FEATURES) {
+            store_f(feat, k, 0.0f);
+        } else if (c < CONV2_OUT) {
             feat[k] = c2[(size_t)b * CONV2_OUT + c];
         } else if (c < RAW_AT) {
             const unsigned j = (c - CONV2_OUT) / GK_NMMO3_EMBED_DIM;
@@ -61,12 +77,46 @@ assemble_kernel(const uint8_t *__restrict__ obs, const T *__restrict__ c2,
     }
 }
 
+/* hidden = relu(acc + bias), acc the fp32 GEMM output (may be hidden itself in f32). */
+template <typename T>
+__global__ void __launch_bounds__(THREADS)
+bias_relu_kernel(const float *acc, const T *__restrict__ bias, T *out, unsigned total,
+                 unsigned cols)
+{
+    for (unsigned k = blockIdx.x * blockDim.x + threadIdx.x; k < total; k += gridDim.x * blockDim.x) {
+        const unsigned n = k % cols;
+        store_f(out, k, fmaxf(acc[k] + (float)bias[n], 0.0f));
+    }
+}
+
+/* proj_w (hidden, 1817) -> (hidden, FEAT_LD), zeros in the padding. */
+template <typename T>
+__global__ void __launch_bounds__(THREADS)
+pad_rows_kernel(const T *__restrict__ w, T *__restrict__ out, unsigned rows)
+{
+    const unsigned total = rows * FEAT_LD;
+    for (unsigned k = blockIdx.x * blockDim.x + threadIdx.x; k < total; k += gridDim.x * blockDim.x) {
+        const unsigned r = k / FEAT_LD, c = k - r * FEAT_LD;
+        if (c < GK_NMMO3_FEATURES)
+            out[k] = w[(size_t)r * GK_NMMO3_FEATURES + c];
+        else
+            store_f(out, k, 0.0f);
+    }
+}
+
+unsigned grid_for(size_t total, int sm_count)
+{
+    size_t grid = (total + THREADS - 1) / THREADS;
+    if (grid > (size_t)sm_count * 8)
+        grid = (size_t)sm_count * 8;
+    return grid > 0 ? (unsigned)grid : 1;
+}
+
 gk_tensor view(void *data, gk_dtype dt, int ndim, const int64_t *shape)
 {
     return gk_tensor_make(data, dt, ndim, shape);
 }
 
-const gk_conv2d conv1_params = {3, 3, 0, 0, 1, 0};
 const gk_conv2d conv2_params = {1, 1, 0, 0, 0, 0};
 const gk_conv2d proj_params = {1, 1, 0, 0, 1, 0};
 
@@ -76,13 +126,12 @@ int layout_make(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor
     const int64_t B = obs->shape[0];
     const gk_dtype dt = w->conv1_w.dtype;
     const size_t es = gk_dtype_size(dt);
-    int64_t mh_shape[4] = {B, gk_nmmo3_layout.channels, gk_nmmo3_layout.height, gk_nmmo3_layout.width};
     int64_t c1_shape[4] = {B, GK_NMMO3_CONV_CH, 3, 4};
     int64_t feat_shape[4] = {B, GK_NMMO3_FEATURES, 1, 1};
-    gk_tensor mh = view(NULL, dt, 4, mh_shape), c1 = view(NULL, dt, 4, c1_shape);
+    gk_tensor c1 = view(NULL, dt, 4, c1_shape);
     gk_tensor fx = view(NULL, dt, 4, feat_shape);
     size_t s1 = 0, s2 = 0, s3 = 0;
-    int rc = gk_cuda_conv2d_workspace_bytes(&conv1_params, &mh, &w->conv1_w, sm_count, &s1, err);
+    int rc = gk_cuda_nmmo3_conv1_workspace_bytes(&w->conv1_w, &s1, err);
     if (rc == GK_OK)
         rc = gk_cuda_conv2d_workspace_bytes(&conv2_params, &c1, &w->conv2_w, sm_count, &s2, err);
     if (rc == GK_OK && gk_tensor_present(hidden)) {
@@ -92,20 +141,27 @@ int layout_make(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor
     }
     if (rc != GK_OK)
         return rc;
-    size_t at = 2 * (size_t)GK_CUDA_OBS_RECORD_BYTES;
-    l->mh = at;
-    at += align256((size_t)gk_tensor_numel(&mh) * es);
+    size_t at = GK_CUDA_OBS_RECORD_BYTES;
+    l->conv1 = at;
+    l->conv1_bytes = s1;
+    at += align256(s1);
     l->c1 = at;
     at += align256((size_t)gk_tensor_numel(&c1) * es);
     l->c2 = at;
     at += align256((size_t)B * CONV2_OUT * es);
-    l->feat_bytes = (size_t)B * GK_NMMO3_FEATURES * es;
+    l->feat_bytes = (size_t)B * FEAT_LD * es;
     l->feat = at;
     if (!gk_tensor_present(features))
         at += align256(l->feat_bytes);
     l->scratch = at;
-    size_t s = s1 > s2 ? s1 : s2;
-    at += s > s3 ? s : s3;
+    if (gk_tensor_present(hidden)) {
+        /* cuBLAS path: the fp32 GEMM output (bf16 only: f32 writes hidden), the padded proj_w */
+        const int64_t H = w->proj_w.shape[0];
+        l->proj_pw = dt == GK_BF16 ? align256((size_t)(B * H) * 4) : 0;
+        const size_t s4 = l->proj_pw + align256((size_t)H * FEAT_LD * es);
+        s3 = s3 > s4 ? s3 : s4;
+    }
+    at += s2 > s3 ? s2 : s3;
     l->total = at;
     return GK_OK;
 }
@@ -150,6 +206,9 @@ extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_te
         return gk_fail(err, GK_EINVAL, "nmmo3 forward (cuda): c1 must be (B, 128, 3, 4) of the weights' dtype");
     if ((rc = obs_numel_check(obs, "nmmo3 forward", "obs", err)) != GK_OK)
         return rc;
+    if (obs->shape[0] * FEAT_LD > INT32_MAX)
+        return gk_fail(err, GK_EINVAL, "nmmo3 forward (cuda): %lld agents: the CUDA kernels take "
+                       "fewer than %d (split the batch)", (long long)obs->shape[0], INT32_MAX / FEAT_LD);
     nmmo3_layout l;
     if ((rc = layout_make(w, obs, features, hidden, ex->sm_count, &l, err)) != GK_OK)
         return rc;
@@ -159,49 +218,87 @@ extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_te
     const int64_t B = obs->shape[0];
     const gk_dtype dt = w->conv1_w.dtype;
     uint8_t *ws = (uint8_t *)ex->workspace;
-    int64_t mh_shape[4] = {B, gk_nmmo3_layout.channels, gk_nmmo3_layout.height, gk_nmmo3_layout.width};
     int64_t c1_shape[4] = {B, GK_NMMO3_CONV_CH, 3, 4};
     int64_t c2_shape[4] = {B, GK_NMMO3_CONV_CH, 1, 2};
-    gk_tensor mh = view(ws + l.mh, dt, 4, mh_shape);
     gk_tensor c1 = view(gk_tensor_present(c1_out) ? c1_out->data : ws + l.c1, dt, 4, c1_shape);
     gk_tensor c2 = view(ws + l.c2, dt, 4, c2_shape);
     void *feat = gk_tensor_present(features) ? features->data : ws + l.feat;
 
-    gk_cuda_exec e_mh = exec_at(ex, 0, GK_CUDA_OBS_RECORD_BYTES);
+    gk_cuda_exec e_c1 = exec_at(ex, l.conv1, l.conv1_bytes);
     gk_cuda_exec e_conv = exec_at(ex, l.scratch, ex->workspace_bytes - l.scratch);
-    if ((rc = gk_cuda_multihot_encode(&gk_nmmo3_layout, obs, &mh, &e_mh, err)) ||
-        (rc = gk_cuda_conv2d_forward(&conv1_params, &mh, &w->conv1_w, &w->conv1_b, &c1, &e_conv, err)) ||
+    if ((rc = gk_cuda_nmmo3_conv1(&w->conv1_w, &w->conv1_b, obs, &c1, &e_c1, err)) ||
         (rc = gk_cuda_conv2d_forward(&conv2_params, &c1, &w->conv2_w, &w->conv2_b, &c2, &e_conv, err)))
         return rc;
-    unsigned long long *rec = (unsigned long long *)(ws + GK_CUDA_OBS_RECORD_BYTES);
+    unsigned long long *rec = (unsigned long long *)ws;
     cudaError_t ce = cudaMemsetAsync(rec, 0xff, sizeof *rec, ex->stream);
     if (ce != cudaSuccess)
         return gk_fail(err, GK_EDEVICE, "nmmo3 forward (cuda): resetting the error record: %s",
                        cudaGetErrorString(ce));
-    const unsigned rows = (unsigned)B, total = rows * GK_NMMO3_FEATURES;
-    unsigned grid = (total + THREADS - 1) / THREADS;
-    if (grid > (unsigned)ex->sm_count * 8)
-        grid = (unsigned)ex->sm_count * 8;
+    const int projecting = gk_tensor_present(hidden);
+    /* The workspace's features get padded rows when cuBLAS will read them. */
+    const unsigned rows = (unsigned)B;
+    const unsigned ld = !gk_tensor_present(features) && ex->blas != NULL ? FEAT_LD : GK_NMMO3_FEATURES;
+    const unsigned grid = grid_for((size_t)rows * ld, ex->sm_count);
     const uint8_t *o = (const uint8_t *)obs->data;
     if (dt == GK_BF16)
         assemble_kernel<__nv_bfloat16><<<grid, THREADS, 0, ex->stream>>>(
             o, (const __nv_bfloat16 *)c2.data, (const __nv_bfloat16 *)w->embed.data,
-            (__nv_bfloat16 *)feat, rows, rec);
+            (__nv_bfloat16 *)feat, rows, ld, rec);
     else
         assemble_kernel<float><<<grid, THREADS, 0, ex->stream>>>(
-            o, (const float *)c2.data, (const float *)w->embed.data, (float *)feat, rows, rec);
-    if ((rc = obs_launch_check("nmmo3 forward", err)) != GK_OK)
+            o, (const float *)c2.data, (const float *)w->embed.data, (float *)feat, rows, ld, rec);
+    if ((rc = obs_launch_check("nmmo3 forward", err)) != GK_OK || !projecting)
         return rc;
-    if (!gk_tensor_present(hidden))
-        return GK_OK;
-    /* The projection is a 1x1 convolution over (B, 1817, 1, 1), ReLU fused. */
-    int64_t fx_shape[4] = {B, GK_NMMO3_FEATURES, 1, 1};
-    int64_t pw_shape[4] = {w->proj_w.shape[0], GK_NMMO3_FEATURES, 1, 1};
-    int64_t h_shape[4] = {B, w->proj_w.shape[0], 1, 1};
-    gk_tensor fx = view(feat, dt, 4, fx_shape);
-    gk_tensor pw = view(w->proj_w.data, dt, 4, pw_shape);
-    gk_tensor hx = view(hidden->data, dt, 4, h_shape);
-    return gk_cuda_conv2d_forward(&proj_params, &fx, &pw, &w->proj_b, &hx, &e_conv, err);
+    const int64_t H = w->proj_w.shape[0];
+    if (ex->blas == NULL) {
+        /* Without a cuBLAS handle: a 1x1 convolution over (B, 1817, 1, 1), ReLU fused. */
+        int64_t fx_shape[4] = {B, GK_NMMO3_FEATURES, 1, 1};
+        int64_t pw_shape[4] = {H, GK_NMMO3_FEATURES, 1, 1};
+        int64_t h_shape[4] = {B, H, 1, 1};
+        gk_tensor fx = view(feat, dt, 4, fx_shape);
+        gk_tensor pw = view(w->proj_w.data, dt, 4, pw_shape);
+        gk_tensor hx = view(hidden->data, dt, 4, h_shape);
+        return gk_cuda_conv2d_forward(&proj_params, &fx, &pw, &w->proj_b, &hx, &e_conv, err);
+    }
+    /*
+     * hidden^T (H x B, column-major) = proj_w (1817 x H col-major, transposed) . features^T,
+     * fp32 accumulation and output (true fp32 for f32: CUBLAS_COMPUTE_32F), then bias + ReLU
+     * with one rounding.  proj_w gets padded rows when the features have them.
+     */
+    const cudaDataType_t cdt = dt == GK_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    float *acc = dt == GK_BF16 ? (float *)(ws + l.scratch) : (float *)hidden->data;
+    const void *pw = w->proj_w.data;
+    if (ld == FEAT_LD) {
+        void *pad = ws + l.scratch + l.proj_pw;
+        const unsigned pg = grid_for((size_t)H * FEAT_LD, ex->sm_count);
+        if (dt == GK_BF16)
+            pad_rows_kernel<__nv_bfloat16><<<pg, THREADS, 0, ex->stream>>>(
+                (const __nv_bfloat16 *)pw, (__nv_bfloat16 *)pad, (unsigned)H);
+        else
+            pad_rows_kernel<float><<<pg, THREADS, 0, ex->stream>>>((const float *)pw, (float *)pad,
+                                                                  (unsigned)H);
+        if ((rc = obs_launch_check("nmmo3 forward", err)) != GK_OK)
+            return rc;
+        pw = pad;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st = cublasGemmEx(ex->blas->handle, CUBLAS_OP_T, CUBLAS_OP_N, (int)H, (int)B,
+                                     (int)ld, &one, pw, cdt, (int)ld, feat, cdt, (int)ld, &zero,
+                                     acc, CUDA_R_32F, (int)H, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return gk_fail(err, GK_EDEVICE, "nmmo3 forward (cuda): projection GEMM: %s",
+                       gk_cuda_blas_status_name(st));
+    const unsigned hg = grid_for((size_t)B * H, ex->sm_count);
+    if (dt == GK_BF16)
+        bias_relu_kernel<__nv_bfloat16><<<hg, THREADS, 0, ex->stream>>>(
+            acc, (const __nv_bfloat16 *)w->proj_b.data, (__nv_bfloat16 *)hidden->data,
+            (unsigned)(B * H), (unsigned)H);
+    else
+        bias_relu_kernel<float><<<hg, THREADS, 0, ex->stream>>>(
+            acc, (const float *)w->proj_b.data, (float *)hidden->data, (unsigned)(B * H),
+            (unsigned)H);
+    return obs_launch_check("nmmo3 forward", err);
 }
 
 extern "C" int gk_cuda_nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor *obs,
@@ -213,11 +310,11 @@ extern "C" int gk_cuda_nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor 
 
 extern "C" int gk_cuda_nmmo3_status(const gk_tensor *obs, const gk_cuda_exec *ex, gk_err *err)
 {
-    gk_cuda_exec e_mh = exec_at(ex, 0, GK_CUDA_OBS_RECORD_BYTES);
-    int rc = gk_cuda_multihot_status(&gk_nmmo3_layout, obs, &e_mh, err);
+    gk_cuda_exec e_c1 = exec_at(ex, GK_CUDA_OBS_RECORD_BYTES, GK_CUDA_OBS_RECORD_BYTES);
+    int rc = gk_cuda_nmmo3_conv1_status(obs, &e_c1, err);
     if (rc != GK_OK)
         return rc;
-    gk_cuda_exec e_as = exec_at(ex, GK_CUDA_OBS_RECORD_BYTES, GK_CUDA_OBS_RECORD_BYTES);
+    gk_cuda_exec e_as = exec_at(ex, 0, GK_CUDA_OBS_RECORD_BYTES);
     unsigned long long pos = 0;
     if ((rc = obs_record_read(&e_as, &pos, "nmmo3 forward", err)) != GK_OK || pos == OBS_RECORD_CLEAN)
         return rc;

@@ -10,11 +10,22 @@
  * memset, as in the daemon).  Inputs are valid random data; after the timed
  * calls the range verdict is read and must be clean.
  *
+ * Then the NMMO3 forward (issue 6: at most 0.5 ms in bf16 at B = 32768,
+ * observations on the device): conv1 from the bytes (gk_cuda_nmmo3_conv1)
+ * against multihot + gk_cuda_conv2d_forward in the same run (with the
+ * relative difference of their outputs), and the whole forward, features
+ * only and with the projection to 512 (cuBLAS handle given), at B = 1024 and
+ * 32768 in f32 and bf16, with conv2 alone for the split.  FLOP are counted
+ * dense (conv1 as the 1475-wide GEMM it replaces); the ceilings are
+ * REFERENCE.md section 4's (bf16 769 TFLOP/s, fp32 without tf32 50.4) and
+ * the copy bandwidth measured here.
+ *
  * Usage: obs_bench [--quick]   (--quick: fewer iterations)
- * Prints a Markdown table; the last lines are the summary.
+ * Prints Markdown tables; the last lines are the summary.
  */
 #include <cuda_runtime.h>
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +33,7 @@
 
 #include "gk.h"
 #include "gk_cuda.h"
+#include "gk_cuda_nmmo3.h"
 #include "bench_check.cuh"
 
 
@@ -135,6 +147,229 @@ static void report(const char *op, const char *dt, int64_t batch, double us, dou
            bytes / 1e6, gbs, pct, seed);
     if (batch == 32768 && pct < 80.0)
         g_below++;
+}
+
+/* ---- the NMMO3 forward -------------------------------------------------------------- */
+
+static const double PEAK_BF16 = 769e12, PEAK_F32 = 50.4e12; /* REFERENCE.md section 4 */
+static const double CONV1_FLOP = 2.0 * 12 * 128 * 1475, CONV2_FLOP = 2.0 * 2 * 128 * 1152;
+static const int HID = 512;
+
+typedef struct c1_ctx {
+    gk_tensor w, b, obs, c1, mh;
+    gk_cuda_exec ex_c1, ex_mh, ex_conv;
+} c1_ctx;
+
+static int c1_fused_run(void *ctx, const gk_cuda_exec *ex, gk_err *err)
+{
+    (void)ex;
+    c1_ctx *c = (c1_ctx *)ctx;
+    return gk_cuda_nmmo3_conv1(&c->w, &c->b, &c->obs, &c->c1, &c->ex_c1, err);
+}
+
+static const gk_conv2d conv1_p = {3, 3, 0, 0, 1, 0}, conv2_p = {1, 1, 0, 0, 0, 0};
+
+static int c1_composed_run(void *ctx, const gk_cuda_exec *ex, gk_err *err)
+{
+    (void)ex;
+    c1_ctx *c = (c1_ctx *)ctx;
+    int rc = gk_cuda_multihot_encode(&gk_nmmo3_layout, &c->obs, &c->mh, &c->ex_mh, err);
+    return rc ? rc : gk_cuda_conv2d_forward(&conv1_p, &c->mh, &c->w, &c->b, &c->c1, &c->ex_conv, err);
+}
+
+typedef struct fwd_ctx {
+    gk_nmmo3_weights w;
+    gk_tensor obs, feat, hidden, c1, c2;
+    gk_cuda_exec ex, ex_conv;
+} fwd_ctx;
+
+static int fwd_run(void *ctx, const gk_cuda_exec *ex, gk_err *err)
+{
+    (void)ex;
+    fwd_ctx *c = (fwd_ctx *)ctx;
+    return gk_cuda_nmmo3_forward(&c->w, &c->obs, gk_tensor_present(&c->hidden) ? NULL : &c->feat,
+                                 gk_tensor_present(&c->hidden) ? &c->hidden : NULL, &c->ex, err);
+}
+
+static int conv2_run(void *ctx, const gk_cuda_exec *ex, gk_err *err)
+{
+    (void)ex;
+    fwd_ctx *c = (fwd_ctx *)ctx;
+    return gk_cuda_conv2d_forward(&conv2_p, &c->c1, &c->w.conv2_w, &c->w.conv2_b, &c->c2,
+                                  &c->ex_conv, err);
+}
+
+/* ||a - b|| / ||b|| of two device arrays of n elements of dt. */
+static double dev_rel_diff(const void *a, const void *b, size_t n, gk_dtype dt)
+{
+    const size_t es = gk_dtype_size(dt);
+    uint8_t *ha = (uint8_t *)malloc(n * es), *hb = (uint8_t *)malloc(n * es);
+    CK(cudaMemcpy(ha, a, n * es, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hb, b, n * es, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        float x, y;
+        if (dt == GK_BF16) {
+            uint32_t ux = (uint32_t)((uint16_t *)ha)[i] << 16, uy = (uint32_t)((uint16_t *)hb)[i] << 16;
+            memcpy(&x, &ux, 4);
+            memcpy(&y, &uy, 4);
+        } else {
+            x = ((float *)ha)[i];
+            y = ((float *)hb)[i];
+        }
+        num += ((double)x - y) * ((double)x - y);
+        den += (double)y * y;
+    }
+    free(ha);
+    free(hb);
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void roof_row(const char *what, const char *dn, int64_t B, double us, double flop,
+                     double bytes, double peak, const char *note)
+{
+    const double bound = fmax(flop / peak, bytes / (g_copy_gbs * 1e9)) * 1e6;
+    printf("| %s | %s | %lld | %.1f | %.1f | %.0f | %.1f%% | %s |\n", what, dn, (long long)B, us,
+           flop / us / 1e6, bytes / us / 1e3, 100.0 * bound / us, note);
+}
+
+/* Returns the number of range verdicts that were not clean. */
+static int nmmo3_bench(const gk_cuda_exec *ex0, int sms)
+{
+    int bad = 0;
+    gk_err err;
+    gk_cuda_blas *blas = NULL;
+    CKGK(gk_cuda_blas_open(g_stream, &blas, &err));
+    printf("\n| nmmo3 | dtype | B | us | TFLOP/s | GB/s | of roofline | note |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
+    const int64_t batches[2] = {1024, 32768};
+    const gk_dtype dts[2] = {GK_BF16, GK_F32};
+    for (int bi = 0; bi < 2; bi++) {
+        const int64_t B = batches[bi], L = GK_NMMO3_OBS_BYTES;
+        uint8_t *h = (uint8_t *)malloc((size_t)(B * L));
+        for (int64_t n = 0; n < B; n++)
+            for (int64_t i = 0; i < L; i++)
+                h[n * L + i] = i < 1650 ? (uint8_t)rnd((uint64_t)gk_nmmo3_layout.slots[i % 10])
+                                        : (uint8_t)rnd(128);
+        void *obs = dev_alloc((size_t)(B * L));
+        CK(cudaMemcpy(obs, h, (size_t)(B * L), cudaMemcpyHostToDevice));
+        free(h);
+        const int64_t oshape[2] = {B, L};
+        for (int d = 0; d < 2; d++) {
+            const gk_dtype dt = dts[d];
+            const size_t es = gk_dtype_size(dt);
+            const char *dn = gk_dtype_name(dt);
+            const double peak = dt == GK_BF16 ? PEAK_BF16 : PEAK_F32;
+
+            /* conv1: from the bytes vs multihot + the convolution kernel */
+            c1_ctx c;
+            const int64_t wshape[4] = {128, 59, 5, 5}, bshape[1] = {128}, cshape[4] = {B, 128, 3, 4};
+            const int64_t mshape[4] = {B, 59, 11, 15};
+            c.w = gk_tensor_make(dev_floats(128 * 1475, dt), dt, 4, wshape);
+            c.b = gk_tensor_make(dev_floats(128, dt), dt, 1, bshape);
+            c.obs = gk_tensor_make(obs, GK_U8, 2, oshape);
+            c.c1 = gk_tensor_make(dev_alloc((size_t)(B * 1536) * es), dt, 4, cshape);
+            c.mh = gk_tensor_make(dev_alloc((size_t)(B * 59 * 165) * es), dt, 4, mshape);
+            size_t w1 = 0, wconv = 0;
+            CKGK(gk_cuda_nmmo3_conv1_workspace_bytes(&c.w, &w1, &err));
+            CKGK(gk_cuda_conv2d_workspace_bytes(&conv1_p, &c.mh, &c.w, sms, &wconv, &err));
+            c.ex_c1 = *ex0;
+            c.ex_c1.workspace = dev_alloc(w1);
+            c.ex_c1.workspace_bytes = w1;
+            c.ex_mh = *ex0;
+            c.ex_conv = *ex0;
+            c.ex_conv.workspace = wconv ? dev_alloc(wconv) : NULL;
+            c.ex_conv.workspace_bytes = wconv;
+            const double us_f = time_op(c1_fused_run, &c, ex0);
+            CK(cudaStreamSynchronize(g_stream));
+            if (gk_cuda_nmmo3_conv1_status(&c.obs, &c.ex_c1, &err) != 0)
+                printf("conv1 status: %s\n", err.msg), bad++;
+            void *fused = dev_alloc((size_t)(B * 1536) * es);
+            CK(cudaMemcpy(fused, c.c1.data, (size_t)(B * 1536) * es, cudaMemcpyDeviceToDevice));
+            const double us_c = time_op(c1_composed_run, &c, ex0);
+            CK(cudaStreamSynchronize(g_stream));
+            if (gk_cuda_multihot_status(&gk_nmmo3_layout, &c.obs, &c.ex_mh, &err) != 0)
+                printf("multihot status: %s\n", err.msg), bad++;
+            const double diff = dev_rel_diff(fused, c.c1.data, (size_t)(B * 1536), dt);
+            char note[128];
+            snprintf(note, sizeof note, "%.2fx faster than multihot + conv; rel diff %.2g", us_c / us_f,
+                     diff);
+            const double c1_bytes = (double)B * 1650 + (double)B * 1536 * es + 128.0 * 1475 * es;
+            roof_row("conv1 from the bytes", dn, B, us_f, CONV1_FLOP * B, c1_bytes, peak, note);
+            roof_row("multihot + conv1 (composed)", dn, B, us_c, CONV1_FLOP * B,
+                     c1_bytes + 2.0 * B * 59 * 165 * es, peak, "-");
+            cudaFree(fused);
+            cudaFree(c.mh.data);
+            cudaFree(c.ex_c1.workspace);
+            cudaFree(c.ex_conv.workspace);
+
+            /* the whole forward */
+            fwd_ctx f;
+            memset(&f, 0, sizeof f);
+            const int64_t w2shape[4] = {128, 128, 3, 3}, eshape[2] = {128, 32};
+            const int64_t pshape[2] = {HID, GK_NMMO3_FEATURES}, pbshape[1] = {HID};
+            const int64_t fshape[2] = {B, GK_NMMO3_FEATURES}, hshape[2] = {B, HID};
+            const int64_t c2shape[4] = {B, 128, 1, 2};
+            f.w.conv1_w = c.w;
+            f.w.conv1_b = c.b;
+            f.w.conv2_w = gk_tensor_make(dev_floats(128 * 1152, dt), dt, 4, w2shape);
+            f.w.conv2_b = gk_tensor_make(dev_floats(128, dt), dt, 1, bshape);
+            f.w.embed = gk_tensor_make(dev_floats(128 * 32, dt), dt, 2, eshape);
+            f.obs = c.obs;
+            f.c1 = c.c1;
+            f.c2 = gk_tensor_make(dev_alloc((size_t)(B * 256) * es), dt, 4, c2shape);
+            f.feat = gk_tensor_make(dev_alloc((size_t)(B * GK_NMMO3_FEATURES) * es), dt, 2, fshape);
+            size_t wc2 = 0;
+            CKGK(gk_cuda_conv2d_workspace_bytes(&conv2_p, &f.c1, &f.w.conv2_w, sms, &wc2, &err));
+            f.ex_conv = *ex0;
+            f.ex_conv.workspace = wc2 ? dev_alloc(wc2) : NULL;
+            f.ex_conv.workspace_bytes = wc2;
+            const double us_c2 = time_op(conv2_run, &f, ex0);
+            roof_row("conv2 (conv kernel)", dn, B, us_c2, CONV2_FLOP * B,
+                     (double)B * (1536 + 256) * es + 128.0 * 1152 * es, peak, "part of the forward");
+            for (int proj = 0; proj < 2; proj++) {
+                if (proj) {
+                    f.w.proj_w = gk_tensor_make(dev_floats((size_t)HID * GK_NMMO3_FEATURES, dt), dt, 2, pshape);
+                    f.w.proj_b = gk_tensor_make(dev_floats(HID, dt), dt, 1, pbshape);
+                    f.hidden = gk_tensor_make(dev_alloc((size_t)(B * HID) * es), dt, 2, hshape);
+                }
+                size_t wf = 0;
+                CKGK(gk_cuda_nmmo3_forward_workspace_bytes(&f.w, &f.obs, proj ? NULL : &f.feat,
+                                                           proj ? &f.hidden : NULL, sms, &wf, &err));
+                f.ex = *ex0;
+                f.ex.workspace = dev_alloc(wf);
+                f.ex.workspace_bytes = wf;
+                f.ex.blas = blas;
+                const double us = time_op(fwd_run, &f, ex0);
+                CK(cudaStreamSynchronize(g_stream));
+                if (gk_cuda_nmmo3_status(&f.obs, &f.ex, &err) != 0)
+                    printf("nmmo3 status: %s\n", err.msg), bad++;
+                const double flop = (CONV1_FLOP + CONV2_FLOP + (proj ? 2.0 * 1817 * HID : 0)) * B;
+                const double bytes = (double)B * L + (double)B * (proj ? HID : GK_NMMO3_FEATURES) * es;
+                char note2[96] = "-";
+                if (proj && B == 32768 && dt == GK_BF16)
+                    snprintf(note2, sizeof note2, "target <= 500 us: %s", us <= 500.0 ? "met" : "NOT met");
+                roof_row(proj ? "nmmo3 forward, hidden 512" : "nmmo3 forward, features", dn, B, us,
+                         flop, bytes, peak, note2);
+                cudaFree(f.ex.workspace);
+            }
+            cudaFree(f.w.conv1_w.data);
+            cudaFree(f.w.conv1_b.data);
+            cudaFree(f.w.conv2_w.data);
+            cudaFree(f.w.conv2_b.data);
+            cudaFree(f.w.embed.data);
+            cudaFree(f.w.proj_w.data);
+            cudaFree(f.w.proj_b.data);
+            cudaFree(f.hidden.data);
+            cudaFree(f.c1.data);
+            cudaFree(f.c2.data);
+            cudaFree(f.feat.data);
+            cudaFree(f.ex_conv.workspace);
+        }
+        cudaFree(obs);
+    }
+    gk_cuda_blas_close(blas);
+    return bad;
 }
 
 int main(int argc, char **argv)
@@ -254,6 +489,7 @@ int main(int argc, char **argv)
         cudaFree(obs);
         cudaFree(idx);
     }
+    status_bad += nmmo3_bench(&ex, sms);
     printf("\nsummary: %d of the B=32768 rows below 80%% of the copy bandwidth; %d range "
            "verdicts not clean\n",
            g_below, status_bad);
