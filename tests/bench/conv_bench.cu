@@ -15,7 +15,7 @@
  * Usage: conv_bench [--quick]   (--quick: B = 1024 only, fewer repetitions)
  *        conv_bench --batch B       (only that batch size, the full repetitions)
  *        conv_bench --case LAYER PREC B   (gpucd only, forward and backward 5 times each:
- *                                           a target for a profiler)
+ *                                           a target for a profiler; then their times)
  */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -576,8 +576,17 @@ static int run_profile_case(const char *lname, const char *pname, int B, cudaStr
     for (int i = 0; i < 2; i++)
         CKGK(gk_cuda_conv2d_backward(&p, &tx, &tw, &none, &tdy, &tdx, &tdw, &tdb, &ex, &err));
     CK(cudaStreamSynchronize(st));
-    printf("profile case %s %s B=%d done\n", lname, pname, B);
-    (void)none;
+    auto fwd = [&] { CKGK(gk_cuda_conv2d_forward(&p, &tx, &tw, &tb, &ty, &ex, &err)); };
+    auto wgrad = [&] {
+        CKGK(gk_cuda_conv2d_backward(&p, &tx, &tw, &none, &tdy, &none, &tdw, &tdb, &ex, &err));
+    };
+    auto bwd = [&] {
+        CKGK(gk_cuda_conv2d_backward(&p, &tx, &tw, &none, &tdy, &tdx, &tdw, &tdb, &ex, &err));
+    };
+    const double tf = time_median_us(fwd, 1, 5, st), tw_ = time_median_us(wgrad, 1, 5, st);
+    const double tb_ = time_median_us(bwd, 1, 5, st);
+    printf("case %s %s B=%d (gpucd only, median of 5): fwd %.1f us, wgrad+db %.1f us, dgrad %.1f us\n",
+           lname, pname, B, tf, tw_, tb_ - tw_);
     return 0;
 }
 
