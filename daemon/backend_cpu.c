@@ -10,6 +10,7 @@
 
 #include "backend.h"
 #include "clock.h"
+#include "parts.h"
 
 struct gcd_backend {
     int unused; /* the CPU backend keeps no state; the struct gives the handle a type */
@@ -64,9 +65,8 @@ static int cpu_tensor_read(gcd_backend *b, void *host, const void *storage, size
 
 static const gk_tensor *arg(const gcd_op *op, int i) { return &op->args[i].t; }
 
-static int cpu_run(gcd_backend *b, gcd_op *op, gcd_run_timing *timing, gk_err *err)
+static int cpu_run_whole(gcd_op *op, gk_err *err)
 {
-    uint64_t t0 = gcd_now_us();
     int rc;
     switch (op->kind) {
     case GCD_OP_CONV2D_FORWARD:
@@ -111,6 +111,20 @@ static int cpu_run(gcd_backend *b, gcd_op *op, gcd_run_timing *timing, gk_err *e
     default:
         rc = gk_fail(err, GK_EINVAL, "operation %d is not served by the CPU backend", op->kind);
         break;
+    }
+    return rc;
+}
+
+/* The kernels take each tensor in one piece: a merged batch's parts are gathered first. */
+static int cpu_run(gcd_backend *b, gcd_op *op, gcd_run_timing *timing, gk_err *err)
+{
+    uint64_t t0 = gcd_now_us();
+    gcd_op whole = *op;
+    void *bufs[GCD_OP_MAX_ARGS];
+    int rc = gcd_parts_gather(&whole, bufs, err);
+    if (rc == 0) {
+        rc = cpu_run_whole(&whole, err);
+        gcd_parts_scatter(&whole, bufs); /* a failed run's outputs are undefined anyway */
     }
     *timing = (gcd_run_timing){.compute_us = gcd_now_us() - t0};
     return rc;

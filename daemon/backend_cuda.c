@@ -43,6 +43,7 @@
 #include "gk_cuda_lce.h"
 #include "gk_cuda_nmmo3.h"
 #include "log.h"
+#include "parts.h"
 #include "pool.h"
 
 /*
@@ -601,6 +602,63 @@ static int run_scratch(const gcd_backend *b, const gcd_op *op, const arg_place *
     }
 }
 
+/* ---- host tensors, whole or in parts (a merged batch: ops.h) ---------------------------- */
+
+/* Every byte of the argument's host memory lies in pinned (registered) memory. */
+static int arg_pinned(gcd_backend *b, const gcd_arg *a, size_t bytes)
+{
+    if (a->parts == NULL)
+        return pinned_contains(b, a->t.data, bytes);
+    const size_t row = gcd_arg_row_bytes(a);
+    for (int k = 0; k < a->parts->n; k++)
+        if (!pinned_contains(b, a->parts->data[k], (size_t)a->parts->rows[k] * row))
+            return 0;
+    return 1;
+}
+
+/* Host bytes between the argument's memory and one contiguous buffer (staging). */
+static void host_gather(void *dst, const gcd_arg *a, size_t bytes)
+{
+    if (a->parts == NULL) {
+        memcpy(dst, a->t.data, bytes);
+        return;
+    }
+    const size_t row = gcd_arg_row_bytes(a);
+    for (int k = 0; k < a->parts->n; k++) {
+        memcpy(dst, a->parts->data[k], (size_t)a->parts->rows[k] * row);
+        dst = (uint8_t *)dst + (size_t)a->parts->rows[k] * row;
+    }
+}
+
+static void host_scatter(const gcd_arg *a, const void *src, size_t bytes)
+{
+    if (a->parts == NULL) {
+        memcpy(a->t.data, src, bytes);
+        return;
+    }
+    const size_t row = gcd_arg_row_bytes(a);
+    for (int k = 0; k < a->parts->n; k++) {
+        memcpy(a->parts->data[k], src, (size_t)a->parts->rows[k] * row);
+        src = (const uint8_t *)src + (size_t)a->parts->rows[k] * row;
+    }
+}
+
+/* Enqueues the copy between device memory and the argument's pinned host memory, part by part. */
+static cudaError_t copy_pinned(exec_slot *s, const gcd_arg *a, void *dev, size_t bytes, int to_dev)
+{
+    const int n = a->parts != NULL ? a->parts->n : 1;
+    const size_t row = a->parts != NULL ? gcd_arg_row_bytes(a) : 0;
+    cudaError_t e = cudaSuccess;
+    for (int k = 0; k < n && e == cudaSuccess; k++) {
+        void *host = a->parts != NULL ? a->parts->data[k] : a->t.data;
+        size_t len = a->parts != NULL ? (size_t)a->parts->rows[k] * row : bytes;
+        e = to_dev ? cudaMemcpyAsync(dev, host, len, cudaMemcpyHostToDevice, s->stream)
+                   : cudaMemcpyAsync(host, dev, len, cudaMemcpyDeviceToHost, s->stream);
+        dev = (uint8_t *)dev + len;
+    }
+    return e;
+}
+
 /*
  * Lays the run out in the slot: host tensors get 256-byte-aligned places in
  * the workspace, in slot order, and the kernel's scratch the rest; inline
@@ -625,7 +683,7 @@ static int run_layout(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *place
         if (ws <= b->slot_bytes)
             p->dev.data = s->ws + ws;
         ws = add_sat(ws, p->bytes);
-        if (!pinned_contains(b, a->t.data, p->bytes)) {
+        if (!arg_pinned(b, a, p->bytes)) {
             uint64_t *staged = a->output ? &staged_out : &staged_in;
             p->staged = 1;
             *staged = add_sat(*staged, SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
@@ -764,13 +822,14 @@ static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *ti
         arg_place *p = &pl[i];
         if (!p->copy || op->args[i].output)
             continue;
-        const void *src = op->args[i].t.data;
         if (p->staged) {
-            memcpy(s->staging + p->staging_off, src, p->bytes);
-            src = s->staging + p->staging_off;
+            host_gather(s->staging + p->staging_off, &op->args[i], p->bytes);
+            RUN_CHECK(cudaMemcpyAsync(p->dev.data, s->staging + p->staging_off, p->bytes,
+                                      cudaMemcpyHostToDevice, s->stream),
+                      "copy in");
+        } else {
+            RUN_CHECK(copy_pinned(s, &op->args[i], p->dev.data, p->bytes, 1), "copy in");
         }
-        RUN_CHECK(cudaMemcpyAsync(p->dev.data, src, p->bytes, cudaMemcpyHostToDevice, s->stream),
-                  "copy in");
     }
     RUN_CHECK(cudaEventRecord(s->ev[EV_COPIED_IN], s->stream), "cudaEventRecord");
     if (op->kind == GCD_OP_CONV2D_FORWARD && atomic_exchange(&b->fault_armed, 0))
@@ -788,9 +847,12 @@ static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *ti
         arg_place *p = &pl[i];
         if (!p->copy || !op->args[i].output)
             continue;
-        void *dst = p->staged ? s->staging + p->staging_off : op->args[i].t.data;
-        RUN_CHECK(cudaMemcpyAsync(dst, p->dev.data, p->bytes, cudaMemcpyDeviceToHost, s->stream),
-                  "copy out");
+        if (p->staged)
+            RUN_CHECK(cudaMemcpyAsync(s->staging + p->staging_off, p->dev.data, p->bytes,
+                                      cudaMemcpyDeviceToHost, s->stream),
+                      "copy out");
+        else
+            RUN_CHECK(copy_pinned(s, &op->args[i], p->dev.data, p->bytes, 0), "copy out");
     }
     RUN_CHECK(cudaEventRecord(s->ev[EV_COPIED_OUT], s->stream), "cudaEventRecord");
     RUN_CHECK(cudaEventSynchronize(s->ev[EV_COPIED_OUT]), "running the request");
@@ -800,7 +862,7 @@ static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *ti
     uint64_t t0 = gcd_now_us();
     for (int i = 0; i < op->nargs; i++)
         if (pl[i].copy && pl[i].staged && op->args[i].output)
-            memcpy(op->args[i].t.data, s->staging + pl[i].staging_off, pl[i].bytes);
+            host_scatter(&op->args[i], s->staging + pl[i].staging_off, pl[i].bytes);
     /* The start event runs as soon as the stream is idle, so copy_in also
      * covers the host's copies into the staging buffer that the uploads wait for. */
     timing->copy_in_us = elapsed_us(s->ev[EV_START], s->ev[EV_COPIED_IN]);

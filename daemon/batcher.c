@@ -96,11 +96,6 @@ static void deadline_after(struct timespec *ts, uint64_t us)
     ts->tv_nsec = (long)(ns % 1000000000u);
 }
 
-static size_t row_bytes(const gk_tensor *t)
-{
-    return (size_t)gk_tensor_bytes(t) / (size_t)t->shape[0];
-}
-
 /* Runs one entry alone, counted as a batch of its rows. */
 static void run_alone(gcd_batcher *b, batch_entry *e)
 {
@@ -119,7 +114,12 @@ static void run_each(gcd_batcher *b, batch *bt)
         run_alone(b, e);
 }
 
-/* The leader's part: one launch over the concatenated rows, then each its own rows back. */
+/*
+ * The leader's part: one launch over every entry's rows.  The merged op's
+ * observations and outputs are parts (ops.h) that stay in each entry's own
+ * memory, so the backend copies each straight between the request's region
+ * and the device: nobody concatenates or splits rows on the host.
+ */
 static void batch_execute(gcd_batcher *b, batch *bt, uint64_t start_us)
 {
     gcd_stats *s = &b->d->stats;
@@ -129,28 +129,30 @@ static void batch_execute(gcd_batcher *b, batch *bt, uint64_t start_us)
         run_alone(b, bt->head);
         return;
     }
-    static const int io[] = {NMMO3_OBS, NMMO3_FWD_FEATURES, NMMO3_FWD_HIDDEN};
-    gcd_op merged = *bt->first;
-    uint8_t *buf[3] = {NULL, NULL, NULL};
-    int ok = 1;
-    for (int k = 0; k < 3 && ok; k++) {
-        gk_tensor *t = &merged.args[io[k]].t;
-        if (t->data == NULL)
-            continue;
-        t->shape[0] = bt->rows;
-        buf[k] = malloc((size_t)gk_tensor_bytes(t));
-        ok = buf[k] != NULL;
-        t->data = buf[k];
-    }
-    if (!ok) {
+    enum { IO = 3 };
+    static const int io[IO] = {NMMO3_OBS, NMMO3_FWD_FEATURES, NMMO3_FWD_HIDDEN};
+    const int n = bt->entries;
+    void **data = malloc(sizeof *data * (size_t)(IO * n));
+    int64_t *rows = malloc(sizeof *rows * (size_t)n);
+    if (data == NULL || rows == NULL) {
         run_each(b, bt);
         goto out;
     }
-    size_t obs_row = row_bytes(&bt->first->args[NMMO3_OBS].t);
-    size_t at = 0;
-    for (batch_entry *e = bt->head; e != NULL; e = e->next) {
-        memcpy(buf[0] + at, e->op->args[NMMO3_OBS].t.data, (size_t)e->rows * obs_row);
-        at += (size_t)e->rows * obs_row;
+    int k = 0;
+    for (batch_entry *e = bt->head; e != NULL; e = e->next, k++) {
+        rows[k] = e->rows;
+        for (int j = 0; j < IO; j++)
+            data[j * n + k] = e->op->args[io[j]].t.data;
+    }
+    gcd_parts parts[IO];
+    gcd_op merged = *bt->first;
+    for (int j = 0; j < IO; j++) {
+        gcd_arg *a = &merged.args[io[j]];
+        if (a->t.data == NULL)
+            continue;
+        parts[j] = (gcd_parts){.n = n, .data = data + j * n, .rows = rows};
+        a->parts = &parts[j];
+        a->t.shape[0] = bt->rows;
     }
     gcd_run_timing timing = {0};
     gk_err err = {{0}};
@@ -160,23 +162,13 @@ static void batch_execute(gcd_batcher *b, batch *bt, uint64_t start_us)
     }
     atomic_fetch_add_explicit(&s->batches, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->batch_rows, (uint64_t)bt->rows, memory_order_relaxed);
-    for (int k = 1; k < 3; k++) {
-        if (buf[k] == NULL)
-            continue;
-        size_t rb = row_bytes(&merged.args[io[k]].t);
-        at = 0;
-        for (batch_entry *e = bt->head; e != NULL; e = e->next) {
-            memcpy(e->op->args[io[k]].t.data, buf[k] + at, (size_t)e->rows * rb);
-            at += (size_t)e->rows * rb;
-        }
-    }
     for (batch_entry *e = bt->head; e != NULL; e = e->next) {
         e->rc = 0;
         e->timing = timing;
     }
 out:
-    for (int k = 0; k < 3; k++)
-        free(buf[k]);
+    free(data);
+    free(rows);
 }
 
 static void batch_unlist(gcd_batcher *b, batch *bt)

@@ -29,10 +29,22 @@ typedef enum gcd_op_kind {
 
 enum { GCD_OP_MAX_ARGS = 17 };
 
+/*
+ * A host tensor whose rows lie in several places: the merged batch's inputs
+ * and outputs stay in each request's own memory (its region), part k holding
+ * rows[k] rows at data[k], so that no one copies them into one buffer first.
+ */
+typedef struct gcd_parts {
+    int n;
+    void *const *data;
+    const int64_t *rows;
+} gcd_parts;
+
 typedef struct gcd_arg {
-    gk_tensor t;  /* t.data == NULL: absent */
+    gk_tensor t;  /* t.data == NULL: absent; with parts, data[0] */
     int output;   /* written by the op */
     int resident; /* t.data is backend storage of a resident tensor */
+    const gcd_parts *parts; /* NULL: t.data holds every row */
 } gcd_arg;
 
 typedef struct gcd_op {
