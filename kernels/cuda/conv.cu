@@ -399,7 +399,7 @@ int dgrad_tile_run(const conv_shape &s, const dgrad_tile_plan &d, const T *dy, c
     T *apack = (T *)ex->workspace;
     T *bpack = (T *)((unsigned char *)ex->workspace + d.a_bytes);
     const int ohw = s.OH * s.OW, hw = s.H * s.W;
-    dgrad_pack_w_kernel<T, MATH><<<ex->sm_count * 2, 256, 0, ex->stream>>>(
+    dgrad_pack_w_kernel<T, MATH><<<ex->sm_count * 2, DG_BM, 0, ex->stream>>>(
         w, s.OC, s.C, d.taps, d.cb, d.nchb, d.kpad, apack);
     int rc = launch_check<T>("dgrad weight packing", err);
     if (rc)
@@ -409,7 +409,7 @@ int dgrad_tile_run(const conv_shape &s, const dgrad_tile_plan &d, const T *dy, c
         const int nsb = d.nsb - sb0 < d.chunk_sb ? d.nsb - sb0 : d.chunk_sb;
         const int n0 = sb0 * d.nb, ns = s.N - n0 < nsb * d.nb ? s.N - n0 : nsb * d.nb;
         const size_t off = (size_t)n0 * s.OC * ohw;
-        dgrad_pack_dy_kernel<T, MATH><<<ex->sm_count * 4, 256, 0, ex->stream>>>(
+        dgrad_pack_dy_kernel<T, MATH><<<ex->sm_count * 5, dim3(DG_BN, DG_PACK_ROWS), 0, ex->stream>>>(
             dy + off, mask ? mask + off : nullptr, s.OC, ohw, d.nb, ns, nsb, d.kpad, bpack);
         if ((rc = launch_check<T>("dgrad dy packing", err)))
             return rc;

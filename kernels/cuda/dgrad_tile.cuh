@@ -285,22 +285,20 @@ __global__ void __launch_bounds__(DG_THREADS, 2) dgrad_tile_kernel(const __grid_
 #pragma unroll
                 for (int i = 0; i < 4; i++)
                     o[i] = i < cnt ? ent[i] : 0;
-                for (int cl = 0; cl < cval; cl++) {
-                    const float *sc = src + cl * cstride;
+                for (int cl = 0; cl < cval; cl++, src += cstride, dst += p.hw) {
                     float v = 0.0f;
 #pragma unroll
                     for (int i = 0; i < 4; i++)
                         if (i < cnt)
-                            v += sc[o[i]];
-                    dst[(size_t)cl * p.hw] = elem_from_float<T>(v);
+                            v += src[o[i]];
+                    *dst = elem_from_float<T>(v);
                 }
             } else {
-                for (int cl = 0; cl < cval; cl++) {
-                    const float *sc = src + cl * cstride;
+                for (int cl = 0; cl < cval; cl++, src += cstride, dst += p.hw) {
                     float v = 0.0f;
                     for (int i = 0; i < cnt; i++)
-                        v += sc[ent[i]];
-                    dst[(size_t)cl * p.hw] = elem_from_float<T>(v);
+                        v += src[ent[i]];
+                    *dst = elem_from_float<T>(v);
                 }
             }
         }
@@ -308,41 +306,40 @@ __global__ void __launch_bounds__(DG_THREADS, 2) dgrad_tile_kernel(const __grid_
     dg_cp_async_wait<0>(); /* only empty groups remain; leave nothing in flight */
 }
 
-/* apack[chb][k][DG_BM] = w[k][chb * cb + r / taps][r % taps], zero past OC, the block and C. */
+/*
+ * apack[chb][k][DG_BM] = w[k][chb * cb + r / taps][r % taps], zero past OC, the block
+ * and C.  Launched with blockDim DG_BM: a thread keeps its row r (32-bit index math only).
+ */
 template <class T, int MATH>
-__global__ void dgrad_pack_w_kernel(const T *w, int OC, int C, int taps, int cb, int nchb, int kpad,
-                                    T *out)
+__global__ void __launch_bounds__(DG_BM) dgrad_pack_w_kernel(const T *w, int OC, int C, int taps, int cb,
+                                                            int nchb, int kpad, T *out)
 {
-    const size_t total = (size_t)nchb * kpad * DG_BM;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (size_t)gridDim.x * blockDim.x) {
-        const int r = (int)(i % DG_BM);
-        const size_t rest = i / DG_BM;
-        const int k = (int)(rest % kpad), chb = (int)(rest / kpad);
-        const int cl = r / taps, t = r - cl * taps, c = chb * cb + cl;
+    const int r = threadIdx.x, cl = r / taps, t = r - cl * taps;
+    for (int row = blockIdx.x; row < nchb * kpad; row += gridDim.x) {
+        const int chb = row / kpad, k = row - chb * kpad, c = chb * cb + cl;
         T v = (k < OC && cl < cb && c < C) ? w[((size_t)k * C + c) * taps + t] : T(0);
         if constexpr (MATH == MATH_TF32)
             v = __uint_as_float(f32_to_tf32(v));
-        out[i] = v;
+        out[(size_t)row * DG_BM + r] = v;
     }
 }
 
 /*
  * bpack[sb][k][DG_BN] = dy[sb * nb + col / ohw][k][col % ohw] (masked by mask > 0
  * when mask is given), zero past OC, past the block's nb * ohw columns and past
- * the last sample.  dy and mask point at the launch's first sample.
+ * the last sample.  dy and mask point at the launch's first sample.  Launched with
+ * blockDim (DG_BN, DG_PACK_ROWS): a thread keeps its column, each y a row (sb, k)
+ * of a grid-stride loop, so the index math is a few 32-bit operations a row.
  */
+enum { DG_PACK_ROWS = 4 };
 template <class T, int MATH>
-__global__ void dgrad_pack_dy_kernel(const T *dy, const T *mask, int OC, int ohw, int nb,
-                                     int nsamples, int nsb, int kpad, T *out)
+__global__ void __launch_bounds__(DG_BN * DG_PACK_ROWS) dgrad_pack_dy_kernel(
+    const T *dy, const T *mask, int OC, int ohw, int nb, int nsamples, int nsb, int kpad, T *out)
 {
-    const size_t total = (size_t)nsb * kpad * DG_BN;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (size_t)gridDim.x * blockDim.x) {
-        const int col = (int)(i % DG_BN);
-        const size_t rest = i / DG_BN;
-        const int k = (int)(rest % kpad), sb = (int)(rest / kpad);
-        const int nl = col / ohw, q = col - nl * ohw, n = sb * nb + nl;
+    const int col = threadIdx.x, nl = col / ohw, q = col - nl * ohw;
+    const int rows = nsb * kpad;
+    for (int row = blockIdx.x * DG_PACK_ROWS + threadIdx.y; row < rows; row += gridDim.x * DG_PACK_ROWS) {
+        const int sb = row / kpad, k = row - sb * kpad, n = sb * nb + nl;
         T v = T(0);
         if (nl < nb && n < nsamples && k < OC) {
             const size_t off = ((size_t)n * OC + k) * ohw + q;
@@ -352,7 +349,7 @@ __global__ void dgrad_pack_dy_kernel(const T *dy, const T *mask, int OC, int ohw
         }
         if constexpr (MATH == MATH_TF32)
             v = __uint_as_float(f32_to_tf32(v));
-        out[i] = v;
+        out[(size_t)row * DG_BN + col] = v;
     }
 }
 
