@@ -14,7 +14,8 @@
  * tile's observation bytes (16 agents, contiguous) arrive by cp.async in the
  * group of an earlier tap.  Persistent blocks (SMs x occupancy) walk tiles of
  * 16 agents (192 rows); 8 warps as 4 (rows) x 2 (64 output channels), each a
- * 48 x 64 accumulator tile in fp32.
+ * 48 x 64 accumulator tile in fp32.  The output goes to NCHW and/or to the
+ * window order the nmmo3 forward's conv2 GEMM reads (conv1_obs.cuh).
  *
  * bf16 weights: bf16 products, fp32 accumulation, one rounding at the store.
  * f32 weights (tf32 is not allowed): each weight is split exactly into three
@@ -34,6 +35,7 @@
 
 #include <cuda_bf16.h>
 
+#include "conv1_obs.cuh"
 #include "gk_cuda_nmmo3.h"
 #include "igemm.cuh"
 #include "obs_record.cuh"
@@ -134,15 +136,28 @@ __global__ void __launch_bounds__(THREADS) conv1_pack_kernel(const T *__restrict
 
 template <class T> __device__ __forceinline__ float bias_at(const T *b, int n) { return elem_to_float(b[n]); }
 
+/* Two adjacent outputs in one 4-byte (bf16) or 8-byte (f32) store. */
+__device__ __forceinline__ void store_pair(uint16_t *p, float v0, float v1)
+{
+    *reinterpret_cast<uint32_t *>(p) = (uint32_t)elem_from_float<uint16_t>(v0) |
+                                       (uint32_t)elem_from_float<uint16_t>(v1) << 16;
+}
+__device__ __forceinline__ void store_pair(float *p, float v0, float v1)
+{
+    *reinterpret_cast<float2 *>(p) = make_float2(v0, v1);
+}
+
 /*
- * obs (batch, 1707) u8, pack as conv1_pack_kernel, bias (128), out (batch, 128, 3, 4).
+ * obs (batch, 1707) u8, pack as conv1_pack_kernel, bias (128); outputs (either
+ * may be NULL) nchw (batch, 128, 3, 4) and whc (batch, 4, 3, 128), see conv1_obs.cuh.
  * aligned: obs is 16-byte aligned, so a tile's bytes (16 x 1707, a multiple
  * of 16) come by cp.async; otherwise the masks read them from global memory.
  */
 template <class T, int NSPLIT>
 __global__ void __launch_bounds__(THREADS, 1)
 conv1_obs_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ pack,
-                 const T *__restrict__ bias, T *__restrict__ out, int batch, int tiles,
+                 const T *__restrict__ bias, T *__restrict__ nchw, T *__restrict__ whc,
+                 int batch, int tiles,
                  int aligned, unsigned long long *rec)
 {
     using G = geom<NSPLIT>;
@@ -281,23 +296,31 @@ conv1_obs_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ p
             stage = stage == STAGES - 1 ? 0 : stage + 1;
         }
 
-        /* Epilogue: bias, ReLU, one rounding; (b, oc, oh, ow) = b * 1536 + oc * 12 + pixel. */
+        /*
+         * Epilogue: bias, ReLU, one rounding; nchw (b, oc, oh, ow) = b * 1536 + oc * 12 +
+         * pixel, whc (b, ow, oh, oc) = b * 1536 + (ow * 3 + oh) * 128 + oc.
+         */
 #pragma unroll
         for (int i = 0; i < 3; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int r = wm * WARP_ROWS + i * 16 + h * 8 + g, a = r / PIXELS;
-                const int agent = tile * AGENTS + a;
+                const int agent = tile * AGENTS + a, pix = r - a * PIXELS;
                 if (agent >= batch)
                     continue;
-                T *o = out + (size_t)agent * C1_ELEMS + (r - a * PIXELS);
+                T *o = nchw + (size_t)agent * C1_ELEMS + pix;
+                T *t = whc + (size_t)agent * C1_ELEMS + ((pix & 3) * 3 + (pix >> 2)) * OC;
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
                     const int n = wn * 64 + j * 8 + 2 * q;
                     const float v0 = fmaxf(acc[i][j][2 * h] + bias_at(bias, n), 0.0f);
                     const float v1 = fmaxf(acc[i][j][2 * h + 1] + bias_at(bias, n + 1), 0.0f);
-                    o[n * PIXELS] = elem_from_float<T>(v0);
-                    o[(n + 1) * PIXELS] = elem_from_float<T>(v1);
+                    if (nchw != nullptr) {
+                        o[n * PIXELS] = elem_from_float<T>(v0);
+                        o[(n + 1) * PIXELS] = elem_from_float<T>(v1);
+                    }
+                    if (whc != nullptr)
+                        store_pair(t + n, v0, v1);
                 }
             }
     }
@@ -343,7 +366,7 @@ size_t pack_bytes(gk_dtype dt)
 }
 
 template <class T, int NSPLIT>
-int launch(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, const gk_tensor *c1,
+int launch(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw, void *whc,
            const gk_cuda_exec *ex, gk_err *err)
 {
     using G = geom<NSPLIT>;
@@ -367,12 +390,25 @@ int launch(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, const g
         grid = tiles;
     const int aligned = (uintptr_t)obs->data % 16 == 0;
     kernel<<<(unsigned)grid, THREADS, G::SMEM, ex->stream>>>(
-        (const uint8_t *)obs->data, pack, (const T *)b->data, (T *)c1->data, batch, tiles, aligned,
-        rec);
+        (const uint8_t *)obs->data, pack, (const T *)b->data, (T *)nchw, (T *)whc, batch, tiles,
+        aligned, rec);
     return obs_launch_check("nmmo3 conv1", err);
 }
 
 } // namespace
+
+int conv1_obs_enqueue(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw,
+                      void *whc, const gk_cuda_exec *ex, gk_err *err)
+{
+    int rc;
+    if ((rc = obs_workspace_check(ex, pack_bytes(w->dtype), "nmmo3 conv1", err)) ||
+        (rc = obs_record_reset(ex, "nmmo3 conv1", err)))
+        return rc;
+    if ((uintptr_t)ex->workspace % 16 != 0)
+        return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): the workspace must be 16-byte aligned");
+    return w->dtype == GK_BF16 ? launch<uint16_t, 1>(w, b, obs, nchw, whc, ex, err)
+                               : launch<float, 3>(w, b, obs, nchw, whc, ex, err);
+}
 
 extern "C" int gk_cuda_nmmo3_conv1_workspace_bytes(const gk_tensor *conv1_w, size_t *bytes,
                                                    gk_err *err)
@@ -387,15 +423,8 @@ extern "C" int gk_cuda_nmmo3_conv1(const gk_tensor *conv1_w, const gk_tensor *co
                                    const gk_tensor *obs, const gk_tensor *c1,
                                    const gk_cuda_exec *ex, gk_err *err)
 {
-    int rc;
-    if ((rc = check(conv1_w, conv1_b, obs, c1, err)) ||
-        (rc = obs_workspace_check(ex, pack_bytes(conv1_w->dtype), "nmmo3 conv1", err)) ||
-        (rc = obs_record_reset(ex, "nmmo3 conv1", err)))
-        return rc;
-    if ((uintptr_t)ex->workspace % 16 != 0)
-        return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): the workspace must be 16-byte aligned");
-    return conv1_w->dtype == GK_BF16 ? launch<uint16_t, 1>(conv1_w, conv1_b, obs, c1, ex, err)
-                                     : launch<float, 3>(conv1_w, conv1_b, obs, c1, ex, err);
+    const int rc = check(conv1_w, conv1_b, obs, c1, err);
+    return rc ? rc : conv1_obs_enqueue(conv1_w, conv1_b, obs, c1->data, NULL, ex, err);
 }
 
 extern "C" int gk_cuda_nmmo3_conv1_status(const gk_tensor *obs, const gk_cuda_exec *ex,

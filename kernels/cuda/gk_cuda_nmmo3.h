@@ -3,7 +3,9 @@
  *
  * Composed on ex->stream, never synchronising: conv1 + bias + ReLU straight
  * from the observation bytes (conv1_obs.cu: the 59-channel multihot image is
- * never materialised) -> conv2 + bias -> one assembly kernel that writes each
+ * never materialised) -> conv2 + bias (a cuBLAS strided-batched GEMM on
+ * conv1's output in window order when ex->blas is given, else the
+ * convolution kernel) -> one assembly kernel that writes each
  * features row [conv2 256 | player embedding 1504 | player values 47 |
  * rewards 10] -> optionally the projection relu(features . proj_w^T +
  * proj_b): a cuBLAS GEMM (fp32 accumulation and output, true fp32 for f32)

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 
 #include "blas.cuh"
+#include "conv1_obs.cuh"
 #include "gk_cuda_nmmo3.h"
 #include "obs_record.cuh"
 
@@ -24,13 +25,19 @@ constexpr int FEAT_LD = 1824;
 
 /*
  * Workspace: [record of the assembly | conv1's part (its record of the map
- * bytes, its repacked weights) | conv1 out | conv2 out | features (when only
- * hidden is asked for, rows of FEAT_LD) | scratch: conv2's, then the
- * projection's (fp32 GEMM output + proj_w with FEAT_LD rows, or the 1x1
- * convolution's scratch)].
+ * bytes, its repacked weights) | conv1 out | conv2 out (fp32 room) | conv2_w
+ * reordered | features (when only hidden is asked for, rows of FEAT_LD) |
+ * scratch: conv2's, then the projection's (fp32 GEMM output + proj_w with
+ * FEAT_LD rows, or the 1x1 convolution's scratch)].
+ *
+ * With a cuBLAS handle conv1 writes its output as (B, 4, 3, 128), where
+ * conv2's 3x3 window at output column ow is the contiguous run [384 ow,
+ * 384 ow + 1152) of an agent's 1536 values: conv2 is then one strided-batched
+ * GEMM (batch = ow, rows 1536 apart) against conv2_w reordered to (oc, kw,
+ * kh, c), into fp32 (B, 2, 128), and the assembly adds the bias and rounds.
  */
 struct nmmo3_layout {
-    size_t conv1, conv1_bytes, c1, c2, feat, scratch, total;
+    size_t conv1, conv1_bytes, c1, c2, w2r, feat, scratch, total;
     size_t proj_pw; /* the padded proj_w, after the fp32 GEMM output, in the scratch */
     size_t feat_bytes;
 };
@@ -41,51 +48,73 @@ __device__ __forceinline__ void store_f(float *p, size_t i, float v) { p[i] = v;
 __device__ __forceinline__ void store_f(__nv_bfloat16 *p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
 /*
- * One features element a thread: conv2 copied, player bytes looked up in the
+ * The features rows: a block per row at a time, a thread per column (no
+ * division per element): conv2 (plus its bias from the fp32 GEMM output, or
+ * copied from the convolution kernel's), player bytes looked up in the
  * embedding, raw values; rows of ld elements, zeros past column 1817.
  */
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
 assemble_kernel(const uint8_t *__restrict__ obs, const T *__restrict__ c2,
+                const float *__restrict__ c2acc, const T *__restrict__ b2,
                 const T *__restrict__ embed, T *__restrict__ feat, unsigned rows, unsigned ld,
                 unsigned long long *rec)
 {
-    const unsigned total = rows * ld;
-    for (unsigned k = blockIdx.x * blockDim.x + threadIdx.x; k < total; k += gridDim.x * blockDim.x) {
-        const unsigned b = k / ld, c = k - b * ld;
+    for (unsigned b = blockIdx.x; b < rows; b += gridDim.x) {
         const uint8_t *o = obs + (size_t)b * GK_NMMO3_OBS_BYTES;
-        if (c >= GK_NMMO3_FEATURES) {
-            store_f(feat, k, 0.0f);
-        } else if (c < CONV2_OUT) {
-            feat[k] = c2[(size_t)b * CONV2_OUT + c];
-        } else if (c < RAW_AT) {
-            const unsigned j = (c - CONV2_OUT) / GK_NMMO3_EMBED_DIM;
-            const unsigned d = (c - CONV2_OUT) - j * GK_NMMO3_EMBED_DIM;
-            const unsigned v = o[GK_NMMO3_PLAYER_OFFSET + j];
-            if (v < GK_NMMO3_EMBED_VOCAB) {
-                feat[k] = embed[(size_t)v * GK_NMMO3_EMBED_DIM + d];
+        T *f = feat + (size_t)b * ld;
+        for (unsigned c = threadIdx.x; c < ld; c += THREADS) {
+            if (c < CONV2_OUT) {
+                /* c = oc * 2 + ow; the GEMM's fp32 output is (B, ow, oc) without the bias */
+                if (c2acc != nullptr)
+                    store_f(f, c, c2acc[(size_t)b * CONV2_OUT + (c & 1) * GK_NMMO3_CONV_CH + (c >> 1)] +
+                                      (float)b2[c >> 1]);
+                else
+                    f[c] = c2[(size_t)b * CONV2_OUT + c];
+            } else if (c < RAW_AT) {
+                const unsigned j = (c - CONV2_OUT) / GK_NMMO3_EMBED_DIM, d = c % GK_NMMO3_EMBED_DIM;
+                const unsigned v = o[GK_NMMO3_PLAYER_OFFSET + j];
+                if (v < GK_NMMO3_EMBED_VOCAB) {
+                    f[c] = embed[v * GK_NMMO3_EMBED_DIM + d];
+                } else {
+                    store_f(f, c, 0.0f); /* never an address from a bad value */
+                    if (d == 0)
+                        obs_record_offender(rec, (unsigned long long)b * GK_NMMO3_PLAYER_COUNT + j);
+                }
+            } else if (c < RAW_AT + GK_NMMO3_PLAYER_COUNT) {
+                store_f(f, c, (float)o[GK_NMMO3_PLAYER_OFFSET + (c - RAW_AT)]);
+            } else if (c < GK_NMMO3_FEATURES) {
+                store_f(f, c, (float)o[GK_NMMO3_REWARD_OFFSET + (c - RAW_AT - GK_NMMO3_PLAYER_COUNT)]);
             } else {
-                store_f(feat, k, 0.0f); /* never an address from a bad value */
-                if (d == 0)
-                    obs_record_offender(rec, (unsigned long long)b * GK_NMMO3_PLAYER_COUNT + j);
+                store_f(f, c, 0.0f);
             }
-        } else if (c < RAW_AT + GK_NMMO3_PLAYER_COUNT) {
-            store_f(feat, k, (float)o[GK_NMMO3_PLAYER_OFFSET + (c - RAW_AT)]);
-        } else {
-            store_f(feat, k, (float)o[GK_NMMO3_REWARD_OFFSET + (c - RAW_AT - GK_NMMO3_PLAYER_COUNT)]);
         }
     }
 }
 
-/* hidden = relu(acc + bias), acc the fp32 GEMM output (may be hidden itself in f32). */
+/* hidden = relu(acc + bias), a block per row at a time; acc may be hidden itself (f32). */
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
-bias_relu_kernel(const float *acc, const T *__restrict__ bias, T *out, unsigned total,
+bias_relu_kernel(const float *acc, const T *__restrict__ bias, T *out, unsigned rows,
                  unsigned cols)
 {
+    for (unsigned r = blockIdx.x; r < rows; r += gridDim.x)
+        for (unsigned c = threadIdx.x; c < cols; c += THREADS) {
+            const size_t k = (size_t)r * cols + c;
+            store_f(out, k, fmaxf(acc[k] + (float)bias[c], 0.0f));
+        }
+}
+
+/* conv2_w (oc, c, kh, kw) -> (oc, kw, kh, c), the order of conv1's (B, 4, 3, 128) windows. */
+template <typename T>
+__global__ void __launch_bounds__(THREADS)
+conv2_reorder_kernel(const T *__restrict__ w, T *__restrict__ out)
+{
+    constexpr unsigned K = GK_NMMO3_CONV_CH * 9, total = GK_NMMO3_CONV_CH * K;
     for (unsigned k = blockIdx.x * blockDim.x + threadIdx.x; k < total; k += gridDim.x * blockDim.x) {
-        const unsigned n = k % cols;
-        store_f(out, k, fmaxf(acc[k] + (float)bias[n], 0.0f));
+        const unsigned oc = k / K, r = k - oc * K;
+        const unsigned kw = r / 384, kh = (r - kw * 384) / 128, c = r & 127;
+        out[k] = w[(size_t)oc * K + c * 9 + kh * 3 + kw];
     }
 }
 
@@ -148,7 +177,9 @@ int layout_make(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor
     l->c1 = at;
     at += align256((size_t)gk_tensor_numel(&c1) * es);
     l->c2 = at;
-    at += align256((size_t)B * CONV2_OUT * es);
+    at += align256((size_t)B * CONV2_OUT * 4);
+    l->w2r = at;
+    at += align256((size_t)GK_NMMO3_CONV_CH * GK_NMMO3_CONV_CH * 9 * es);
     l->feat_bytes = (size_t)B * FEAT_LD * es;
     l->feat = at;
     if (!gk_tensor_present(features))
@@ -220,15 +251,45 @@ extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_te
     uint8_t *ws = (uint8_t *)ex->workspace;
     int64_t c1_shape[4] = {B, GK_NMMO3_CONV_CH, 3, 4};
     int64_t c2_shape[4] = {B, GK_NMMO3_CONV_CH, 1, 2};
-    gk_tensor c1 = view(gk_tensor_present(c1_out) ? c1_out->data : ws + l.c1, dt, 4, c1_shape);
+    const int blas = ex->blas != NULL;
+    /* conv1's output: NCHW where kept or read by the convolution kernel, the window layout for cuBLAS. */
+    void *c1_nchw = gk_tensor_present(c1_out) ? c1_out->data : blas ? NULL : ws + l.c1;
+    void *c1_whc = blas ? ws + l.c1 : NULL;
     gk_tensor c2 = view(ws + l.c2, dt, 4, c2_shape);
     void *feat = gk_tensor_present(features) ? features->data : ws + l.feat;
 
     gk_cuda_exec e_c1 = exec_at(ex, l.conv1, l.conv1_bytes);
     gk_cuda_exec e_conv = exec_at(ex, l.scratch, ex->workspace_bytes - l.scratch);
-    if ((rc = gk_cuda_nmmo3_conv1(&w->conv1_w, &w->conv1_b, obs, &c1, &e_c1, err)) ||
-        (rc = gk_cuda_conv2d_forward(&conv2_params, &c1, &w->conv2_w, &w->conv2_b, &c2, &e_conv, err)))
+    if ((rc = conv1_obs_enqueue(&w->conv1_w, &w->conv1_b, obs, c1_nchw, c1_whc, &e_c1, err)))
         return rc;
+    const cudaDataType_t cdt = dt == GK_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    if (blas) {
+        void *w2r = ws + l.w2r;
+        const unsigned rg = grid_for((size_t)GK_NMMO3_CONV_CH * GK_NMMO3_CONV_CH * 9, ex->sm_count);
+        if (dt == GK_BF16)
+            conv2_reorder_kernel<__nv_bfloat16><<<rg, THREADS, 0, ex->stream>>>(
+                (const __nv_bfloat16 *)w->conv2_w.data, (__nv_bfloat16 *)w2r);
+        else
+            conv2_reorder_kernel<float><<<rg, THREADS, 0, ex->stream>>>((const float *)w->conv2_w.data,
+                                                                       (float *)w2r);
+        if ((rc = obs_launch_check("nmmo3 forward", err)) != GK_OK)
+            return rc;
+        /* (B x 1152 at rows 1536 apart, offset 384 ow) . w2r^T -> fp32 (B, ow, 128), column-major view */
+        const float one = 1.0f, zero = 0.0f;
+        const int K2 = GK_NMMO3_CONV_CH * 9;
+        cublasStatus_t st = cublasGemmStridedBatchedEx(
+            ex->blas->handle, CUBLAS_OP_T, CUBLAS_OP_N, GK_NMMO3_CONV_CH, (int)B, K2, &one, w2r, cdt,
+            K2, 0, c1_whc, cdt, 12 * GK_NMMO3_CONV_CH, 3 * GK_NMMO3_CONV_CH, &zero, c2.data,
+            CUDA_R_32F, CONV2_OUT, GK_NMMO3_CONV_CH, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            return gk_fail(err, GK_EDEVICE, "nmmo3 forward (cuda): conv2 GEMM: %s",
+                           gk_cuda_blas_status_name(st));
+    } else {
+        gk_tensor c1 = view(c1_nchw, dt, 4, c1_shape);
+        if ((rc = gk_cuda_conv2d_forward(&conv2_params, &c1, &w->conv2_w, &w->conv2_b, &c2, &e_conv,
+                                         err)))
+            return rc;
+    }
     unsigned long long *rec = (unsigned long long *)ws;
     cudaError_t ce = cudaMemsetAsync(rec, 0xff, sizeof *rec, ex->stream);
     if (ce != cudaSuccess)
@@ -237,16 +298,18 @@ extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_te
     const int projecting = gk_tensor_present(hidden);
     /* The workspace's features get padded rows when cuBLAS will read them. */
     const unsigned rows = (unsigned)B;
-    const unsigned ld = !gk_tensor_present(features) && ex->blas != NULL ? FEAT_LD : GK_NMMO3_FEATURES;
-    const unsigned grid = grid_for((size_t)rows * ld, ex->sm_count);
+    const unsigned ld = !gk_tensor_present(features) && blas ? FEAT_LD : GK_NMMO3_FEATURES;
+    const unsigned grid = rows < (unsigned)ex->sm_count * 8 ? (rows ? rows : 1) : (unsigned)ex->sm_count * 8;
     const uint8_t *o = (const uint8_t *)obs->data;
+    const float *c2acc = blas ? (const float *)c2.data : NULL;
     if (dt == GK_BF16)
         assemble_kernel<__nv_bfloat16><<<grid, THREADS, 0, ex->stream>>>(
-            o, (const __nv_bfloat16 *)c2.data, (const __nv_bfloat16 *)w->embed.data,
-            (__nv_bfloat16 *)feat, rows, ld, rec);
+            o, (const __nv_bfloat16 *)c2.data, c2acc, (const __nv_bfloat16 *)w->conv2_b.data,
+            (const __nv_bfloat16 *)w->embed.data, (__nv_bfloat16 *)feat, rows, ld, rec);
     else
         assemble_kernel<float><<<grid, THREADS, 0, ex->stream>>>(
-            o, (const float *)c2.data, (const float *)w->embed.data, (float *)feat, rows, ld, rec);
+            o, (const float *)c2.data, c2acc, (const float *)w->conv2_b.data,
+            (const float *)w->embed.data, (float *)feat, rows, ld, rec);
     if ((rc = obs_launch_check("nmmo3 forward", err)) != GK_OK || !projecting)
         return rc;
     const int64_t H = w->proj_w.shape[0];
@@ -265,7 +328,6 @@ extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_te
      * fp32 accumulation and output (true fp32 for f32: CUBLAS_COMPUTE_32F), then bias + ReLU
      * with one rounding.  proj_w gets padded rows when the features have them.
      */
-    const cudaDataType_t cdt = dt == GK_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     float *acc = dt == GK_BF16 ? (float *)(ws + l.scratch) : (float *)hidden->data;
     const void *pw = w->proj_w.data;
     if (ld == FEAT_LD) {
@@ -289,15 +351,13 @@ extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_te
     if (st != CUBLAS_STATUS_SUCCESS)
         return gk_fail(err, GK_EDEVICE, "nmmo3 forward (cuda): projection GEMM: %s",
                        gk_cuda_blas_status_name(st));
-    const unsigned hg = grid_for((size_t)B * H, ex->sm_count);
     if (dt == GK_BF16)
-        bias_relu_kernel<__nv_bfloat16><<<hg, THREADS, 0, ex->stream>>>(
-            acc, (const __nv_bfloat16 *)w->proj_b.data, (__nv_bfloat16 *)hidden->data,
-            (unsigned)(B * H), (unsigned)H);
-    else
-        bias_relu_kernel<float><<<hg, THREADS, 0, ex->stream>>>(
-            acc, (const float *)w->proj_b.data, (float *)hidden->data, (unsigned)(B * H),
+        bias_relu_kernel<__nv_bfloat16><<<grid, THREADS, 0, ex->stream>>>(
+            acc, (const __nv_bfloat16 *)w->proj_b.data, (__nv_bfloat16 *)hidden->data, rows,
             (unsigned)H);
+    else
+        bias_relu_kernel<float><<<grid, THREADS, 0, ex->stream>>>(
+            acc, (const float *)w->proj_b.data, (float *)hidden->data, rows, (unsigned)H);
     return obs_launch_check("nmmo3 forward", err);
 }
 
