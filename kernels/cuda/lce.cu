@@ -52,6 +52,8 @@
 #include "blas.cuh"
 #include "gk_cuda.h"
 #include "gk_cuda_lce.h"
+#include "lce_common.cuh"
+#include "lce_sparse.cuh"
 
 namespace {
 
@@ -70,23 +72,17 @@ struct lce_state {
     float *rowloss; /* N */
     unsigned long long *bad;   /* smallest index of an out-of-range target, ~0 if none */
     unsigned long long *count; /* rows with a target */
+    unsigned long long *overflow; /* rows with more candidates than slots */
+    int32_t *cand_count;       /* N, with filtering: candidates kept (LCE_CAND_MAX + 1: overflowed) */
+    lce_cand *cand;            /* N x LCE_CAND_SLOTS */
 };
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-
-template <class T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
 
 /* z of one logit from its product u: bias, then softcap; th = tanh(u / cap) for the derivative. */
 template <class T>
 __device__ __forceinline__ float logit_of(float u, const T *bias, int64_t v, float cap, float *th)
 {
     if (bias != nullptr)
-        u += to_f(bias[v]);
+        u += lce_to_f(bias[v]);
     if (cap > 0.0f) {
         *th = tanhf(u / cap);
         return cap * *th;
@@ -116,14 +112,61 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float *sh)
 }
 
 /*
+ * With filtering: the row's candidates after this chunk.  nm is the running
+ * max including the chunk; kept are the earlier candidates and the chunk's
+ * entries with z >= nm + ln_eps (ln eps less a margin), earlier ones first,
+ * each group in thread then register order.  More than LCE_CAND_MAX marks the
+ * row overflowed for good (the dense backward then runs).
+ */
+__device__ __forceinline__ void cand_update(const float z[VPT], int64_t v0, int64_t row, float nm,
+                                            float ln_eps, int first, lce_state st, int *sh)
+{
+    const int old = first ? 0 : st.cand_count[row];
+    if (old > LCE_CAND_MAX)
+        return; /* the same value for the whole block */
+    const float thr = nm + ln_eps;
+    lce_cand *c = st.cand + row * LCE_CAND_SLOTS;
+    lce_cand e = {0, 0.0f};
+    bool keep = false;
+    if ((int)threadIdx.x < old) {
+        e = c[threadIdx.x];
+        keep = e.z >= thr;
+    }
+    int nnew = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; k++)
+        nnew += z[k] >= thr; /* -inf past vc */
+    int kept, added;
+    const int pk = lce_block_scan<RT>(keep, sh, &kept); /* also: every old entry read before any write */
+    int pn = lce_block_scan<RT>(nnew, sh, &added);
+    if (kept + added > LCE_CAND_MAX) {
+        if (threadIdx.x == 0) {
+            st.cand_count[row] = LCE_CAND_MAX + 1;
+            atomicAdd(st.overflow, 1ull); /* an integer count: order-free */
+        }
+        return;
+    }
+    if (keep)
+        c[pk] = e;
+    pn += kept;
+#pragma unroll
+    for (int k = 0; k < VPT; k++)
+        if (z[k] >= thr)
+            c[pn++] = lce_cand{(int32_t)(v0 + threadIdx.x + k * RT), z[k]};
+    if (threadIdx.x == 0)
+        st.cand_count[row] = kept + added;
+}
+
+/*
  * Forward, one block per row of the chunk F (vc entries from v0, rows from
  * r0): the chunk's (max, sum of exp) merged into the row's running pair.
  */
 template <class T>
 __global__ void __launch_bounds__(RT) fwd_chunk_kernel(const float *F, int64_t ldf, int vc, int64_t v0, int64_t r0,
-                                                       const T *bias, float cap, lce_state st, int first)
+                                                       const T *bias, float cap, float ln_eps, lce_state st, int first)
 {
     __shared__ float sh[32];
+    __shared__ int shi[32];
     const int64_t row = r0 + blockIdx.x;
     const float *f = F + (int64_t)blockIdx.x * ldf;
     float z[VPT], mx = -INFINITY, th;
@@ -139,6 +182,8 @@ __global__ void __launch_bounds__(RT) fwd_chunk_kernel(const float *F, int64_t l
     for (int k = 0; k < VPT; k++)
         sum += expf(z[k] - M); /* 0 for the -inf past vc */
     const float S = block_reduce(sum, false, sh);
+    if (st.cand != nullptr)
+        cand_update(z, v0, row, first ? M : fmaxf(st.m[row], M), ln_eps, first, st, shi);
     if (threadIdx.x != 0)
         return;
     const int32_t t = st.tgt[row];
@@ -189,7 +234,7 @@ __global__ void __launch_bounds__(RT) grad_chunk_kernel(float *F, int64_t ldf, i
     for (int k = 0; k < VPT; k++) {
         const int j = threadIdx.x + k * RT;
         if (j < vc)
-            out[j] = from_f<T>(g[k]);
+            out[j] = lce_from_f<T>(g[k]);
     }
 }
 
@@ -258,13 +303,13 @@ __global__ void __launch_bounds__(LOSS_THREADS) loss_kernel(lce_state st, int64_
 template <class T> __global__ void store_kernel(const float *acc, int64_t n, T *out)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = from_f<T>(acc[i]);
+        out[i] = lce_from_f<T>(acc[i]);
 }
 
 template <class T> __global__ void ones_kernel(T *x, int64_t n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        x[i] = from_f<T>(1.0f);
+        x[i] = lce_from_f<T>(1.0f);
 }
 
 /* ---- planning ------------------------------------------------------------------------ */
@@ -285,14 +330,20 @@ struct lce_plan {
     bool want_dE, want_dC, want_dbias;
     bool dE_f32, dC_f32, dbias_f32; /* accumulated in the output itself */
     bool fused;    /* one backward sweep for every gradient; else a dE sweep, then a dC / dbias sweep */
+    bool cand;     /* filtering: the forward keeps candidates for the sparse backward */
     sweep_cfg fwd, de, dc;
-    size_t state_bytes, total;
+    size_t state_bytes, total; /* state_bytes: the per-row state and the candidates */
 };
 
 /* The widest chunk: all of V (rounded up to 8 entries: 32-byte rows of F) up to VC_MAX. */
 int64_t chunk_max(int64_t V) { return std::min<int64_t>(round_up(V, 8), (int64_t)VC_MAX); }
 
 size_t state_bytes_of(int64_t N) { return align256((size_t)N * 4) * 6 + 256; }
+
+size_t cand_bytes_of(int64_t N)
+{
+    return align256((size_t)N * 4) + align256((size_t)N * LCE_CAND_SLOTS * sizeof(lce_cand));
+}
 
 /*
  * Workspace for a sweep: state, F, the ones for dbias, the dE accumulator
@@ -342,7 +393,13 @@ bool sweep_fit(const lce_plan &pl, int64_t Rmax, int64_t P, bool with_dC, size_t
     }
 }
 
-int plan_make(const gk_tensor *E, const gk_tensor *C, const gk_tensor *dE, const gk_tensor *dC,
+int plan_sweeps(lce_plan *pl, size_t budget, gk_err *err);
+
+/*
+ * With filtering and gradients, the candidates' room is taken first; when the
+ * rest does not fit, the plan is made without them (the dense backward).
+ */
+int plan_make(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk_tensor *dE, const gk_tensor *dC,
               const gk_tensor *dbias, size_t budget, lce_plan *pl, gk_err *err)
 {
     *pl = lce_plan{};
@@ -356,7 +413,28 @@ int plan_make(const gk_tensor *E, const gk_tensor *C, const gk_tensor *dE, const
     pl->dE_f32 = pl->want_dE && dE->dtype == GK_F32;
     pl->dC_f32 = pl->want_dC && dC->dtype == GK_F32;
     pl->dbias_f32 = pl->want_dbias && dbias->dtype == GK_F32;
+    const bool grads = pl->want_dE || pl->want_dC || pl->want_dbias;
+    const size_t sparse = lce_sparse_scratch_bound(pl->N, pl->V);
+    if (p->filter_eps > 0.0f && grads && sparse > 0) {
+        lce_plan with = *pl;
+        with.cand = true;
+        with.state_bytes = state_bytes_of(pl->N) + cand_bytes_of(pl->N);
+        if (plan_sweeps(&with, budget, NULL) == GK_OK) {
+            /* past the candidates: the sweeps' chunks, or the sparse backward's sort, in turn */
+            with.total = std::max(with.total, with.state_bytes + sparse);
+            if (with.total <= budget) {
+                *pl = with;
+                return GK_OK;
+            }
+        }
+    }
     pl->state_bytes = state_bytes_of(pl->N);
+    return plan_sweeps(pl, budget, err);
+}
+
+/* Blockings of the forward and backward sweeps under budget, state_bytes set. */
+int plan_sweeps(lce_plan *pl, size_t budget, gk_err *err)
+{
     const int64_t N = pl->N;
     const bool want_c = pl->want_dC || pl->want_dbias;
     bool ok = true;
@@ -421,9 +499,11 @@ template <class T> struct lce_ctx {
     const gk_cuda_exec *ex;
     const lce_plan *pl;
     cublasComputeType_t compute;
+    gk_dtype in; /* of E, C, bias: T */
     const T *E, *C, *bias;
     float cap, eps, gscale;
-    float alpha; /* w / gscale: the G GEMMs' scale */
+    float ln_eps; /* candidates: ln eps less a margin for the float rounding of exp */
+    float alpha;  /* w / gscale: the G GEMMs' scale */
     lce_state st;
     unsigned char *ws; /* past the state */
 };
@@ -469,7 +549,8 @@ template <class T> int forward(const lce_ctx<T> &c, gk_err *err)
             const int64_t vc = std::min(pl.fwd.Vc, pl.V - v0);
             if ((rc = logits_chunk(c, F, ldf, r0, rn, v0, vc, err)))
                 return rc;
-            fwd_chunk_kernel<T><<<(unsigned)rn, RT, 0, stream>>>(F, ldf, (int)vc, v0, r0, c.bias, c.cap, c.st, v0 == 0);
+            fwd_chunk_kernel<T><<<(unsigned)rn, RT, 0, stream>>>(F, ldf, (int)vc, v0, r0, c.bias, c.cap, c.ln_eps,
+                                                                 c.st, v0 == 0);
             if ((rc = launch_check("forward chunk", err)))
                 return rc;
         }
@@ -582,10 +663,59 @@ int sweep(const lce_ctx<T> &c, const sweep_cfg &cfg, int64_t a0, int64_t a1, boo
     return GK_OK;
 }
 
-lce_state state_carve(void *ws, int64_t N)
+/*
+ * The filtered backward from the candidates, when no row overflowed (read
+ * back: a second synchronisation, only with filtering) and the workspace
+ * past the candidates holds its sort; *ran says whether it did.
+ */
+template <class T>
+int sparse_backward(const lce_ctx<T> &c, const gk_lce *p, const gk_tensor *dE, const gk_tensor *dC,
+                    const gk_tensor *dbias, bool *ran, gk_err *err)
+{
+    *ran = false;
+    unsigned long long overflow = 0;
+    int rc;
+    if ((rc = cuda_check(cudaMemcpyAsync(&overflow, c.st.overflow, sizeof overflow, cudaMemcpyDeviceToHost,
+                                         c.ex->stream),
+                         "reading the candidate count", err)) ||
+        (rc = cuda_check(cudaStreamSynchronize(c.ex->stream), "the forward", err)))
+        return rc;
+    if (overflow > 0)
+        return GK_OK;
+    const lce_plan &pl = *c.pl;
+    lce_sparse_args a;
+    a.N = pl.N;
+    a.D = pl.D;
+    a.V = pl.V;
+    a.in = c.in;
+    a.E = c.E;
+    a.C = c.C;
+    a.tgt = c.st.tgt;
+    a.lse = c.st.lse;
+    a.zt = c.st.zt;
+    a.cand_count = c.st.cand_count;
+    a.cand = c.st.cand;
+    a.cap = p->softcap;
+    a.eps = p->filter_eps;
+    a.alpha = c.alpha * c.gscale; /* the terms are not scaled */
+    a.dE = pl.want_dE ? dE->data : nullptr;
+    a.dC = pl.want_dC ? dC->data : nullptr;
+    a.dbias = pl.want_dbias ? dbias->data : nullptr;
+    a.dE_dtype = pl.want_dE ? dE->dtype : GK_F32;
+    a.dC_dtype = pl.want_dC ? dC->dtype : GK_F32;
+    a.dbias_dtype = pl.want_dbias ? dbias->dtype : GK_F32;
+    a.scratch = c.ws;
+    a.scratch_bytes = c.ex->workspace_bytes - pl.state_bytes;
+    a.stream = c.ex->stream;
+    a.sm_count = c.ex->sm_count;
+    return lce_sparse_backward(&a, ran, err);
+}
+
+lce_state state_carve(void *ws, int64_t N, bool cand)
 {
     unsigned char *b = (unsigned char *)ws;
     const size_t n4 = align256((size_t)N * 4);
+    const size_t s = state_bytes_of(N);
     lce_state st;
     st.tgt = (int32_t *)b;
     st.m = (float *)(b + n4);
@@ -595,6 +725,9 @@ lce_state state_carve(void *ws, int64_t N)
     st.rowloss = (float *)(b + 5 * n4);
     st.bad = (unsigned long long *)(b + 6 * n4);
     st.count = st.bad + 1;
+    st.overflow = st.bad + 2;
+    st.cand_count = cand ? (int32_t *)(b + s) : nullptr;
+    st.cand = cand ? (lce_cand *)(b + s + n4) : nullptr;
     return st;
 }
 
@@ -608,7 +741,7 @@ int targets_check(const gk_lce *p, const gk_tensor *targets, const lce_state &st
     const cudaStream_t stream = ex->stream;
     int rc;
     if ((rc = cuda_check(cudaMemsetAsync(st.bad, 0xff, sizeof *st.bad, stream), "clearing the target check", err)) ||
-        (rc = cuda_check(cudaMemsetAsync(st.count, 0, sizeof *st.count, stream), "clearing the row count", err)))
+        (rc = cuda_check(cudaMemsetAsync(st.count, 0, 2 * sizeof *st.count, stream), "clearing the row counts", err)))
         return rc;
     const int tg = grid_of(N, ex->sm_count);
     if (targets->dtype == GK_I32)
@@ -655,13 +788,15 @@ int lce_run(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk_te
     c.compute = E->dtype == GK_F32 && !p->tf32 ? CUBLAS_COMPUTE_32F
                 : E->dtype == GK_F32           ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                : CUBLAS_COMPUTE_32F;
+    c.in = E->dtype;
     c.E = (const T *)E->data;
     c.C = (const T *)C->data;
     c.bias = gk_tensor_present(bias) ? (const T *)bias->data : nullptr;
     c.cap = p->softcap;
     c.eps = p->filter_eps;
     c.gscale = E->dtype == GK_F16 ? 4096.0f : 1.0f;
-    c.st = state_carve(ex->workspace, N);
+    c.ln_eps = pl.cand ? logf(p->filter_eps) - 0.01f : 0.0f;
+    c.st = state_carve(ex->workspace, N, pl.cand);
     c.ws = (unsigned char *)ex->workspace + pl.state_bytes;
 
     unsigned long long count = 0;
@@ -686,6 +821,11 @@ int lce_run(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk_te
             return rc;
     }
 
+    if (pl.cand) {
+        bool ran = false;
+        if ((rc = sparse_backward(c, p, dE, dC, dbias, &ran, err)) || ran)
+            return rc;
+    }
     const bool want_c = pl.want_dC || pl.want_dbias;
     if (pl.fused)
         return sweep(c, pl.de, 0, N, pl.want_dE, want_c, dE, dC, dbias, err);
@@ -742,7 +882,7 @@ extern "C" int gk_cuda_lce_workspace_bytes(const gk_lce *p, const gk_tensor *E, 
         (rc = shape_check_cuda(E, C, err)))
         return rc;
     lce_plan pl;
-    if ((rc = plan_make(E, C, dE, dC, dbias, budget, &pl, err)))
+    if ((rc = plan_make(p, E, C, dE, dC, dbias, budget, &pl, err)))
         return rc;
     *bytes = pl.total;
     return GK_OK;
@@ -758,7 +898,7 @@ extern "C" int gk_cuda_lce(const gk_lce *p, const gk_tensor *E, const gk_tensor 
         (rc = exec_check(ex, err)) || (rc = shape_check_cuda(E, C, err)))
         return rc;
     lce_plan pl;
-    if ((rc = plan_make(E, C, dE, dC, dbias, ex->workspace_bytes, &pl, err)))
+    if ((rc = plan_make(p, E, C, dE, dC, dbias, ex->workspace_bytes, &pl, err)))
         return rc;
     switch (E->dtype) {
     case GK_BF16: return lce_run<__nv_bfloat16>(p, E, C, bias, targets, loss, lse, dE, dC, dbias, ex, pl, err);

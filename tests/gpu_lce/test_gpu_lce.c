@@ -14,6 +14,12 @@
  *             term: bytes unchanged; a softmax peaked on a few entries with
  *             eps 2^-12: within the element-wise bound of kernels/cpu/lce.c,
  *             and changed (terms were dropped);
+ *   sparse    filtering with V = 20000 (several chunks: candidates pruned as
+ *             the running max grows) peaked on ~130 entries: the sparse
+ *             backward against the CPU with the same eps, every precision,
+ *             softcap and shift, all outputs or dC and dbias only; and the
+ *             same request when the candidates do not fit the workspace
+ *             (the dense filtered backward);
  *   passes    exactly the minimum workspace the call names when refused (dE
  *             and dC in separate sweeps, many row passes and chunks), and
  *             budgets between it and the default, still right;
@@ -281,14 +287,17 @@ static void test_options(void **state)
                         pb.p.softcap = cap ? 20.0f : 0.0f;
                         pb.p.shift = shift;
                         pb.p.grad_scale = (float)rng_uniform(&g_rng, 0.5, 2.0);
+                        /* every fourth case filtered: the sparse backward (one chunk) */
+                        pb.p.filter_eps = n % 4 == 3 ? 0x1p-12f : 0.0f;
                         /* every fifth case asks for a subset of the outputs */
                         const int subsets[] = {WANT_ALL, WANT_DE, WANT_DC | WANT_DBIAS, WANT_LSE, 0};
                         const int want = n % 5 == 4 ? subsets[(n / 5) % 5] : WANT_ALL;
                         const gk_dtype gdt = (n / 2) % 2 && dt != GK_F32 ? dt : GK_F32;
                         char label[160];
-                        snprintf(label, sizeof label, "%s red %d cap %d shift %d bias %d D %lld want %d grads %s",
+                        snprintf(label, sizeof label,
+                                 "%s red %d cap %d shift %d bias %d D %lld want %d grads %s eps %g",
                                  prec_name(dt, pb.p.tf32), red, cap, shift, bias, (long long)D, want,
-                                 gk_dtype_name(gdt));
+                                 gk_dtype_name(gdt), (double)pb.p.filter_eps);
                         check_case(&pb, want, gdt, GK_CUDA_LCE_DEFAULT_BUDGET, g_sms, label);
                         lce_problem_free(&pb);
                     }
@@ -460,6 +469,39 @@ static void test_filter_peaked(void **state)
 }
 
 /*
+ * The filtered backward from the forward's candidates across several
+ * vocabulary chunks, against the CPU with the same eps.
+ */
+static void test_filter_sparse(void **state)
+{
+    (void)state;
+    for (int pi = 0; pi < NPRECS; pi++)
+        for (int v = 0; v < 2; v++) {
+            const gk_dtype dt = precs[pi][0];
+            const int64_t V = 20000;
+            lce_problem pb;
+            lce_problem_make(&pb, &g_rng, 64, 32, V, dt, GK_I32, 1, 1.0, 0.1);
+            pb.p.tf32 = (int)precs[pi][1];
+            for (int64_t k = 0; k < V; k++)
+                pb.biasd[k] = k % 157 == 0 ? 6.0 : -6.0;
+            lce_problem_sync(&pb);
+            pb.p.filter_eps = 0x1p-12f;
+            pb.p.softcap = v ? 12.0f : 0.0f;
+            pb.p.shift = v;
+            pb.p.reduction = v ? GK_REDUCE_SUM : GK_REDUCE_MEAN;
+            const int want = v ? WANT_DC | WANT_DBIAS : WANT_ALL;
+            const gk_dtype gdt = v && dt != GK_F32 ? dt : GK_F32;
+            char label[96];
+            snprintf(label, sizeof label, "sparse %s variant %d", prec_name(dt, pb.p.tf32), v);
+            check_case(&pb, want, gdt, GK_CUDA_LCE_DEFAULT_BUDGET, g_sms, label);
+            /* 160 KB: the candidates of 64 rows (128 KB) and a chunk do not fit together: dense */
+            snprintf(label, sizeof label, "sparse %s variant %d, dense (160 KB)", prec_name(dt, pb.p.tf32), v);
+            check_case(&pb, want, gdt, (size_t)160 << 10, g_sms, label);
+            lce_problem_free(&pb);
+        }
+}
+
+/*
  * The minimum workspace, as the refusal of a too small budget names it; a
  * budget one byte below it is refused, and exactly it is accepted and used.
  */
@@ -621,7 +663,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),       cmocka_unit_test(test_options),
         cmocka_unit_test(test_larger),       cmocka_unit_test(test_filter_extremes),
-        cmocka_unit_test(test_filter_peaked), cmocka_unit_test(test_passes),
+        cmocka_unit_test(test_filter_peaked), cmocka_unit_test(test_filter_sparse),
+        cmocka_unit_test(test_passes),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     gk_cuda_blas_close(g_blas);
