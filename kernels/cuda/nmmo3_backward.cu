@@ -42,6 +42,7 @@ constexpr int C2_P = 2;                              /* conv2 output pixels, 1 x
 constexpr int C2_K = CH * 9;                         /* conv2 weights an output channel */
 constexpr int C1_K = 59 * 25;                        /* conv1 weights an output channel */
 constexpr int X_LD = 1480;                           /* C1_K rounded up to 16 bytes of bf16 */
+static_assert(X_LD % 8 == 0 && X_LD >= C1_K, "conv1 rows are written 8 columns at a time");
 constexpr int EMB_AT = C2_P * CH;                    /* 256 */
 constexpr int EMB_N = GK_NMMO3_PLAYER_COUNT * GK_NMMO3_EMBED_DIM; /* 1504 */
 constexpr int SUM_ROWS = 1024;                       /* rows a column-sum block adds */
@@ -110,10 +111,11 @@ template <typename T> __global__ void conv2_fold_relu_kernel(const T *dcol, cons
     }
 }
 
-/* Where each map feature's one-hot group starts and how many values it has. */
+/* Where each map feature's one-hot group starts and how many values it has; each channel's feature. */
 struct map_layout {
     int offsets[10];
     int slots[10];
+    int8_t feature_of[64];
 };
 
 /*
@@ -141,20 +143,58 @@ __global__ void obs_validate_kernel(const uint8_t *obs, size_t agents, map_layou
 
 /*
  * X[a*12 + oh*4 + ow][c*25 + kh*5 + kw] = 1 where the multihot of agent a has
- * channel c set at (oh*3 + kh, ow*3 + kw); X is zeroed first.  A value out of
- * range sets nothing (the call has failed before, in batch_validate).
+ * channel c set at (oh*3 + kh, ow*3 + kw), else 0; columns 1475..X_LD-1 are 0.
+ * Every element is written, 8 consecutive ones a thread (one 16-byte store
+ * for bf16), so the 1.2 GB of a B = 32768 batch go out as fully coalesced
+ * stores and need no clearing first.  Values were validated before
+ * (batch_validate); one out of range would only make its column 0.
  */
+template <typename T> struct vec8;
+template <> struct vec8<float> {
+    float4 lo, hi;
+};
+template <> struct vec8<__nv_bfloat16> {
+    uint4 v;
+};
+
+__device__ __forceinline__ void vec8_store(float *p, const float (&x)[8])
+{
+    vec8<float> v;
+    v.lo = make_float4(x[0], x[1], x[2], x[3]);
+    v.hi = make_float4(x[4], x[5], x[6], x[7]);
+    *(vec8<float> *)p = v;
+}
+
+__device__ __forceinline__ void vec8_store(__nv_bfloat16 *p, const float (&x)[8])
+{
+    uint32_t w[4];
+    for (int i = 0; i < 4; i++) /* 0 and 1 are exact in bf16: 0x0000 and 0x3f80 */
+        w[i] = (x[2 * i] != 0.0f ? 0x3f80u : 0u) | (x[2 * i + 1] != 0.0f ? 0x3f800000u : 0u);
+    vec8<__nv_bfloat16> v;
+    v.v = make_uint4(w[0], w[1], w[2], w[3]);
+    *(vec8<__nv_bfloat16> *)p = v;
+}
+
 template <typename T> __global__ void conv1_unfold_kernel(const uint8_t *obs, T *x, size_t agents, map_layout m)
 {
-    GRID_LOOP(i, agents * C1_P * 25 * 10)
+    constexpr int GROUPS = X_LD / 8;
+    GRID_LOOP(i, agents * C1_P * GROUPS)
     {
-        const size_t r = i / 250, a = r / C1_P;
-        const int j = (int)(i - r * 250), tap = j / 10, f = j - tap * 10;
-        const int px = (int)(r - a * C1_P), oh = px / 4, ow = px - oh * 4;
-        const int kh = tap / 5, kw = tap - kh * 5, h = oh * 3 + kh, w = ow * 3 + kw;
-        const unsigned v = obs[a * GK_NMMO3_OBS_BYTES + (size_t)(h * 15 + w) * 10 + f];
-        if (v < (unsigned)m.slots[f]) /* always, after obs_validate_kernel; never out of bounds */
-            st(x, r * X_LD + (size_t)(m.offsets[f] + v) * 25 + tap, 1.0f);
+        const size_t r = i / GROUPS, a = r / C1_P;
+        const int k0 = (int)(i - r * GROUPS) * 8, px = (int)(r - a * C1_P);
+        const int oh = px / 4, ow = px - oh * 4;
+        const uint8_t *o = obs + a * GK_NMMO3_OBS_BYTES;
+        float v[8];
+        for (int j = 0; j < 8; j++) {
+            const int k = k0 + j, c = k / 25, t = k - c * 25, kh = t / 5, kw = t - kh * 5;
+            v[j] = 0.0f;
+            if (k < C1_K) {
+                const int f = m.feature_of[c];
+                const int at = ((oh * 3 + kh) * 15 + ow * 3 + kw) * 10 + f;
+                v[j] = o[at] == c - m.offsets[f] ? 1.0f : 0.0f;
+            }
+        }
+        vec8_store(x + r * X_LD + k0, v);
     }
 }
 
@@ -352,9 +392,12 @@ int column_sums(const T *m, size_t rows, int cols, float *part, float *out, int 
 map_layout map_layout_make()
 {
     map_layout m;
+    memset(&m, 0, sizeof m);
     for (int f = 0; f < 10; f++) {
         m.offsets[f] = gk_nmmo3_layout.offsets[f];
         m.slots[f] = gk_nmmo3_layout.slots[f];
+        for (int c = m.offsets[f]; c < m.offsets[f] + m.slots[f]; c++)
+            m.feature_of[c] = (int8_t)f;
     }
     return m;
 }
@@ -467,12 +510,8 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
 
     /* conv1: its input unfolded from the bytes, one row an output pixel. */
     T *x = (T *)(ws + l.x);
-    cudaError_t ce = cudaMemsetAsync(x, 0, r1 * X_LD * es, s);
-    if (ce != cudaSuccess)
-        return gk_fail(err, GK_EDEVICE, "nmmo3 backward (cuda): clearing conv1's input: %s",
-                       cudaGetErrorString(ce));
-    conv1_unfold_kernel<T><<<grid_for(r1 * 250, ex->sm_count), THREADS, 0, s>>>(o, x, (size_t)n,
-                                                                               map_layout_make());
+    conv1_unfold_kernel<T><<<grid_for(r1 * (X_LD / 8), ex->sm_count), THREADS, 0, s>>>(
+        o, x, (size_t)n, map_layout_make());
     if ((rc = launch_check(err)) ||
         (rc = gemm(gm, true, false, CH, C1_K, (int64_t)r1, dc1, CH, x, X_LD, g->conv1_w.data,
                    CUDA_R_32F, C1_K, "d conv1_w", err)) ||
@@ -482,6 +521,7 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
     /* The embedding: the player bytes and their feature gradients, made contiguous. */
     uint8_t *idx = ws + l.idx;
     T *demb = (T *)(ws + l.demb);
+    cudaError_t ce;
     if ((ce = cudaMemcpy2DAsync(idx, GK_NMMO3_PLAYER_COUNT, o + GK_NMMO3_PLAYER_OFFSET,
                                 GK_NMMO3_OBS_BYTES, GK_NMMO3_PLAYER_COUNT, (size_t)n,
                                 cudaMemcpyDeviceToDevice, s)) != cudaSuccess ||

@@ -47,6 +47,11 @@ void th_init(int argc, char **argv)
     if (argc < 2)
         th_die("usage: %s PATH_TO_GPUCD", argv[0]);
     th_daemon_exe = argv[1];
+    th_seed();
+}
+
+void th_seed(void)
+{
     const char *seed = getenv("GPUCD_TEST_SEED");
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);

@@ -28,6 +28,8 @@ extern const char *th_daemon_exe;
 
 /* Reads argv (argv[1]: the daemon) and seeds the random generator (printed). */
 void th_init(int argc, char **argv);
+/* Only seeds the random generator (printed), for tests that start no daemon. */
+void th_seed(void);
 
 /* Starts a daemon with extra flags (NULL-terminated, may be NULL); waits until it answers. */
 void th_daemon_start(th_daemon *d, const char *const *extra);
