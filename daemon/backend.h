@@ -46,6 +46,8 @@ typedef struct gcd_backend_ops {
     int (*run)(gcd_backend *b, gcd_op *op, gcd_run_timing *timing, gk_err *err);
     /* Allocations of device memory since open (constant after warm-up: never on the request path). */
     uint64_t (*allocations)(gcd_backend *b);
+    /* Requests replayed as captured CUDA graphs, and graphs captured, since open (NULL: none). */
+    void (*graphs)(gcd_backend *b, uint64_t *replays, uint64_t *captures);
     /*
      * NULL while the device works; once an error has lost it for good (a sticky
      * CUDA error: the context is unusable), a message saying why.  The daemon

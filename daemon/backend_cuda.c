@@ -39,6 +39,7 @@
 
 #include "backend.h"
 #include "clock.h"
+#include "cuda_graphs.h"
 #include "gk_cuda.h"
 #include "gk_cuda_lce.h"
 #include "gk_cuda_nmmo3.h"
@@ -53,6 +54,9 @@
  */
 enum { SLOTS_MAX = 4, SLOT_ALIGN = GCD_POOL_ALIGN };
 
+/* Encoder shapes a slot keeps as graphs: an RL setup sends a handful of batch sizes. */
+enum { GRAPHS_PER_SLOT = 8 };
+
 /* The events of one run: start, inputs on the device, computed, outputs back. */
 enum { EV_START, EV_COPIED_IN, EV_COMPUTED, EV_COPIED_OUT, EV_COUNT };
 
@@ -62,6 +66,7 @@ typedef struct exec_slot {
     uint8_t *ws;      /* device: the slot's slice of the workspace */
     uint8_t *staging; /* pinned host */
     gk_cuda_blas *blas; /* cuBLAS bound to stream, its workspace allocated at open */
+    gcd_graph_cache *graphs; /* the encoder forwards this slot replays as graphs */
     struct exec_slot *next_free;
 } exec_slot;
 
@@ -286,6 +291,7 @@ static void cuda_close(gcd_backend *b)
     for (int i = 0; i < b->nslots; i++) {
         exec_slot *s = &b->slots[i];
         gk_cuda_blas_close(s->blas);
+        gcd_graph_cache_destroy(s->graphs);
         for (int k = 0; k < EV_COUNT; k++)
             if (s->ev[k] != NULL)
                 cudaEventDestroy(s->ev[k]);
@@ -374,6 +380,10 @@ static int cuda_open(const gcd_config *cfg, gcd_backend **out, gk_err *err)
             OPEN_CHECK(cudaEventCreate(&s->ev[k]), "cudaEventCreate");
         if (gk_cuda_blas_open(s->stream, &s->blas, err) != 0)
             goto fail;
+        if ((s->graphs = gcd_graph_cache_create(s->stream, GRAPHS_PER_SLOT)) == NULL) {
+            gk_fail(err, GK_ENOMEM, "cannot allocate a slot's graph cache");
+            goto fail;
+        }
         atomic_fetch_add(&b->allocations, 1);
         s->ws = b->arena + (size_t)i * b->slot_bytes;
         s->staging = b->staging + (size_t)i * b->staging_bytes;
@@ -422,6 +432,13 @@ static void cuda_describe(gcd_backend *b, gcd_device_info *out)
 }
 
 static uint64_t cuda_allocations(gcd_backend *b) { return atomic_load(&b->allocations); }
+
+static void cuda_graphs(gcd_backend *b, uint64_t *replays, uint64_t *captures)
+{
+    *replays = *captures = 0;
+    for (int i = 0; i < b->nslots; i++)
+        gcd_graph_cache_counts(b->slots[i].graphs, replays, captures);
+}
 
 static const char *cuda_lost(gcd_backend *b)
 {
@@ -728,6 +745,47 @@ static gk_cuda_exec run_exec(const gcd_backend *b, const exec_slot *s, size_t sc
     return ex;
 }
 
+/* The encoder forward of one request, as run_kernel enqueues it (graph capture replays this). */
+typedef struct nmmo3_forward_args {
+    gk_nmmo3_weights w;
+    const arg_place *pl;
+    const gk_cuda_exec *ex;
+} nmmo3_forward_args;
+
+static int nmmo3_forward_enqueue(void *arg, gk_err *err)
+{
+    const nmmo3_forward_args *a = arg;
+    return gk_cuda_nmmo3_forward(&a->w, &a->pl[NMMO3_OBS].dev, &a->pl[NMMO3_FWD_FEATURES].dev,
+                                 &a->pl[NMMO3_FWD_HIDDEN].dev, a->ex, err);
+}
+
+/*
+ * The encoder forward through the slot's graph cache, keyed by everything
+ * it enqueues with: every tensor's device address, dtype and shape, and the
+ * workspace.  A rollout worker's request of the same batch size lands at the
+ * same places every time, so its launches become one graph launch.
+ */
+static int nmmo3_forward_run(exec_slot *s, const gcd_op *op, const arg_place *pl,
+                             const gk_cuda_exec *ex, gk_err *err)
+{
+    gcd_graph_key key = {0};
+    gcd_graph_key_add(&key, (uint64_t)op->kind);
+    for (int i = 0; i < op->nargs; i++) {
+        const gk_tensor *t = &pl[i].dev;
+        gcd_graph_key_add(&key, (uint64_t)(uintptr_t)t->data);
+        if (t->data == NULL)
+            continue;
+        gcd_graph_key_add(&key, (uint64_t)t->dtype);
+        gcd_graph_key_add(&key, (uint64_t)t->ndim);
+        for (int d = 0; d < t->ndim; d++)
+            gcd_graph_key_add(&key, (uint64_t)t->shape[d]);
+    }
+    gcd_graph_key_add(&key, (uint64_t)(uintptr_t)ex->workspace);
+    gcd_graph_key_add(&key, (uint64_t)ex->workspace_bytes);
+    nmmo3_forward_args a = {nmmo3_weights_placed(pl, NMMO3_W0), pl, ex};
+    return gcd_graph_cache_run(s->graphs, &key, nmmo3_forward_enqueue, &a, err);
+}
+
 static int run_kernel(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
                       size_t scratch_off, gk_err *err)
 {
@@ -742,11 +800,8 @@ static int run_kernel(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
     case GCD_OP_EMBEDDING_BACKWARD:
         return gk_cuda_embedding_backward(&pl[EMB_BWD_IDX].dev, &pl[EMB_BWD_DOUT].dev,
                                           &pl[EMB_BWD_DTABLE].dev, &ex, err);
-    case GCD_OP_NMMO3_FORWARD: {
-        gk_nmmo3_weights w = nmmo3_weights_placed(pl, NMMO3_W0);
-        return gk_cuda_nmmo3_forward(&w, &pl[NMMO3_OBS].dev, &pl[NMMO3_FWD_FEATURES].dev,
-                                     &pl[NMMO3_FWD_HIDDEN].dev, &ex, err);
-    }
+    case GCD_OP_NMMO3_FORWARD:
+        return nmmo3_forward_run(s, op, pl, &ex, err);
     case GCD_OP_NMMO3_BACKWARD: {
         gk_nmmo3_weights w = nmmo3_weights_placed(pl, NMMO3_W0);
         gk_nmmo3_weights g = nmmo3_weights_placed(pl, NMMO3_BWD_G0);
@@ -912,6 +967,7 @@ static const gcd_backend_ops cuda_ops = {
     .host_unregister = cuda_host_unregister,
     .run = cuda_run,
     .allocations = cuda_allocations,
+    .graphs = cuda_graphs,
     .lost = cuda_lost,
 };
 

@@ -185,6 +185,14 @@ static void memory(strbuf *b, gcd_daemon *d)
     single_u(b, "gpucd_device_allocations_total", "counter",
              "Device memory allocations since start; constant after warm-up.",
              d->ops->allocations(d->backend));
+    if (d->ops->graphs != NULL) {
+        uint64_t replays, captures;
+        d->ops->graphs(d->backend, &replays, &captures);
+        single_u(b, "gpucd_graph_replays_total", "counter",
+                 "Requests whose kernels ran as one replayed CUDA graph.", replays);
+        single_u(b, "gpucd_graph_captures_total", "counter",
+                 "CUDA graphs captured (a request shape seen a second time).", captures);
+    }
     if (d->ops->lost != NULL)
         single_u(b, "gpucd_device_lost", "gauge",
                  "1 once the device failed for good; the daemon then drains and exits 3.",

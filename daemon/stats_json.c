@@ -37,6 +37,11 @@ static void json_backend(strbuf *b, gcd_daemon *d)
                      ",\"workspace_bytes\":%" PRIu64 ",\"device_allocations\":%" PRIu64 ",",
                   d->device.sm_count, d->device.memory_bytes, d->device.workspace_bytes,
                   d->ops->allocations(d->backend));
+    uint64_t replays = 0, captures = 0;
+    if (d->ops->graphs != NULL)
+        d->ops->graphs(d->backend, &replays, &captures);
+    strbuf_printf(b, "\"graphs\":{\"replays\":%" PRIu64 ",\"captures\":%" PRIu64 "},", replays,
+                  captures);
     strbuf_printf(b, "\"regions\":{\"count\":%" PRIu64 ",\"bytes\":%" PRIu64 "},", rc, rb);
     strbuf_printf(b, "\"resident_tensors\":{\"count\":%" PRIu64 ",\"bytes\":%" PRIu64
                      ",\"limit_bytes\":%" PRIu64 "},",
