@@ -339,8 +339,10 @@ template <class T, int MATH> dgrad_tile_plan dgrad_tile_plan_of(const conv_shape
     dgrad_tile_plan d = {};
     const int taps = s.KH * s.KW, ohw = s.OH * s.OW, hw = s.H * s.W;
     const int maxt = ((s.KH + s.sh - 1) / s.sh) * ((s.KW + s.sw - 1) / s.sw);
+    const int bk = dg_geom<T, MATH>::BK;
+    d.kpad = (s.OC + bk - 1) / bk * bk;
     d.fits = taps <= DG_BM && ohw <= DG_BN && hw <= DG_TAB_MAX &&
-             (long long)hw * maxt <= DG_TAB_MAX;
+             (long long)hw * maxt <= DG_TAB_MAX && d.kpad <= dg_geom<T, MATH>::KPAD_MAX;
     if (!d.fits)
         return d;
     d.taps = taps;
@@ -350,8 +352,6 @@ template <class T, int MATH> dgrad_tile_plan dgrad_tile_plan_of(const conv_shape
     d.cb = (s.C + d.nchb - 1) / d.nchb; /* balanced: the last block is not a sliver */
     d.nb = DG_BN / ohw;
     d.nsb = (s.N + d.nb - 1) / d.nb;
-    const int bk = dg_geom<T, MATH>::BK;
-    d.kpad = (s.OC + bk - 1) / bk * bk;
     const size_t sb_bytes = (size_t)d.kpad * DG_BN * sizeof(T);
     size_t chunk = DG_PACK_BUDGET / sb_bytes;
     chunk = chunk < 1 ? 1 : chunk > (size_t)d.nsb ? (size_t)d.nsb : chunk;
@@ -409,7 +409,8 @@ int dgrad_tile_run(const conv_shape &s, const dgrad_tile_plan &d, const T *dy, c
         const int nsb = d.nsb - sb0 < d.chunk_sb ? d.nsb - sb0 : d.chunk_sb;
         const int n0 = sb0 * d.nb, ns = s.N - n0 < nsb * d.nb ? s.N - n0 : nsb * d.nb;
         const size_t off = (size_t)n0 * s.OC * ohw;
-        dgrad_pack_dy_kernel<T, MATH><<<ex->sm_count * 5, dim3(DG_BN, DG_PACK_ROWS), 0, ex->stream>>>(
+        const int pack_grid = nsb < ex->sm_count * 5 ? nsb : ex->sm_count * 5;
+        dgrad_pack_dy_kernel<T, MATH><<<pack_grid, dim3(DG_BN, DG_PACK_ROWS), 0, ex->stream>>>(
             dy + off, mask ? mask + off : nullptr, s.OC, ohw, d.nb, ns, nsb, d.kpad, bpack);
         if ((rc = launch_check<T>("dgrad dy packing", err)))
             return rc;

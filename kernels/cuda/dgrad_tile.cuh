@@ -19,11 +19,19 @@
  *   bpack[sb][k][DG_BN]   dy columns (n_local * OH*OW + output pixel) of sample
  *                         block sb, masked by y > 0 for a relu layer;
  * k is the output channel; everything past the blocks and past OC is zero and
- * tf32 math gets pre-rounded values, so the main loop is only 16-byte cp.async
- * copies of contiguous chunks, DG_STAGES deep and running across items.
+ * tf32 math gets pre-rounded values, so operands move only by 16-byte cp.async
+ * copies of contiguous chunks.
  *
- * It applies when KH*KW <= DG_BM, OH*OW <= DG_BN and the pixel lists fit
- * (H*W * ceil(KH/sh) * ceil(KW/sw) <= DG_TAB_MAX); larger images take the
+ * Warp roles: 8 MMA warps keep their channel block's w^T resident in shared
+ * memory (the grid is a multiple of the channel blocks, so a block keeps one),
+ * stream dy chunks DG_STAGES deep across items, and write each item's dcol into
+ * one of two buffers; 8 col2im warps turn the other buffer into dx meanwhile.
+ * Named barriers hand the buffers over (FULL: MMA -> col2im, EMPTY: back), so
+ * the tensor cores and the col2im run at the same time.
+ *
+ * It applies when KH*KW <= DG_BM, OH*OW <= DG_BN, the padded OC fits the
+ * resident w^T (dg_geom::KPAD_MAX: 256 bf16, 128 fp32) and the pixel lists fit
+ * (H*W * ceil(KH/sh) * ceil(KW/sw) <= DG_TAB_MAX); other shapes take the
  * stride-phase implicit GEMM (conv.cu).
  */
 #ifndef GK_CUDA_DGRAD_TILE_CUH
@@ -33,11 +41,19 @@
 
 #include "igemm.cuh"
 
-enum { DG_BM = 128, DG_BN = 96, DG_THREADS = 256, DG_STAGES = 3, DG_TAB_MAX = 2048 };
+enum {
+    DG_BM = 128,
+    DG_BN = 96,
+    DG_MMA_THREADS = 256,
+    DG_THREADS = 512, /* 256 MMA threads, then 256 col2im threads */
+    DG_STAGES = 4,
+    DG_TAB_MAX = 1024,
+    DG_A_BYTES = 69632 /* resident w^T: 256 k rows of bf16 or 128 of fp32 (272 / 544-byte rows) */
+};
 
 template <class T, int MATH> struct dg_geom {
     static constexpr int ESZ = (int)sizeof(T);
-    static constexpr int BK = MATH == MATH_BF16 ? 32 : 16; /* k rows of one chunk: 64 bytes */
+    static constexpr int BK = MATH == MATH_BF16 ? 32 : 16; /* k rows of one dy chunk: 64 bytes */
     /*
      * Shared rows padded by 8 elements: bf16 rows of 272 / 208 bytes make the
      * eight 16-byte rows of an ldmatrix land in distinct bank groups; fp32 rows
@@ -45,14 +61,27 @@ template <class T, int MATH> struct dg_geom {
      * fp32 float2 stores of the accumulators conflict-free.
      */
     static constexpr int LDA = DG_BM + 8, LDB = DG_BN + 8, DLD = DG_BN + 8;
-    static constexpr int A_BYTES = BK * LDA * ESZ, B_BYTES = BK * LDB * ESZ;
-    static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+    static constexpr int KPAD_MAX = DG_A_BYTES / (LDA * ESZ);
+    static constexpr int B_BYTES = BK * LDB * ESZ;
     static constexpr int DCOL_BYTES = DG_BM * DLD * 4;
     static constexpr int TAB_BYTES = 2 * DG_TAB_MAX * 2; /* entries and counts, int16 */
-    static constexpr int SMEM_BYTES = DG_STAGES * STAGE_BYTES + DCOL_BYTES + TAB_BYTES;
+    static constexpr int B_OFF = DG_A_BYTES, DCOL_OFF = B_OFF + DG_STAGES * B_BYTES;
+    static constexpr int TAB_OFF = DCOL_OFF + 2 * DCOL_BYTES;
+    static constexpr int SMEM_BYTES = TAB_OFF + TAB_BYTES;
     static constexpr int A_CPR = DG_BM * ESZ / 16, B_CPR = DG_BN * ESZ / 16; /* 16 B per k row */
-    static constexpr int CHUNKS = BK * (A_CPR + B_CPR);
+    static constexpr int B_CHUNKS = BK * B_CPR;
 };
+
+/* Named barriers (0 is __syncthreads): among the MMA warps; dcol buffer b full / empty. */
+enum { DG_BAR_MMA = 1, DG_BAR_FULL = 2, DG_BAR_EMPTY = 4 };
+__device__ __forceinline__ void dg_bar_sync(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void dg_bar_arrive(int id, int threads)
+{
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
 
 template <class T> struct dg_params {
     const T *apack, *bpack;
@@ -81,13 +110,14 @@ template <int N> __device__ __forceinline__ void dg_cp_async_wait()
  * 64 + ty*4 + i, columns tx*2 + 32*j + (0, 1): acc[i * 6 + 2*j + e].
  */
 template <class T, int MATH>
-__device__ __forceinline__ void dg_chunk_math(float acc[48], const unsigned char *stage, int tid)
+__device__ __forceinline__ void dg_chunk_math(float acc[48], const unsigned char *atile,
+                                              const unsigned char *btile, int tid)
 {
     using G = dg_geom<T, MATH>;
     const int lane = tid & 31, warp = tid >> 5;
     if constexpr (MATH == MATH_FFMA) {
         const int tx = tid & 15, ty = tid >> 4;
-        const float *fa = (const float *)stage, *fb = (const float *)(stage + G::A_BYTES);
+        const float *fa = (const float *)atile, *fb = (const float *)btile;
 #pragma unroll
         for (int k = 0; k < G::BK; k++) {
             float a[8], b[6];
@@ -104,7 +134,7 @@ __device__ __forceinline__ void dg_chunk_math(float acc[48], const unsigned char
         }
     } else if constexpr (MATH == MATH_TF32) {
         const int wm = warp >> 1, wn = warp & 1, g = lane >> 2, t4 = lane & 3;
-        const uint32_t *fa = (const uint32_t *)stage, *fb = (const uint32_t *)(stage + G::A_BYTES);
+        const uint32_t *fa = (const uint32_t *)atile, *fb = (const uint32_t *)btile;
 #pragma unroll
         for (int ks = 0; ks < G::BK / 8; ks++) {
             const int k0 = ks * 8 + t4;
@@ -132,8 +162,8 @@ __device__ __forceinline__ void dg_chunk_math(float acc[48], const unsigned char
     } else {
         /* bf16: both tiles are k-major, so both are read by ldmatrix.trans */
         const int wm = warp >> 1, wn = warp & 1;
-        const uint32_t sa = (uint32_t)__cvta_generic_to_shared(stage);
-        const uint32_t sb = sa + G::A_BYTES;
+        const uint32_t sa = (uint32_t)__cvta_generic_to_shared(atile);
+        const uint32_t sb = (uint32_t)__cvta_generic_to_shared(btile);
         /* A matrices (m 0-7 | 8-15) x (k 0-7 | 8-15) in a0..a3 order; B (k 0-7 | 8-15) x (n 0-7 | 8-15) */
         const uint32_t a_lane = ((((lane >> 4) & 1) * 8 + (lane & 7)) * G::LDA + wm * 32 +
                                  ((lane >> 3) & 1) * 8) * 2;
@@ -194,13 +224,12 @@ __device__ __forceinline__ void dg_store_dcol(const float acc[48], float *dcol, 
 }
 
 template <class T, int MATH>
-__global__ void __launch_bounds__(DG_THREADS, 2) dgrad_tile_kernel(const __grid_constant__ dg_params<T> p)
+__global__ void __launch_bounds__(DG_THREADS, 1) dgrad_tile_kernel(const __grid_constant__ dg_params<T> p)
 {
     using G = dg_geom<T, MATH>;
     constexpr int BK = G::BK;
     extern __shared__ __align__(16) unsigned char dg_smem[];
-    float *dcol = (float *)(dg_smem + DG_STAGES * G::STAGE_BYTES);
-    int16_t *tab = (int16_t *)(dg_smem + DG_STAGES * G::STAGE_BYTES + G::DCOL_BYTES);
+    int16_t *tab = (int16_t *)(dg_smem + G::TAB_OFF);
     int16_t *tcount = tab + DG_TAB_MAX;
     const int tid = threadIdx.x;
 
@@ -222,59 +251,89 @@ __global__ void __launch_bounds__(DG_THREADS, 2) dgrad_tile_kernel(const __grid_
         }
         tcount[px] = (int16_t)n;
     }
+    __syncthreads();
 
-    const int kcs = p.kpad / BK;
-    const int mine = (int)blockIdx.x < p.items ? (p.items - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x : 0;
-    const int total = mine * kcs;
-    const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(dg_smem);
-    int issued = 0;
-    /* Chunk number `issued` of this block's sequence (item after item) into its stage; always one group. */
-    auto issue = [&]() {
-        if (issued < total) {
-            const int item = (int)blockIdx.x + (issued / kcs) * (int)gridDim.x, kc = issued % kcs;
-            const int chb = item % p.nchb, sb = item / p.nchb;
-            const unsigned char *ga =
-                (const unsigned char *)(p.apack + ((size_t)chb * p.kpad + (size_t)kc * BK) * DG_BM);
-            const unsigned char *gb =
-                (const unsigned char *)(p.bpack + ((size_t)sb * p.kpad + (size_t)kc * BK) * DG_BN);
-            const uint32_t st = s0 + (issued % DG_STAGES) * G::STAGE_BYTES;
-            for (int i = tid; i < G::CHUNKS; i += DG_THREADS) {
-                if (i < BK * G::A_CPR) {
-                    const int r = i / G::A_CPR, c = i - r * G::A_CPR;
-                    cp_async_16(st + r * G::LDA * G::ESZ + c * 16, ga + (size_t)i * 16);
-                } else {
-                    const int j = i - BK * G::A_CPR, r = j / G::B_CPR, c = j - r * G::B_CPR;
-                    cp_async_16(st + G::A_BYTES + r * G::LDB * G::ESZ + c * 16, gb + (size_t)j * 16);
+    /* this block's items: blockIdx.x + j * gridDim.x, j < mine (the grid is at most the items) */
+    const int mine = (p.items - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+
+    if (tid < DG_MMA_THREADS) {
+        /* ---- MMA warps ---- */
+        const int kcs = p.kpad / BK;
+        const uint32_t sa0 = (uint32_t)__cvta_generic_to_shared(dg_smem);
+        const uint32_t sb0 = sa0 + G::B_OFF;
+        int iss_j = 0, iss_kc = 0, issued = 0;
+        const unsigned char *iss_src = nullptr;
+        /* dy chunk number `issued` of this block's sequence into its stage; always one group */
+        auto issue = [&]() {
+            if (iss_j < mine) {
+                if (iss_kc == 0) {
+                    const int sb = ((int)blockIdx.x + iss_j * (int)gridDim.x) / p.nchb;
+                    iss_src = (const unsigned char *)(p.bpack + (size_t)sb * p.kpad * DG_BN);
+                }
+                const unsigned char *gb = iss_src + (size_t)iss_kc * BK * DG_BN * G::ESZ;
+                const uint32_t st = sb0 + (issued % DG_STAGES) * G::B_BYTES;
+                for (int i = tid; i < G::B_CHUNKS; i += DG_MMA_THREADS) {
+                    const int r = i / G::B_CPR, c = i - r * G::B_CPR;
+                    cp_async_16(st + r * G::LDB * G::ESZ + c * 16, gb + (size_t)i * 16);
+                }
+                if (++iss_kc == kcs) {
+                    iss_kc = 0;
+                    iss_j++;
                 }
             }
-        }
-        dg_cp_async_commit();
-        issued++;
-    };
-    for (int s = 0; s < DG_STAGES - 1; s++)
-        issue();
-
-    int seq = 0;
-    for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
-        float acc[48];
-#pragma unroll
-        for (int i = 0; i < 48; i++)
-            acc[i] = 0.0f;
-        for (int kc = 0; kc < kcs; kc++, seq++) {
-            dg_cp_async_wait<DG_STAGES - 2>(); /* chunk seq has landed (this thread's part) */
-            __syncthreads(); /* everyone's part; everyone is done with chunk seq - 1's stage */
+            dg_cp_async_commit();
+            issued++;
+        };
+        for (int s = 0; s < DG_STAGES - 1; s++)
             issue();
-            dg_chunk_math<T, MATH>(acc, dg_smem + (seq % DG_STAGES) * G::STAGE_BYTES, tid);
-        }
-        /* dcol is free: the previous item's col2im ended before the syncs of this item's loop */
-        dg_store_dcol<T, MATH>(acc, dcol, tid);
-        __syncthreads();
 
+        int cur_chb = -1, seq = 0;
+        for (int j = 0; j < mine; j++) {
+            const int chb = ((int)blockIdx.x + j * (int)gridDim.x) % p.nchb;
+            if (chb != cur_chb) {
+                /* (re)load w^T of this channel block: once per block unless the grid is small */
+                dg_bar_sync(DG_BAR_MMA, DG_MMA_THREADS); /* nobody still reads the old one */
+                const unsigned char *ga =
+                    (const unsigned char *)(p.apack + (size_t)chb * p.kpad * DG_BM);
+                for (int i = tid; i < p.kpad * G::A_CPR; i += DG_MMA_THREADS) {
+                    const int r = i / G::A_CPR, c = i - r * G::A_CPR;
+                    cp_async_16(sa0 + r * G::LDA * G::ESZ + c * 16, ga + (size_t)i * 16);
+                }
+                cp_async_wait_all(); /* visible to all at the next MMA barrier */
+                cur_chb = chb;
+            }
+            float acc[48];
+#pragma unroll
+            for (int i = 0; i < 48; i++)
+                acc[i] = 0.0f;
+            for (int kc = 0; kc < kcs; kc++, seq++) {
+                dg_cp_async_wait<DG_STAGES - 2>(); /* chunk seq has landed (this thread's part) */
+                dg_bar_sync(DG_BAR_MMA, DG_MMA_THREADS); /* everyone's; chunk seq - 1's stage is free */
+                issue();
+                dg_chunk_math<T, MATH>(acc, dg_smem + kc * BK * G::LDA * G::ESZ,
+                                       dg_smem + G::B_OFF + (seq % DG_STAGES) * G::B_BYTES, tid);
+            }
+            const int buf = j & 1;
+            if (j >= 2) /* the col2im warps are done with item j - 2 */
+                dg_bar_sync(DG_BAR_EMPTY + buf, DG_THREADS);
+            dg_store_dcol<T, MATH>(acc, (float *)(dg_smem + G::DCOL_OFF + buf * G::DCOL_BYTES), tid);
+            dg_bar_arrive(DG_BAR_FULL + buf, DG_THREADS);
+        }
+        dg_cp_async_wait<0>(); /* only empty groups remain; leave nothing in flight */
+        return;
+    }
+
+    /* ---- col2im warps ---- */
+    const int ctid = tid - DG_MMA_THREADS;
+    const int cstride = p.taps * G::DLD; /* dcol rows of one channel */
+    for (int j = 0; j < mine; j++) {
+        const int item = (int)blockIdx.x + j * (int)gridDim.x, buf = j & 1;
         const int chb = item % p.nchb, sb = item / p.nchb;
         const int n0 = sb * p.nb, c0 = chb * p.cb;
         const int nval = min(p.nb, p.nsamples - n0), cval = min(p.cb, p.C - c0);
-        const int cstride = p.taps * G::DLD; /* dcol rows of one channel */
-        for (int e = tid; e < nval * p.hw; e += DG_THREADS) {
+        const float *dcol = (const float *)(dg_smem + G::DCOL_OFF + buf * G::DCOL_BYTES);
+        dg_bar_sync(DG_BAR_FULL + buf, DG_THREADS);
+        for (int e = ctid; e < nval * p.hw; e += DG_THREADS - DG_MMA_THREADS) {
             const int nl = (int)fastdiv_q(p.hw_div, (uint32_t)e), px = e - nl * p.hw;
             const int cnt = tcount[px];
             const int16_t *ent = tab + px * p.maxt;
@@ -302,8 +361,9 @@ __global__ void __launch_bounds__(DG_THREADS, 2) dgrad_tile_kernel(const __grid_
                 }
             }
         }
+        if (j + 2 < mine) /* the MMA warps wait for this buffer only if they fill it again */
+            dg_bar_arrive(DG_BAR_EMPTY + buf, DG_THREADS);
     }
-    dg_cp_async_wait<0>(); /* only empty groups remain; leave nothing in flight */
 }
 
 /*
@@ -328,8 +388,8 @@ __global__ void __launch_bounds__(DG_BM) dgrad_pack_w_kernel(const T *w, int OC,
  * bpack[sb][k][DG_BN] = dy[sb * nb + col / ohw][k][col % ohw] (masked by mask > 0
  * when mask is given), zero past OC, past the block's nb * ohw columns and past
  * the last sample.  dy and mask point at the launch's first sample.  Launched with
- * blockDim (DG_BN, DG_PACK_ROWS): a thread keeps its column, each y a row (sb, k)
- * of a grid-stride loop, so the index math is a few 32-bit operations a row.
+ * blockDim (DG_BN, DG_PACK_ROWS): a thread keeps its column; a block walks whole
+ * sample blocks, DG_PACK_ROWS k rows at a time (no division per element).
  */
 enum { DG_PACK_ROWS = 4 };
 template <class T, int MATH>
@@ -337,19 +397,23 @@ __global__ void __launch_bounds__(DG_BN * DG_PACK_ROWS) dgrad_pack_dy_kernel(
     const T *dy, const T *mask, int OC, int ohw, int nb, int nsamples, int nsb, int kpad, T *out)
 {
     const int col = threadIdx.x, nl = col / ohw, q = col - nl * ohw;
-    const int rows = nsb * kpad;
-    for (int row = blockIdx.x * DG_PACK_ROWS + threadIdx.y; row < rows; row += gridDim.x * DG_PACK_ROWS) {
-        const int sb = row / kpad, k = row - sb * kpad, n = sb * nb + nl;
-        T v = T(0);
-        if (nl < nb && n < nsamples && k < OC) {
-            const size_t off = ((size_t)n * OC + k) * ohw + q;
-            v = __ldg(dy + off);
-            if (mask != nullptr && !(elem_to_float(__ldg(mask + off)) > 0.0f))
-                v = T(0);
+    for (int sb = blockIdx.x; sb < nsb; sb += gridDim.x) {
+        const int n = sb * nb + nl;
+        const bool live = nl < nb && n < nsamples;
+        const size_t base = ((size_t)n * OC) * ohw + q;
+        T *o = out + (size_t)sb * kpad * DG_BN + col;
+        for (int k = threadIdx.y; k < kpad; k += DG_PACK_ROWS) {
+            T v = T(0);
+            if (live && k < OC) {
+                const size_t off = base + (size_t)k * ohw;
+                v = __ldg(dy + off);
+                if (mask != nullptr && !(elem_to_float(__ldg(mask + off)) > 0.0f))
+                    v = T(0);
+            }
+            if constexpr (MATH == MATH_TF32)
+                v = __uint_as_float(f32_to_tf32(v));
+            o[(size_t)k * DG_BN] = v;
         }
-        if constexpr (MATH == MATH_TF32)
-            v = __uint_as_float(f32_to_tf32(v));
-        out[(size_t)row * DG_BN + col] = v;
     }
 }
 
