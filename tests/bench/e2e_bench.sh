@@ -69,6 +69,9 @@ echo "== one client: ping (the socket round trip alone), then nmmo3_encode bf16 
 daemon_start
 "$ctl" --url "$sock" bench --op ping --concurrency 1 --warmup-s 1 --window-s 1 --csv "$out/e2e_ping.csv" >/dev/null
 csv_fields "$out/e2e_ping.csv" requests_per_s p50_us p99_us client_transport_us server_queue_us server_other_us
+# The same at the encoder's request rate: idle threads between requests wake up slower.
+"$ctl" --url "$sock" bench --op ping --rate 1500 --concurrency 1 --warmup-s 1 --window-s 1 --csv "$out/e2e_ping_slow.csv" >/dev/null
+csv_fields "$out/e2e_ping_slow.csv" requests_per_s p50_us p99_us client_transport_us server_queue_us server_other_us
 for b in $SIZES; do
     encode "$out/e2e_b$b.csv" "$b" 1 --warmup-s 2 --window-s 2
     csv_fields "$out/e2e_b$b.csv" batch requests_per_s p50_us p99_us client_transport_us \

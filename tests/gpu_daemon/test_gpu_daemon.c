@@ -489,7 +489,22 @@ static gk_nmmo3_weights nmmo3_set_gk(const nmmo3_set *ws, int proj)
     return g;
 }
 
-/* Forward: weights resident, obs in a region, features and hidden inline; against the CPU. */
+/* The daemon's count of requests replayed as CUDA graphs, from its stats. */
+static uint64_t graph_replays(gpucd_client *c)
+{
+    char *json = NULL;
+    CALL_OK(gpucd_stats_json(c, &json));
+    const char *at = strstr(json, "\"graphs\":{\"replays\":");
+    assert_non_null(at);
+    uint64_t n = strtoull(at + strlen("\"graphs\":{\"replays\":"), NULL, 10);
+    free(json);
+    return n;
+}
+
+/*
+ * Forward: weights resident, obs in a region, features and hidden inline;
+ * against the CPU, then repeated (a replayed graph must give the same bytes).
+ */
 static void nmmo3_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, int proj)
 {
     const int64_t H = 64;
@@ -538,6 +553,24 @@ static void nmmo3_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, int proj)
         if (!(e < tol))
             fail_msg("nmmo3 hidden rel err %.3g > %.3g", e, tol);
     }
+
+    /* The same request twice more: captured as a graph, then replayed; the same bytes. */
+    uint64_t replays0 = graph_replays(c);
+    for (int again = 0; again < 2; again++) {
+        void *f2 = xmalloc((size_t)rows * 1817 * es), *h2 = xmalloc((size_t)rows * H * es);
+        poison(f2, (size_t)rows * 1817 * es), poison(h2, (size_t)rows * H * es);
+        gpucd_tensor tf2 = gpucd_tensor_host(f2, dt, 2, TH_SHAPE(rows, 1817));
+        gpucd_tensor th2 = gpucd_tensor_host(h2, dt, 2, TH_SHAPE(rows, H));
+        CALL_OK(gpucd_nmmo3_encode(c, &nw, &to, &tf2, proj ? &th2 : NULL, NULL));
+        assert_memory_equal(f2, feat, (size_t)rows * 1817 * es);
+        if (proj)
+            assert_memory_equal(h2, hid, (size_t)rows * H * es);
+        free(f2), free(h2);
+    }
+    uint64_t replays1 = graph_replays(c);
+    printf("nmmo3 %s rows %lld: graph replays %llu -> %llu\n", dt == GPUCD_BF16 ? "bf16" : "f32",
+           (long long)rows, (unsigned long long)replays0, (unsigned long long)replays1);
+    assert_true(replays1 > replays0);
 
     /* Out-of-range values fail with the CPU's message: a map value, then a player value. */
     const char *what[2] = {"map value", "player value"};
