@@ -42,7 +42,8 @@
 
 namespace {
 
-constexpr int THREADS = 256;
+constexpr int THREADS = 256; /* one-hot as A; the pack kernel */
+constexpr int WA_THREADS = 512; /* weights as A: 16 warps of 64 channels x 24 rows */
 constexpr int AGENTS = 16;                 /* agents a tile */
 constexpr int PIXELS = 12;                 /* conv1 output pixels an agent (3 x 4) */
 constexpr int ROWS = AGENTS * PIXELS;      /* 192 GEMM rows a tile */
@@ -83,12 +84,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p)
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
-/* cp.async of the first n (0..16) bytes of a 16-byte chunk, the rest zero-filled. */
-__device__ __forceinline__ void cp_async_16_part(uint32_t dst, const void *src, int n)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n)
-                 : "memory");
-}
 __device__ __forceinline__ void cp_async_commit()
 {
     asm volatile("cp.async.commit_group;" ::: "memory");
@@ -153,14 +148,15 @@ __device__ __forceinline__ void store_pair(float *p, float v0, float v1)
  * aligned: obs is 16-byte aligned, so a tile's bytes (16 x 1707, a multiple
  * of 16) come by cp.async; otherwise the masks read them from global memory.
  */
-template <class T, int NSPLIT>
-__global__ void __launch_bounds__(THREADS, 1)
+template <class T, int NSPLIT, bool WA>
+__global__ void __launch_bounds__(WA ? WA_THREADS : THREADS, 1)
 conv1_obs_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ pack,
                  const T *__restrict__ bias, T *__restrict__ nchw, T *__restrict__ whc,
                  int batch, int tiles,
                  int aligned, unsigned long long *rec)
 {
     using G = geom<NSPLIT>;
+    constexpr int NT = WA ? WA_THREADS : THREADS;
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned long long *masks = reinterpret_cast<unsigned long long *>(smem + G::MASK_AT);
     uint8_t *raw = smem + G::RAW_AT;
@@ -172,7 +168,7 @@ conv1_obs_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ p
         const unsigned char *src = reinterpret_cast<const unsigned char *>(pack) +
                                    (size_t)tap * OC * G::KROW * 2;
         const uint32_t dst = smem_u32(smem + stage * G::STAGE_BYTES);
-        for (int c = tid; c < OC * CPR; c += THREADS) {
+        for (int c = tid; c < OC * CPR; c += NT) {
             const int r = c / CPR, p = c - r * CPR;
             cp_async_16(dst + r * G::ROW_BYTES + p * 16, src + (size_t)c * 16);
         }
@@ -184,13 +180,20 @@ conv1_obs_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ p
         const int bytes = nb * GK_NMMO3_OBS_BYTES;
         const uint8_t *src = obs + (size_t)b0 * GK_NMMO3_OBS_BYTES;
         const uint32_t dst = smem_u32(raw);
-        for (int c = tid; c * 16 < bytes; c += THREADS)
-            cp_async_16_part(dst + c * 16, src + c * 16, min(16, bytes - c * 16));
+        for (int c = tid; c * 16 < bytes; c += NT) {
+            if (c * 16 + 16 <= bytes) {
+                cp_async_16(dst + c * 16, src + c * 16);
+            } else {
+                /* the batch's last bytes: never a 16-byte read past the end */
+                for (int k = c * 16; k < bytes; k++)
+                    raw[k] = src[k];
+            }
+        }
     };
     /* One 64-bit channel mask per (agent, input pixel) of tile t; agents past the batch: 0. */
     auto build_masks = [&](int t) {
         const int b0 = t * AGENTS;
-        for (int i = tid; i < AGENTS * MAP_PIX; i += THREADS) {
+        for (int i = tid; i < AGENTS * MAP_PIX; i += NT) {
             const int a = i / MAP_PIX, p = i - a * MAP_PIX;
             unsigned long long m = 0;
             if (b0 + a < batch) {
@@ -210,17 +213,25 @@ conv1_obs_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ p
         }
     };
 
-    /* This thread's 6 rows (3 m16 tiles x 2 halves): where their tap-(0,0) pixel masks sit. */
+    /*
+     * This thread's one-hot rows and where their tap-(0,0) pixel masks sit: one-hot as A,
+     * 6 rows (3 m16 tiles x rows g, g + 8); weights as A, 3 rows (n8 tiles, column g).
+     */
     int mrow[3][2];
 #pragma unroll
     for (int i = 0; i < 3; i++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int r = wm * WARP_ROWS + i * 16 + h * 8 + g, a = r / PIXELS, o = r - a * PIXELS;
+            const int r = WA ? (warp >> 1) * 24 + i * 8 + g : wm * WARP_ROWS + i * 16 + h * 8 + g;
+            const int a = r / PIXELS, o = r - a * PIXELS;
             mrow[i][h] = a * MAP_PIX + (o >> 2) * 3 * MAP_W + (o & 3) * 3;
         }
-    /* ldmatrix.x4 lane address inside a stage: n row and k byte offset for n pair 0, k16 step 0. */
-    const int ld_n = wn * 64 + (lane >> 4) * 8 + (lane & 7), ld_k = ((lane >> 3) & 1) * 8;
+    /*
+     * ldmatrix.x4 lane address inside a stage for k16 step 0: one-hot as A, the weights are
+     * B (n pair 0 of this warp's 64 channels); weights as A, m16 tile 0 of the 128 channels.
+     */
+    const int ld_n = WA ? (warp & 1) * 64 + (lane & 15) : wn * 64 + (lane >> 4) * 8 + (lane & 7);
+    const int ld_k = WA ? (lane >> 4) * 8 : ((lane >> 3) & 1) * 8;
     const uint32_t ld_base = smem_u32(smem) + ld_n * G::ROW_BYTES + ld_k * 2;
 
     int tile = blockIdx.x;
@@ -232,7 +243,8 @@ conv1_obs_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ p
     issue_weights(1, 1);
     cp_async_commit();
 
-    float acc[3][8][4] = {};
+    /* one-hot as A: [m16 tile of rows][n8 tile of channels]; weights as A: [m16 of channels][n8 of rows] */
+    float acc[WA ? 4 : 3][WA ? 3 : 8][4] = {};
     int stage = 0;
     for (; tile < tiles; tile += gridDim.x) {
         for (int tap = 0; tap < TAPS; tap++) {
@@ -244,9 +256,9 @@ conv1_obs_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ p
                 if (tile + (int)gridDim.x < tiles)
                     issue_bytes(tile + gridDim.x); /* the bytes were read by build_masks */
 #pragma unroll
-                for (int i = 0; i < 3; i++)
+                for (int i = 0; i < (WA ? 4 : 3); i++)
 #pragma unroll
-                    for (int j = 0; j < 8; j++)
+                    for (int j = 0; j < (WA ? 3 : 8); j++)
 #pragma unroll
                         for (int e = 0; e < 4; e++)
                             acc[i][j][e] = 0.0f;
@@ -258,37 +270,67 @@ conv1_obs_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ p
             cp_async_commit();
 
             const int kh = tap / 5, toff = kh * MAP_W + (tap - kh * 5);
-            uint2 mk[3][2];
-#pragma unroll
-            for (int i = 0; i < 3; i++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const unsigned long long m = masks[mrow[i][h] + toff];
-                    mk[i][h] = make_uint2((uint32_t)m, (uint32_t)(m >> 32));
-                }
             const uint32_t sbase = ld_base + stage * G::STAGE_BYTES;
+            if constexpr (WA) {
+                uint2 mk[3];
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                /* A: rows g and g+8, k = 16 kk + 2q (+1) and + 8 (+9). */
-                uint32_t a[3][4];
+                for (int t = 0; t < 3; t++) {
+                    const unsigned long long m = masks[mrow[t][0] + toff];
+                    mk[t] = make_uint2((uint32_t)m, (uint32_t)(m >> 32));
+                }
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    /* B: column g, k = 16 kk + 2q (+1) and + 8 (+9). */
+                    uint32_t b[3][2];
+#pragma unroll
+                    for (int t = 0; t < 3; t++) {
+                        const uint32_t y = (kk < 2 ? mk[t].x : mk[t].y) >> (16 * (kk & 1) + 2 * q);
+                        b[t][0] = bits_to_bf16x2(y);
+                        b[t][1] = bits_to_bf16x2(y >> 8);
+                    }
+#pragma unroll
+                    for (int s = 0; s < NSPLIT; s++)
+#pragma unroll
+                        for (int m = 0; m < 4; m++) {
+                            uint32_t a[4];
+                            ldmatrix_x4(a, sbase + m * 16 * G::ROW_BYTES + (s * KC + kk * 16) * 2);
+#pragma unroll
+                            for (int t = 0; t < 3; t++)
+                                mma_16x8<MATH_BF16>(acc[m][t], a, b[t]);
+                        }
+                }
+            } else {
+                uint2 mk[3][2];
 #pragma unroll
                 for (int i = 0; i < 3; i++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        const uint32_t y = (kk < 2 ? mk[i][h].x : mk[i][h].y) >> (16 * (kk & 1) + 2 * q);
-                        a[i][h] = bits_to_bf16x2(y);
-                        a[i][2 + h] = bits_to_bf16x2(y >> 8);
+                        const unsigned long long m = masks[mrow[i][h] + toff];
+                        mk[i][h] = make_uint2((uint32_t)m, (uint32_t)(m >> 32));
                     }
 #pragma unroll
-                for (int s = 0; s < NSPLIT; s++) {
+                for (int kk = 0; kk < 4; kk++) {
+                    /* A: rows g and g+8, k = 16 kk + 2q (+1) and + 8 (+9). */
+                    uint32_t a[3][4];
 #pragma unroll
-                    for (int jp = 0; jp < 4; jp++) {
-                        uint32_t b[4];
-                        ldmatrix_x4(b, sbase + jp * 16 * G::ROW_BYTES + (s * KC + kk * 16) * 2);
+                    for (int i = 0; i < 3; i++)
 #pragma unroll
-                        for (int i = 0; i < 3; i++) {
-                            mma_16x8<MATH_BF16>(acc[i][2 * jp], a[i], b);
-                            mma_16x8<MATH_BF16>(acc[i][2 * jp + 1], a[i], b + 2);
+                        for (int h = 0; h < 2; h++) {
+                            const uint32_t y = (kk < 2 ? mk[i][h].x : mk[i][h].y) >> (16 * (kk & 1) + 2 * q);
+                            a[i][h] = bits_to_bf16x2(y);
+                            a[i][2 + h] = bits_to_bf16x2(y >> 8);
+                        }
+#pragma unroll
+                    for (int s = 0; s < NSPLIT; s++) {
+#pragma unroll
+                        for (int jp = 0; jp < 4; jp++) {
+                            uint32_t b[4];
+                            ldmatrix_x4(b, sbase + jp * 16 * G::ROW_BYTES + (s * KC + kk * 16) * 2);
+#pragma unroll
+                            for (int i = 0; i < 3; i++) {
+                                mma_16x8<MATH_BF16>(acc[i][2 * jp], a[i], b);
+                                mma_16x8<MATH_BF16>(acc[i][2 * jp + 1], a[i], b + 2);
+                            }
                         }
                     }
                 }
@@ -300,29 +342,58 @@ conv1_obs_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ p
          * Epilogue: bias, ReLU, one rounding; nchw (b, oc, oh, ow) = b * 1536 + oc * 12 +
          * pixel, whc (b, ow, oh, oc) = b * 1536 + (ow * 3 + oh) * 128 + oc.
          */
+        if constexpr (WA) {
+            /* rows 24 (warp / 2) + 8 t + 2q (+1): one agent (12 is even), adjacent pixels */
 #pragma unroll
-        for (int i = 0; i < 3; i++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int r = wm * WARP_ROWS + i * 16 + h * 8 + g, a = r / PIXELS;
+            for (int t = 0; t < 3; t++) {
+                const int r = (warp >> 1) * 24 + t * 8 + 2 * q, a = r / PIXELS;
                 const int agent = tile * AGENTS + a, pix = r - a * PIXELS;
                 if (agent >= batch)
                     continue;
                 T *o = nchw + (size_t)agent * C1_ELEMS + pix;
-                T *t = whc + (size_t)agent * C1_ELEMS + ((pix & 3) * 3 + (pix >> 2)) * OC;
+                T *w0 = whc + (size_t)agent * C1_ELEMS + ((pix & 3) * 3 + (pix >> 2)) * OC;
+                T *w1 = whc + (size_t)agent * C1_ELEMS + (((pix + 1) & 3) * 3 + ((pix + 1) >> 2)) * OC;
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const int n = wn * 64 + j * 8 + 2 * q;
-                    const float v0 = fmaxf(acc[i][j][2 * h] + bias_at(bias, n), 0.0f);
-                    const float v1 = fmaxf(acc[i][j][2 * h + 1] + bias_at(bias, n + 1), 0.0f);
-                    if (nchw != nullptr) {
-                        o[n * PIXELS] = elem_from_float<T>(v0);
-                        o[(n + 1) * PIXELS] = elem_from_float<T>(v1);
+                for (int m = 0; m < 4; m++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int n = (warp & 1) * 64 + m * 16 + h * 8 + g;
+                        const float bn = bias_at(bias, n);
+                        const float v0 = fmaxf(acc[m][t][2 * h] + bn, 0.0f);
+                        const float v1 = fmaxf(acc[m][t][2 * h + 1] + bn, 0.0f);
+                        if (nchw != nullptr)
+                            store_pair(o + n * PIXELS, v0, v1);
+                        if (whc != nullptr) {
+                            w0[n] = elem_from_float<T>(v0);
+                            w1[n] = elem_from_float<T>(v1);
+                        }
                     }
-                    if (whc != nullptr)
-                        store_pair(t + n, v0, v1);
-                }
             }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 3; i++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int r = wm * WARP_ROWS + i * 16 + h * 8 + g, a = r / PIXELS;
+                    const int agent = tile * AGENTS + a, pix = r - a * PIXELS;
+                    if (agent >= batch)
+                        continue;
+                    T *o = nchw + (size_t)agent * C1_ELEMS + pix;
+                    T *t = whc + (size_t)agent * C1_ELEMS + ((pix & 3) * 3 + (pix >> 2)) * OC;
+#pragma unroll
+                    for (int j = 0; j < 8; j++) {
+                        const int n = wn * 64 + j * 8 + 2 * q;
+                        const float v0 = fmaxf(acc[i][j][2 * h] + bias_at(bias, n), 0.0f);
+                        const float v1 = fmaxf(acc[i][j][2 * h + 1] + bias_at(bias, n + 1), 0.0f);
+                        if (nchw != nullptr) {
+                            o[n * PIXELS] = elem_from_float<T>(v0);
+                            o[(n + 1) * PIXELS] = elem_from_float<T>(v1);
+                        }
+                        if (whc != nullptr)
+                            store_pair(t + n, v0, v1);
+                    }
+                }
+        }
     }
     cp_async_wait_group<0>();
 }
@@ -365,16 +436,17 @@ size_t pack_bytes(gk_dtype dt)
     return dt == GK_BF16 ? geom<1>::PACK_BYTES : geom<3>::PACK_BYTES;
 }
 
-template <class T, int NSPLIT>
+template <class T, int NSPLIT, bool WA>
 int launch(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw, void *whc,
            const gk_cuda_exec *ex, gk_err *err)
 {
     using G = geom<NSPLIT>;
-    auto kernel = conv1_obs_kernel<T, NSPLIT>;
+    auto kernel = conv1_obs_kernel<T, NSPLIT, WA>;
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, G::SMEM);
     int per_sm = 0;
     if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, THREADS, G::SMEM);
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, WA ? WA_THREADS : THREADS,
+                                                          G::SMEM);
     if (e != cudaSuccess || per_sm < 1)
         return gk_fail(err, GK_EDEVICE, "nmmo3 conv1 (cuda): %d bytes of shared memory: %s",
                        G::SMEM, e != cudaSuccess ? cudaGetErrorString(e) : "no block fits");
@@ -389,7 +461,7 @@ int launch(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *n
     if (grid > tiles)
         grid = tiles;
     const int aligned = (uintptr_t)obs->data % 16 == 0;
-    kernel<<<(unsigned)grid, THREADS, G::SMEM, ex->stream>>>(
+    kernel<<<(unsigned)grid, WA ? WA_THREADS : THREADS, G::SMEM, ex->stream>>>(
         (const uint8_t *)obs->data, pack, (const T *)b->data, (T *)nchw, (T *)whc, batch, tiles,
         aligned, rec);
     return obs_launch_check("nmmo3 conv1", err);
@@ -398,7 +470,7 @@ int launch(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *n
 } // namespace
 
 int conv1_obs_enqueue(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw,
-                      void *whc, const gk_cuda_exec *ex, gk_err *err)
+                      void *whc, int variant, const gk_cuda_exec *ex, gk_err *err)
 {
     int rc;
     if ((rc = obs_workspace_check(ex, pack_bytes(w->dtype), "nmmo3 conv1", err)) ||
@@ -406,8 +478,11 @@ int conv1_obs_enqueue(const gk_tensor *w, const gk_tensor *b, const gk_tensor *o
         return rc;
     if ((uintptr_t)ex->workspace % 16 != 0)
         return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): the workspace must be 16-byte aligned");
-    return w->dtype == GK_BF16 ? launch<uint16_t, 1>(w, b, obs, nchw, whc, ex, err)
-                               : launch<float, 3>(w, b, obs, nchw, whc, ex, err);
+    if (variant == CONV1_OBS_WEIGHTS_A)
+        return w->dtype == GK_BF16 ? launch<uint16_t, 1, true>(w, b, obs, nchw, whc, ex, err)
+                                   : launch<float, 3, true>(w, b, obs, nchw, whc, ex, err);
+    return w->dtype == GK_BF16 ? launch<uint16_t, 1, false>(w, b, obs, nchw, whc, ex, err)
+                               : launch<float, 3, false>(w, b, obs, nchw, whc, ex, err);
 }
 
 extern "C" int gk_cuda_nmmo3_conv1_workspace_bytes(const gk_tensor *conv1_w, size_t *bytes,
@@ -424,7 +499,8 @@ extern "C" int gk_cuda_nmmo3_conv1(const gk_tensor *conv1_w, const gk_tensor *co
                                    const gk_cuda_exec *ex, gk_err *err)
 {
     const int rc = check(conv1_w, conv1_b, obs, c1, err);
-    return rc ? rc : conv1_obs_enqueue(conv1_w, conv1_b, obs, c1->data, NULL, ex, err);
+    return rc ? rc : conv1_obs_enqueue(conv1_w, conv1_b, obs, c1->data, NULL, CONV1_OBS_DEFAULT, ex,
+                                       err);
 }
 
 extern "C" int gk_cuda_nmmo3_conv1_status(const gk_tensor *obs, const gk_cuda_exec *ex,

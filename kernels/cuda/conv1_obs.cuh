@@ -8,6 +8,20 @@
 
 #include "gk_cuda.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Which mma operand the one-hot is (both exact, bitwise reproducible):
+ * ONEHOT_A, 8 warps of 48 rows x 64 channels (222 registers), the one-hot
+ * fragments made from the masks in registers, the weights by ldmatrix;
+ * WEIGHTS_A, 16 warps of 24 rows x 64 channels (at most 128 registers: twice
+ * the warps to hide the mma latency, which limits ONEHOT_A at 8 warps an SM),
+ * the weights as A by ldmatrix and the one-hot as B.
+ */
+enum { CONV1_OBS_ONEHOT_A = 0, CONV1_OBS_WEIGHTS_A = 1, CONV1_OBS_DEFAULT = CONV1_OBS_WEIGHTS_A };
+
 /*
  * c1 = relu(conv1(multihot(obs)) + b) into nchw, (B, 128, 3, 4), and/or whc,
  * (B, 4, 3, 128): per agent the 4 columns of 3 rows of 128 channels, so that
@@ -17,6 +31,10 @@
  * (gk_cuda_nmmo3_conv1_workspace_bytes).
  */
 int conv1_obs_enqueue(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw,
-                      void *whc, const gk_cuda_exec *ex, gk_err *err);
+                      void *whc, int variant, const gk_cuda_exec *ex, gk_err *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

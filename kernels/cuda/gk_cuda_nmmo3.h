@@ -3,8 +3,8 @@
  *
  * Composed on ex->stream, never synchronising: conv1 + bias + ReLU straight
  * from the observation bytes (conv1_obs.cu: the 59-channel multihot image is
- * never materialised) -> conv2 + bias (a cuBLAS strided-batched GEMM on
- * conv1's output in window order when ex->blas is given, else the
+ * never materialised) -> conv2 + bias (bf16 with ex->blas given: a cuBLAS
+ * strided-batched GEMM on conv1's output in window order; else the
  * convolution kernel) -> one assembly kernel that writes each
  * features row [conv2 256 | player embedding 1504 | player values 47 |
  * rewards 10] -> optionally the projection relu(features . proj_w^T +

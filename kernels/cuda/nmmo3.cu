@@ -252,18 +252,24 @@ extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_te
     int64_t c1_shape[4] = {B, GK_NMMO3_CONV_CH, 3, 4};
     int64_t c2_shape[4] = {B, GK_NMMO3_CONV_CH, 1, 2};
     const int blas = ex->blas != NULL;
+    /*
+     * conv2 through cuBLAS in bf16 only: measured on the H200 (tests/bench/OBS_RESULTS.md),
+     * its fp32 GEMM of these shapes is slower than the convolution kernel's FFMA.
+     */
+    const int conv2_gemm = blas && dt == GK_BF16;
     /* conv1's output: NCHW where kept or read by the convolution kernel, the window layout for cuBLAS. */
-    void *c1_nchw = gk_tensor_present(c1_out) ? c1_out->data : blas ? NULL : ws + l.c1;
-    void *c1_whc = blas ? ws + l.c1 : NULL;
+    void *c1_nchw = gk_tensor_present(c1_out) ? c1_out->data : conv2_gemm ? NULL : ws + l.c1;
+    void *c1_whc = conv2_gemm ? ws + l.c1 : NULL;
     gk_tensor c2 = view(ws + l.c2, dt, 4, c2_shape);
     void *feat = gk_tensor_present(features) ? features->data : ws + l.feat;
 
     gk_cuda_exec e_c1 = exec_at(ex, l.conv1, l.conv1_bytes);
     gk_cuda_exec e_conv = exec_at(ex, l.scratch, ex->workspace_bytes - l.scratch);
-    if ((rc = conv1_obs_enqueue(&w->conv1_w, &w->conv1_b, obs, c1_nchw, c1_whc, &e_c1, err)))
+    if ((rc = conv1_obs_enqueue(&w->conv1_w, &w->conv1_b, obs, c1_nchw, c1_whc, CONV1_OBS_DEFAULT,
+                                 &e_c1, err)))
         return rc;
     const cudaDataType_t cdt = dt == GK_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    if (blas) {
+    if (conv2_gemm) {
         void *w2r = ws + l.w2r;
         const unsigned rg = grid_for((size_t)GK_NMMO3_CONV_CH * GK_NMMO3_CONV_CH * 9, ex->sm_count);
         if (dt == GK_BF16)
@@ -301,7 +307,7 @@ extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_te
     const unsigned ld = !gk_tensor_present(features) && blas ? FEAT_LD : GK_NMMO3_FEATURES;
     const unsigned grid = rows < (unsigned)ex->sm_count * 8 ? (rows ? rows : 1) : (unsigned)ex->sm_count * 8;
     const uint8_t *o = (const uint8_t *)obs->data;
-    const float *c2acc = blas ? (const float *)c2.data : NULL;
+    const float *c2acc = conv2_gemm ? (const float *)c2.data : NULL;
     if (dt == GK_BF16)
         assemble_kernel<__nv_bfloat16><<<grid, THREADS, 0, ex->stream>>>(
             o, (const __nv_bfloat16 *)c2.data, c2acc, (const __nv_bfloat16 *)w->conv2_b.data,

@@ -20,7 +20,8 @@
  * REFERENCE.md section 4's (bf16 769 TFLOP/s, fp32 without tf32 50.4) and
  * the copy bandwidth measured here.
  *
- * Usage: obs_bench [--quick]   (--quick: fewer iterations)
+ * Usage: obs_bench [--quick | --conv1]   (--quick: fewer iterations; --conv1:
+ * only conv1 bf16 at B = 32768, a few calls, for a profiler)
  * Prints Markdown tables; the last lines are the summary.
  */
 #include <cuda_runtime.h>
@@ -33,11 +34,13 @@
 
 #include "gk.h"
 #include "gk_cuda.h"
+#include "conv1_obs.cuh"
 #include "gk_cuda_nmmo3.h"
 #include "bench_check.cuh"
 
 
 static int g_warmup = 20, g_iters = 200;
+static int g_conv1_only; /* --conv1: conv1 bf16 at B = 32768 only, a few calls (for a profiler) */
 static cudaStream_t g_stream;
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 
@@ -156,6 +159,7 @@ static const double CONV1_FLOP = 2.0 * 12 * 128 * 1475, CONV2_FLOP = 2.0 * 2 * 1
 static const int HID = 512;
 
 typedef struct c1_ctx {
+    int variant;
     gk_tensor w, b, obs, c1, mh;
     gk_cuda_exec ex_c1, ex_mh, ex_conv;
 } c1_ctx;
@@ -164,7 +168,7 @@ static int c1_fused_run(void *ctx, const gk_cuda_exec *ex, gk_err *err)
 {
     (void)ex;
     c1_ctx *c = (c1_ctx *)ctx;
-    return gk_cuda_nmmo3_conv1(&c->w, &c->b, &c->obs, &c->c1, &c->ex_c1, err);
+    return conv1_obs_enqueue(&c->w, &c->b, &c->obs, c->c1.data, NULL, c->variant, &c->ex_c1, err);
 }
 
 static const gk_conv2d conv1_p = {3, 3, 0, 0, 1, 0}, conv2_p = {1, 1, 0, 0, 0, 0};
@@ -244,7 +248,7 @@ static int nmmo3_bench(const gk_cuda_exec *ex0, int sms)
     printf("|---|---|---|---|---|---|---|---|\n");
     const int64_t batches[2] = {1024, 32768};
     const gk_dtype dts[2] = {GK_BF16, GK_F32};
-    for (int bi = 0; bi < 2; bi++) {
+    for (int bi = g_conv1_only; bi < 2; bi++) {
         const int64_t B = batches[bi], L = GK_NMMO3_OBS_BYTES;
         uint8_t *h = (uint8_t *)malloc((size_t)(B * L));
         for (int64_t n = 0; n < B; n++)
@@ -255,7 +259,7 @@ static int nmmo3_bench(const gk_cuda_exec *ex0, int sms)
         CK(cudaMemcpy(obs, h, (size_t)(B * L), cudaMemcpyHostToDevice));
         free(h);
         const int64_t oshape[2] = {B, L};
-        for (int d = 0; d < 2; d++) {
+        for (int d = 0; d < 2 - g_conv1_only; d++) {
             const gk_dtype dt = dts[d];
             const size_t es = gk_dtype_size(dt);
             const char *dn = gk_dtype_name(dt);
@@ -280,6 +284,10 @@ static int nmmo3_bench(const gk_cuda_exec *ex0, int sms)
             c.ex_conv = *ex0;
             c.ex_conv.workspace = wconv ? dev_alloc(wconv) : NULL;
             c.ex_conv.workspace_bytes = wconv;
+            /* the other kernel variant first, then the default one, whose output is kept */
+            c.variant = !CONV1_OBS_DEFAULT;
+            const double us_v = time_op(c1_fused_run, &c, ex0);
+            c.variant = CONV1_OBS_DEFAULT;
             const double us_f = time_op(c1_fused_run, &c, ex0);
             CK(cudaStreamSynchronize(g_stream));
             if (gk_cuda_nmmo3_conv1_status(&c.obs, &c.ex_c1, &err) != 0)
@@ -295,13 +303,20 @@ static int nmmo3_bench(const gk_cuda_exec *ex0, int sms)
             snprintf(note, sizeof note, "%.2fx faster than multihot + conv; rel diff %.2g", us_c / us_f,
                      diff);
             const double c1_bytes = (double)B * 1650 + (double)B * 1536 * es + 128.0 * 1475 * es;
-            roof_row("conv1 from the bytes", dn, B, us_f, CONV1_FLOP * B, c1_bytes, peak, note);
+            roof_row(CONV1_OBS_DEFAULT == CONV1_OBS_ONEHOT_A ? "conv1 from the bytes (one-hot as A, default)"
+                                                             : "conv1 from the bytes (weights as A, default)",
+                     dn, B, us_f, CONV1_FLOP * B, c1_bytes, peak, note);
+            roof_row(CONV1_OBS_DEFAULT == CONV1_OBS_ONEHOT_A ? "conv1 from the bytes (weights as A)"
+                                                             : "conv1 from the bytes (one-hot as A)",
+                     dn, B, us_v, CONV1_FLOP * B, c1_bytes, peak, "other kernel variant");
             roof_row("multihot + conv1 (composed)", dn, B, us_c, CONV1_FLOP * B,
                      c1_bytes + 2.0 * B * 59 * 165 * es, peak, "-");
             cudaFree(fused);
             cudaFree(c.mh.data);
             cudaFree(c.ex_c1.workspace);
             cudaFree(c.ex_conv.workspace);
+            if (g_conv1_only)
+                continue;
 
             /* the whole forward */
             fwd_ctx f;
@@ -339,6 +354,8 @@ static int nmmo3_bench(const gk_cuda_exec *ex0, int sms)
                 f.ex = *ex0;
                 f.ex.workspace = dev_alloc(wf);
                 f.ex.workspace_bytes = wf;
+                f.ex.blas = NULL;
+                const double us_nb = time_op(fwd_run, &f, ex0);
                 f.ex.blas = blas;
                 const double us = time_op(fwd_run, &f, ex0);
                 CK(cudaStreamSynchronize(g_stream));
@@ -346,9 +363,11 @@ static int nmmo3_bench(const gk_cuda_exec *ex0, int sms)
                     printf("nmmo3 status: %s\n", err.msg), bad++;
                 const double flop = (CONV1_FLOP + CONV2_FLOP + (proj ? 2.0 * 1817 * HID : 0)) * B;
                 const double bytes = (double)B * L + (double)B * (proj ? HID : GK_NMMO3_FEATURES) * es;
-                char note2[96] = "-";
-                if (proj && B == 32768 && dt == GK_BF16)
-                    snprintf(note2, sizeof note2, "target <= 500 us: %s", us <= 500.0 ? "met" : "NOT met");
+                char note2[128];
+                snprintf(note2, sizeof note2, "without a cuBLAS handle: %.1f us%s", us_nb,
+                         proj && B == 32768 && dt == GK_BF16
+                             ? (us <= 500.0 ? "; target <= 500 us: met" : "; target <= 500 us: NOT met")
+                             : "");
                 roof_row(proj ? "nmmo3 forward, hidden 512" : "nmmo3 forward, features", dn, B, us,
                          flop, bytes, peak, note2);
                 cudaFree(f.ex.workspace);
@@ -376,6 +395,8 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "--quick") == 0)
         g_warmup = 5, g_iters = 30;
+    if (argc > 1 && strcmp(argv[1], "--conv1") == 0)
+        g_conv1_only = 1, g_warmup = 1, g_iters = 2;
     int dev = 0, sms = 0;
     CK(cudaSetDevice(dev));
     cudaDeviceProp prop;
@@ -417,7 +438,7 @@ int main(int argc, char **argv)
     const char *const seed_mh[2] = {"1811 us", "1002 us"}, *const seed_emb[2] = {"145 us", "73.6 us"};
     const int64_t L = GK_NMMO3_OBS_BYTES, P = GK_NMMO3_PLAYER_COUNT, V = 128, D = 32;
     int status_bad = 0;
-    for (int bi = 0; bi < 2; bi++) {
+    for (int bi = 0; bi < 2 && !g_conv1_only; bi++) {
         const int64_t B = batches[bi];
         /* Valid observations: map bytes within their slots. */
         uint8_t *h = (uint8_t *)malloc((size_t)(B * L));

@@ -10,7 +10,8 @@
  * 512 sampled agents at 32768; the output is poisoned (NaN bytes) before the
  * run and no element may stay NaN at any B, the guard after it stays intact;
  * a repeat, a 1-SM grid and an unaligned copy of the bytes (the path without
- * cp.async) give the same bits.  Bad map values (first agent, last agent,
+ * cp.async) give the same bits; both kernel variants (conv1_obs.cuh), and the
+ * public call equals its default variant bitwise.  Bad map values (first agent, last agent,
  * the map column conv1 never reads, a random one, with a later offender that
  * must not be named) fail with GK_ERANGE and exactly the CPU multihot's
  * message; a clean run afterwards passes.
@@ -38,6 +39,7 @@
 #include "gk.h"
 #include "gk_bf16.h"
 #include "gk_cuda.h"
+#include "conv1_obs.cuh"
 #include "gk_cuda_nmmo3.h"
 #include "harness.h"
 
@@ -197,16 +199,20 @@ static void conv1_setup_free(conv1_setup *s)
     free(s->b);
 }
 
-/* Runs conv1 on obs into the poisoned device buffer out, checks the verdict is clean, copies to host. */
-static void conv1_run(conv1_setup *s, const gk_tensor *obs, void *out, int sms, void *host,
-                      const char *what)
+/*
+ * Runs conv1 (variant -1: the public call, else that kernel variant) on obs into the poisoned
+ * device buffer out, checks the verdict is clean, copies to host.
+ */
+static void conv1_run(conv1_setup *s, const gk_tensor *obs, void *out, int sms, int variant,
+                      void *host, const char *what)
 {
     const size_t bytes = (size_t)s->batch * C1 * gk_dtype_size(s->dt);
     poison(out, bytes);
     gk_tensor tc = gk_tensor_make(out, s->dt, 4, TH_SHAPE(s->batch, OC, 3, 4));
     gk_cuda_exec ex = exec_make(sms, s->dws, s->ws_bytes);
     gk_err err;
-    if (gk_cuda_nmmo3_conv1(&s->tw, &s->tb, obs, &tc, &ex, &err))
+    if (variant < 0 ? gk_cuda_nmmo3_conv1(&s->tw, &s->tb, obs, &tc, &ex, &err)
+                    : conv1_obs_enqueue(&s->tw, &s->tb, obs, out, NULL, variant, &ex, &err))
         fail_msg("%s: %s", what, err.msg);
     CUDA_OK(cudaStreamSynchronize(g_stream));
     if (gk_cuda_nmmo3_conv1_status(obs, &ex, &err))
@@ -215,15 +221,18 @@ static void conv1_run(conv1_setup *s, const gk_tensor *obs, void *out, int sms, 
     guard_check(out, bytes, what);
 }
 
-static void conv1_case(gk_dtype dt, int64_t batch)
+static void conv1_variant_case(conv1_setup *sp, int variant)
 {
-    conv1_setup s = conv1_setup_make(dt, batch);
+    conv1_setup s = *sp;
+    const gk_dtype dt = s.dt;
+    const int64_t batch = s.batch;
     const size_t es = gk_dtype_size(dt), n = (size_t)batch * C1, bytes = n * es;
     void *dout = dev_poisoned(bytes);
     void *got = xmalloc(bytes), *again = xmalloc(bytes);
     char what[96];
-    snprintf(what, sizeof what, "conv1 %s B %lld", gk_dtype_name(dt), (long long)batch);
-    conv1_run(&s, &s.tobs, dout, g_sms, got, what);
+    snprintf(what, sizeof what, "conv1 %s B %lld %s", gk_dtype_name(dt), (long long)batch,
+             variant == CONV1_OBS_WEIGHTS_A ? "weights as A" : "one-hot as A");
+    conv1_run(&s, &s.tobs, dout, g_sms, variant, got, what);
 
     for (size_t i = 0; i < n; i++)
         if (isnan(val(got, dt, i)))
@@ -247,11 +256,16 @@ static void conv1_case(gk_dtype dt, int64_t batch)
         fail_msg("%s: rel err %.3g >= %g", what, rel, tol);
 
     /* Same bits: a repeat, one SM, the bytes at an odd address. */
-    conv1_run(&s, &s.tobs, dout, g_sms, again, what);
+    conv1_run(&s, &s.tobs, dout, g_sms, variant, again, what);
     if (memcmp(got, again, bytes) != 0)
         fail_msg("%s: two runs differ", what);
+    if (variant == CONV1_OBS_DEFAULT) {
+        conv1_run(&s, &s.tobs, dout, g_sms, -1, again, what);
+        if (memcmp(got, again, bytes) != 0)
+            fail_msg("%s: the public call differs from its variant", what);
+    }
     if (batch <= 1024) {
-        conv1_run(&s, &s.tobs, dout, 1, again, what);
+        conv1_run(&s, &s.tobs, dout, 1, variant, again, what);
         if (memcmp(got, again, bytes) != 0)
             fail_msg("%s: the 1-SM grid differs", what);
     }
@@ -259,7 +273,7 @@ static void conv1_case(gk_dtype dt, int64_t batch)
     CUDA_OK(cudaMalloc((void **)&odd, (size_t)batch * OBS + 1));
     upload(odd + 1, s.obs, (size_t)batch * OBS);
     gk_tensor todd = gk_tensor_make(odd + 1, GK_U8, 2, TH_SHAPE(batch, OBS));
-    conv1_run(&s, &todd, dout, g_sms, again, what);
+    conv1_run(&s, &todd, dout, g_sms, variant, again, what);
     if (memcmp(got, again, bytes) != 0)
         fail_msg("%s: unaligned bytes give other results", what);
     printf("ok %s: repeat%s and unaligned bytes bitwise equal\n", what,
@@ -268,6 +282,13 @@ static void conv1_case(gk_dtype dt, int64_t batch)
     cudaFree(dout);
     free(got);
     free(again);
+}
+
+static void conv1_case(gk_dtype dt, int64_t batch)
+{
+    conv1_setup s = conv1_setup_make(dt, batch);
+    conv1_variant_case(&s, CONV1_OBS_ONEHOT_A);
+    conv1_variant_case(&s, CONV1_OBS_WEIGHTS_A);
     conv1_setup_free(&s);
 }
 
@@ -318,7 +339,10 @@ static void test_conv1_obs_bad(void **state)
                              GK_ERANGE);
             upload(s.dobs, bad, (size_t)batch * OBS);
             poison(dout, bytes);
-            if (gk_cuda_nmmo3_conv1(&s.tw, &s.tb, &s.tobs, &tc, &ex, &err))
+            /* the public call (default kernel), then the other kernel variant */
+            if (c % 2 == 0 ? gk_cuda_nmmo3_conv1(&s.tw, &s.tb, &s.tobs, &tc, &ex, &err)
+                           : conv1_obs_enqueue(&s.tw, &s.tb, &s.tobs, dout, NULL,
+                                               CONV1_OBS_WEIGHTS_A, &ex, &err))
                 fail_msg("conv1 with a bad value: enqueue: %s", err.msg);
             CUDA_OK(cudaStreamSynchronize(g_stream));
             const int rc = gk_cuda_nmmo3_conv1_status(&s.tobs, &ex, &err);
@@ -330,7 +354,7 @@ static void test_conv1_obs_bad(void **state)
             free(bad);
         }
         upload(s.dobs, s.obs, (size_t)batch * OBS);
-        conv1_run(&s, &s.tobs, dout, g_sms, host, "conv1 after bad values");
+        conv1_run(&s, &s.tobs, dout, g_sms, -1, host, "conv1 after bad values");
         cudaFree(dout);
         free(host);
         conv1_setup_free(&s);
@@ -484,7 +508,7 @@ static void fwd_case(gk_dtype dt, int64_t B, int64_t hidden)
     cs.dobs = dev_from(s.obs, (size_t)B * OBS);
     cs.tobs = gk_tensor_make(cs.dobs, GK_U8, 2, TH_SHAPE(B, OBS));
     void *dc = dev_poisoned(nc * es);
-    conv1_run(&cs, &cs.tobs, dc, g_sms, c1, what);
+    conv1_run(&cs, &cs.tobs, dc, g_sms, -1, c1, what);
     if (memcmp(gc, c1, nc * es) != 0)
         fail_msg("%s: the kept c1 differs from conv1's output", what);
     cudaFree(dc);
