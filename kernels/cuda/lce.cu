@@ -115,8 +115,9 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float *sh)
  * With filtering: the row's candidates after this chunk.  nm is the running
  * max including the chunk; kept are the earlier candidates and the chunk's
  * entries with z >= nm + ln_eps (ln eps less a margin), earlier ones first,
- * each group in thread then register order.  More than LCE_CAND_MAX marks the
- * row overflowed for good (the dense backward then runs).
+ * each group in thread then register order (a fixed order: the sums over a
+ * row's terms follow it).  More than LCE_CAND_MAX marks the row overflowed
+ * for good (the dense backward then runs).
  */
 __device__ __forceinline__ void cand_update(const float z[VPT], int64_t v0, int64_t row, float nm,
                                             float ln_eps, int first, lce_state st, int *sh)
@@ -126,18 +127,21 @@ __device__ __forceinline__ void cand_update(const float z[VPT], int64_t v0, int6
         return; /* the same value for the whole block */
     const float thr = nm + ln_eps;
     lce_cand *c = st.cand + row * LCE_CAND_SLOTS;
-    lce_cand e = {0, 0.0f};
-    bool keep = false;
-    if ((int)threadIdx.x < old) {
-        e = c[threadIdx.x];
-        keep = e.z >= thr;
+    enum { OLD = LCE_CAND_SLOTS / RT }; /* earlier candidates a thread holds */
+    lce_cand e[OLD];
+    int nkeep = 0;
+#pragma unroll
+    for (int q = 0; q < OLD; q++) {
+        const int i = threadIdx.x + q * RT;
+        e[q] = i < old ? c[i] : lce_cand{0, -INFINITY};
+        nkeep += e[q].z >= thr;
     }
     int nnew = 0;
 #pragma unroll
     for (int k = 0; k < VPT; k++)
         nnew += z[k] >= thr; /* -inf past vc */
     int kept, added;
-    const int pk = lce_block_scan<RT>(keep, sh, &kept); /* also: every old entry read before any write */
+    int pk = lce_block_scan<RT>(nkeep, sh, &kept); /* also: every old entry read before any write */
     int pn = lce_block_scan<RT>(nnew, sh, &added);
     if (kept + added > LCE_CAND_MAX) {
         if (threadIdx.x == 0) {
@@ -146,8 +150,10 @@ __device__ __forceinline__ void cand_update(const float z[VPT], int64_t v0, int6
         }
         return;
     }
-    if (keep)
-        c[pk] = e;
+#pragma unroll
+    for (int q = 0; q < OLD; q++)
+        if (e[q].z >= thr)
+            c[pk++] = e[q];
     pn += kept;
 #pragma unroll
     for (int k = 0; k < VPT; k++)
@@ -161,7 +167,7 @@ __device__ __forceinline__ void cand_update(const float z[VPT], int64_t v0, int6
  * Forward, one block per row of the chunk F (vc entries from v0, rows from
  * r0): the chunk's (max, sum of exp) merged into the row's running pair.
  */
-template <class T>
+template <class T, bool CAND>
 __global__ void __launch_bounds__(RT) fwd_chunk_kernel(const float *F, int64_t ldf, int vc, int64_t v0, int64_t r0,
                                                        const T *bias, float cap, float ln_eps, lce_state st, int first)
 {
@@ -182,7 +188,7 @@ __global__ void __launch_bounds__(RT) fwd_chunk_kernel(const float *F, int64_t l
     for (int k = 0; k < VPT; k++)
         sum += expf(z[k] - M); /* 0 for the -inf past vc */
     const float S = block_reduce(sum, false, sh);
-    if (st.cand != nullptr)
+    if (CAND)
         cand_update(z, v0, row, first ? M : fmaxf(st.m[row], M), ln_eps, first, st, shi);
     if (threadIdx.x != 0)
         return;
@@ -549,8 +555,12 @@ template <class T> int forward(const lce_ctx<T> &c, gk_err *err)
             const int64_t vc = std::min(pl.fwd.Vc, pl.V - v0);
             if ((rc = logits_chunk(c, F, ldf, r0, rn, v0, vc, err)))
                 return rc;
-            fwd_chunk_kernel<T><<<(unsigned)rn, RT, 0, stream>>>(F, ldf, (int)vc, v0, r0, c.bias, c.cap, c.ln_eps,
-                                                                 c.st, v0 == 0);
+            if (pl.cand)
+                fwd_chunk_kernel<T, true><<<(unsigned)rn, RT, 0, stream>>>(F, ldf, (int)vc, v0, r0, c.bias, c.cap,
+                                                                           c.ln_eps, c.st, v0 == 0);
+            else
+                fwd_chunk_kernel<T, false><<<(unsigned)rn, RT, 0, stream>>>(F, ldf, (int)vc, v0, r0, c.bias, c.cap,
+                                                                            c.ln_eps, c.st, v0 == 0);
             if ((rc = launch_check("forward chunk", err)))
                 return rc;
         }

@@ -29,7 +29,11 @@
 
 namespace {
 
-enum { ST = LCE_CAND_SLOTS, DQ = 8 /* d values per thread per tile */ };
+/*
+ * ST: threads of the per-row kernels, one per slot; CT: threads of the per-entry
+ * dC kernel; DQ_*: d values a thread accumulates per pass over the terms.
+ */
+enum { ST = LCE_CAND_SLOTS, CT = 256, DQ_E = 4, DQ_C = 8 };
 
 __device__ __forceinline__ void store_as(void *out, gk_dtype dt, int64_t i, float v)
 {
@@ -92,23 +96,23 @@ __global__ void __launch_bounds__(ST) dE_kernel(lce_sparse_args a, const uint32_
     __syncthreads();
     const T *C = (const T *)a.C;
     const int64_t D = a.D;
-    for (int64_t d0 = 0; d0 < D; d0 += (int64_t)ST * DQ) {
-        float acc[DQ];
+    for (int64_t d0 = 0; d0 < D; d0 += (int64_t)ST * DQ_E) {
+        float acc[DQ_E];
 #pragma unroll
-        for (int q = 0; q < DQ; q++)
+        for (int q = 0; q < DQ_E; q++)
             acc[q] = 0.0f;
         for (int e = 0; e < n; e++) {
             const T *c = C + (int64_t)sv[e] * D;
             const float g = sg[e];
 #pragma unroll
-            for (int q = 0; q < DQ; q++) {
+            for (int q = 0; q < DQ_E; q++) {
                 const int64_t d = d0 + threadIdx.x + q * ST;
                 if (d < D)
                     acc[q] += g * lce_to_f(c[d]);
             }
         }
 #pragma unroll
-        for (int q = 0; q < DQ; q++) {
+        for (int q = 0; q < DQ_E; q++) {
             const int64_t d = d0 + threadIdx.x + q * ST;
             if (d < D)
                 store_as(a.dE, a.dE_dtype, r * D + d, a.alpha * acc[q]);
@@ -130,34 +134,34 @@ __global__ void bounds_kernel(const uint32_t *key, int64_t n, uint32_t V, uint32
     }
 }
 
-/* One block of ST threads per vocabulary entry: dC[v] and dbias[v], every element written. */
+/* One block of CT threads per vocabulary entry: dC[v] and dbias[v], every element written. */
 template <class T>
-__global__ void __launch_bounds__(ST) dC_kernel(lce_sparse_args a, const uint32_t *slot, const float *gval,
+__global__ void __launch_bounds__(CT) dC_kernel(lce_sparse_args a, const uint32_t *slot, const float *gval,
                                                 const uint32_t *start, const uint32_t *end)
 {
     const int64_t v = blockIdx.x, D = a.D;
     const uint32_t lo = start[v], hi = end[v];
     const T *E = (const T *)a.E;
     if (a.dC != nullptr)
-        for (int64_t d0 = 0; d0 < D; d0 += (int64_t)ST * DQ) {
-            float acc[DQ];
+        for (int64_t d0 = 0; d0 < D; d0 += (int64_t)CT * DQ_C) {
+            float acc[DQ_C];
 #pragma unroll
-            for (int q = 0; q < DQ; q++)
+            for (int q = 0; q < DQ_C; q++)
                 acc[q] = 0.0f;
             for (uint32_t e = lo; e < hi; e++) {
                 const uint32_t s = slot[e];
                 const T *row = E + (int64_t)(s / ST) * D;
                 const float g = gval[s];
 #pragma unroll
-                for (int q = 0; q < DQ; q++) {
-                    const int64_t d = d0 + threadIdx.x + q * ST;
+                for (int q = 0; q < DQ_C; q++) {
+                    const int64_t d = d0 + threadIdx.x + q * CT;
                     if (d < D)
                         acc[q] += g * lce_to_f(row[d]);
                 }
             }
 #pragma unroll
-            for (int q = 0; q < DQ; q++) {
-                const int64_t d = d0 + threadIdx.x + q * ST;
+            for (int q = 0; q < DQ_C; q++) {
+                const int64_t d = d0 + threadIdx.x + q * CT;
                 if (d < D)
                     store_as(a.dC, a.dC_dtype, v * D + d, a.alpha * acc[q]);
             }
@@ -234,7 +238,7 @@ template <class T> int run(const lce_sparse_args *a, bool *ran, gk_err *err)
         bounds_kernel<<<grid, 256, 0, st>>>(keys.Current(), M, (uint32_t)a->V, start, end);
         if ((rc = cuda_check(cudaGetLastError(), "bounds", err)))
             return rc;
-        dC_kernel<T><<<(unsigned)a->V, ST, 0, st>>>(*a, slots.Current(), gval, start, end);
+        dC_kernel<T><<<(unsigned)a->V, CT, 0, st>>>(*a, slots.Current(), gval, start, end);
         if ((rc = cuda_check(cudaGetLastError(), "dC", err)))
             return rc;
     }

@@ -379,8 +379,17 @@ int main(int argc, char **argv)
             CK(cudaMemcpy(&lg, g_loss, 4, cudaMemcpyDeviceToHost));
             printf("N %lld %s: workspace %.3f GB; loss gpucd %.6f baseline %.6f; baseline vs gpucd: lse %.2e",
                    (long long)N, rname, (double)ws_bytes / 1e9, lg, lb, rel_diff(b_lse, g_lse, N, st));
-            if (!bf16_grads)
+            if (!bf16_grads) {
                 printf(" dE %.2e dC %.2e", rel_diff(b_dE, g_dE, N * D, st), rel_diff(b_dC, g_dC, V * D, st));
+                /* filtered against unfiltered: only the dropped terms (each below eps) differ */
+                CK(cudaMemcpyAsync(b_dE, g_dE, (size_t)N * D * 4, cudaMemcpyDeviceToDevice, st));
+                CK(cudaMemcpyAsync(b_dC, g_dC, (size_t)V * D * 4, cudaMemcpyDeviceToDevice, st));
+                p.filter_eps = 0x1p-12f;
+                g_fb();
+                p.filter_eps = 0.0f;
+                printf("; gpucd filtered vs unfiltered: dE %.2e dC %.2e", rel_diff(g_dE, b_dE, N * D, st),
+                       rel_diff(g_dC, b_dC, V * D, st));
+            }
             printf("\n");
             fflush(stdout);
             rows.push_back(rb);

@@ -11,9 +11,12 @@
  *             default budget, then budgets of 2 MB (narrower chunks, one row
  *             block) and 600 KB (two row blocks: dC accumulated across them);
  *   filter    eps above every term: gradients exactly zero; eps below every
- *             term: bytes unchanged; a softmax peaked on a few entries with
- *             eps 2^-12: within the element-wise bound of kernels/cpu/lce.c,
- *             and changed (terms were dropped);
+ *             term: the sparse backward within tolerance of the unfiltered
+ *             one, or, with more candidates than slots, the dense backward's
+ *             exact bytes; a softmax peaked on a few entries with eps 2^-12
+ *             (sparse, then dense for lack of workspace): within the
+ *             element-wise bound of kernels/cpu/lce.c, and changed (terms
+ *             were dropped);
  *   sparse    filtering with V = 20000 (several chunks: candidates pruned as
  *             the running max grows) peaked on ~130 entries: the sparse
  *             backward against the CPU with the same eps, every precision,
@@ -350,7 +353,7 @@ static void test_filter_extremes(void **state)
     lce_problem_make(&pb, &g_rng, 150, 48, 700, GK_BF16, GK_I32, 1, 1.0, 0.1);
     lce_outputs plain, huge, tiny;
     gpu_once(&pb, &plain, WANT_ALL, GK_F32, GK_CUDA_LCE_DEFAULT_BUDGET);
-    pb.p.filter_eps = 1.5f; /* |softmax - onehot| <= 1: every tile dropped */
+    pb.p.filter_eps = 1.5f; /* |softmax - onehot| <= 1: every term dropped */
     gpu_once(&pb, &huge, WANT_ALL, GK_F32, GK_CUDA_LCE_DEFAULT_BUDGET);
     assert_true(same_bytes(&plain.loss, &huge.loss));
     assert_true(same_bytes(&plain.lse, &huge.lse));
@@ -360,11 +363,30 @@ static void test_filter_extremes(void **state)
         assert_true(tensor_get(&huge.dC, i) == 0.0);
     for (int64_t v = 0; v < pb.V; v++)
         assert_true(tensor_get(&huge.dbias, v) == 0.0);
-    pb.p.filter_eps = 1e-30f; /* far below every softmax of these small logits */
+    /*
+     * far below every softmax of these small logits: all 700 entries are
+     * candidates, the sparse backward keeps every term in fp32 (the dense
+     * one rounds G to bf16): the forward's bytes, gradients within tolerance
+     */
+    pb.p.filter_eps = 1e-30f;
+    gpu_once(&pb, &tiny, WANT_ALL, GK_F32, GK_CUDA_LCE_DEFAULT_BUDGET);
+    assert_true(same_bytes(&plain.loss, &tiny.loss) && same_bytes(&plain.lse, &tiny.lse));
+    const tols t = tols_of(GK_BF16, 0);
+    expect_close(&tiny.dE, &plain.dE, t.grad, "dE", "eps 1e-30");
+    expect_close(&tiny.dC, &plain.dC, t.grad, "dC", "eps 1e-30");
+    expect_close(&tiny.dbias, &plain.dbias, t.grad, "dbias", "eps 1e-30");
+    lce_outputs_free(&plain);
+    lce_outputs_free(&huge);
+    lce_outputs_free(&tiny);
+    lce_problem_free(&pb);
+
+    /* 3000 entries, all candidates: every row overflows its slots, the dense backward runs: plain's bytes */
+    lce_problem_make(&pb, &g_rng, 64, 32, 3000, GK_BF16, GK_I32, 1, 1.0, 0.1);
+    gpu_once(&pb, &plain, WANT_ALL, GK_F32, GK_CUDA_LCE_DEFAULT_BUDGET);
+    pb.p.filter_eps = 1e-30f;
     gpu_once(&pb, &tiny, WANT_ALL, GK_F32, GK_CUDA_LCE_DEFAULT_BUDGET);
     assert_true(outputs_same(&plain, &tiny));
     lce_outputs_free(&plain);
-    lce_outputs_free(&huge);
     lce_outputs_free(&tiny);
     lce_problem_free(&pb);
 }
