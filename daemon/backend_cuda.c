@@ -67,6 +67,7 @@ typedef struct exec_slot {
     uint8_t *staging; /* pinned host */
     gk_cuda_blas *blas; /* cuBLAS bound to stream, its workspace allocated at open */
     gcd_graph_cache *graphs; /* the encoder forwards this slot replays as graphs */
+    uint64_t *records; /* pinned host: the op's device error records, copied back with its outputs */
     struct exec_slot *next_free;
 } exec_slot;
 
@@ -85,6 +86,7 @@ struct gcd_backend {
     size_t slot_bytes;
     uint8_t *staging; /* pinned host, nslots * staging_bytes */
     size_t staging_bytes;
+    uint64_t *records; /* pinned host, GK_CUDA_NMMO3_RECORDS words a slot */
     exec_slot slots[SLOTS_MAX];
     int nslots;
     exec_slot *free_slots;
@@ -305,6 +307,8 @@ static void cuda_close(gcd_backend *b)
         cudaFree(b->resident);
     if (b->staging != NULL)
         cudaFreeHost(b->staging);
+    if (b->records != NULL)
+        cudaFreeHost(b->records);
     (void)cudaGetLastError();
     gcd_pool_destroy(b->pool);
     free(b->pinned);
@@ -367,6 +371,11 @@ static int cuda_open(const gcd_config *cfg, gcd_backend **out, gk_err *err)
                              cudaHostAllocDefault),
                "cudaHostAlloc of the pinned staging buffers");
     atomic_fetch_add(&b->allocations, 1);
+    OPEN_CHECK(cudaHostAlloc((void **)&b->records,
+                             sizeof *b->records * GK_CUDA_NMMO3_RECORDS * (size_t)b->nslots,
+                             cudaHostAllocDefault),
+               "cudaHostAlloc of the error records");
+    atomic_fetch_add(&b->allocations, 1);
     b->pool = gcd_pool_create(b->resident_bytes);
     if (b->pool == NULL) {
         gk_fail(err, GK_ENOMEM, "cannot allocate the resident pool's bookkeeping");
@@ -387,6 +396,7 @@ static int cuda_open(const gcd_config *cfg, gcd_backend **out, gk_err *err)
         atomic_fetch_add(&b->allocations, 1);
         s->ws = b->arena + (size_t)i * b->slot_bytes;
         s->staging = b->staging + (size_t)i * b->staging_bytes;
+        s->records = b->records + (size_t)i * GK_CUDA_NMMO3_RECORDS;
         s->next_free = b->free_slots;
         b->free_slots = s;
     }
@@ -824,6 +834,40 @@ static int run_kernel(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
                                    &pl[CONV_BWD_DB].dev, &ex, err);
 }
 
+/* How many device error records (gk_cuda.h) the op leaves at the start of its scratch. */
+static int op_records(gcd_op_kind kind)
+{
+    switch (kind) {
+    case GCD_OP_MULTIHOT_ENCODE:
+    case GCD_OP_EMBEDDING_FORWARD:
+    case GCD_OP_EMBEDDING_BACKWARD:
+        return 1;
+    case GCD_OP_NMMO3_FORWARD:
+        return GK_CUDA_NMMO3_RECORDS;
+    default:
+        return 0; /* none, or checked inside the call (the encoder backward, the loss) */
+    }
+}
+
+/* Enqueues the copy of the op's records into the slot's pinned words, after its kernels. */
+static cudaError_t records_fetch(exec_slot *s, const gcd_op *op, size_t scratch_off)
+{
+    cudaError_t e = cudaSuccess;
+    for (int k = 0; k < op_records(op->kind) && e == cudaSuccess; k++)
+        e = cudaMemcpyAsync(&s->records[k], s->ws + scratch_off + (size_t)k * GK_CUDA_OBS_RECORD_BYTES,
+                            sizeof s->records[k], cudaMemcpyDeviceToHost, s->stream);
+    return e;
+}
+
+/* After the stream is synchronised: every record the op left says clean. */
+static int records_clean(const exec_slot *s, const gcd_op *op)
+{
+    for (int k = 0; k < op_records(op->kind); k++)
+        if (s->records[k] != UINT64_MAX)
+            return 0;
+    return 1;
+}
+
 /*
  * After the stream is synchronised: the observation kernels' verdict on their
  * data values (GK_ERANGE naming the agent and feature, or the index position).
@@ -831,6 +875,8 @@ static int run_kernel(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
 static int run_status(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
                       size_t scratch_off, gk_err *err)
 {
+    if (records_clean(s, op))
+        return 0; /* the common case, without another round trip to the device */
     gk_cuda_exec ex = run_exec(b, s, scratch_off);
     int rc = 0;
     switch (op->kind) {
@@ -897,6 +943,7 @@ static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *ti
             rc = GK_EDEVICE;
         return rc;
     }
+    RUN_CHECK(records_fetch(s, op, scratch_off), "copying the error records");
     RUN_CHECK(cudaEventRecord(s->ev[EV_COMPUTED], s->stream), "cudaEventRecord");
     for (int i = 0; i < op->nargs; i++) {
         arg_place *p = &pl[i];

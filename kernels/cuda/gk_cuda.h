@@ -93,8 +93,15 @@ int gk_cuda_conv2d_backward(const gk_conv2d *p, const gk_tensor *x, const gk_ten
  * (dtable is left untouched), and nothing outside the outputs is written.
  * The record lives in the workspace, so status must be read before the
  * workspace is used again.  The enqueue calls never synchronise.
+ *
+ * A record is one u64 at the start of a GK_CUDA_OBS_RECORD_BYTES block of the
+ * workspace, all ones when every value was in range.  Multihot and the
+ * embedding calls keep one block, gk_cuda_nmmo3_forward GK_CUDA_NMMO3_RECORDS
+ * consecutive blocks.  A caller that copies these words back together with
+ * its outputs may skip the *_status call when every one is clean: status
+ * only has work to do (naming the offender) when one is not.
  */
-enum { GK_CUDA_OBS_RECORD_BYTES = 256 };
+enum { GK_CUDA_OBS_RECORD_BYTES = 256, GK_CUDA_NMMO3_RECORDS = 2 };
 
 /* As gk_cpu_multihot_encode; needs GK_CUDA_OBS_RECORD_BYTES of workspace. */
 int gk_cuda_multihot_encode(const gk_multihot_layout *l, const gk_tensor *obs,
