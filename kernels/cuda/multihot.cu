@@ -5,20 +5,17 @@
  * The output, (B, channels, H, W) f32 or bf16, is ~23x larger than the bytes
  * it is made from (NMMO3: 9735 elements from 1650 bytes an agent), so the
  * kernel is a store stream: every output element is written exactly once,
- * zeros included, with 16-byte stores.  A persistent block takes one agent
- * at a time: it stages the agent's map bytes in shared memory (checking each
- * against its feature's slot count on the way), then writes the agent's
- * contiguous output range.  Rows of 9735 elements are not 16-byte aligned,
- * so the 16-byte stores cover the aligned middle of the range and a few
- * scalar stores its ends.  Each element answers "is channel c of tile t
- * hot": a shared table gives channel c's owner feature and slot (c -
- * offsets[owner]), looked up once per 16-byte word unless the word crosses
- * a channel; hot when the tile's byte of that feature equals the slot.  An out-of-range byte can
- * never equal a slot of its feature, so it writes only zeros; the error
- * record says which one it was (obs_record.cuh).
+ * zeros included, with 16-byte stores, and the work per store must be a few
+ * instructions.  A persistent block takes a group of agents whose output
+ * range fills whole 16-byte words (NMMO3: 8 agents), turns their map bytes
+ * into a shared bit string in output order (one shared atomicOr per byte;
+ * each byte is checked against its feature's slot count on the way, and an
+ * out-of-range byte sets no bit, so it never addresses anything and its
+ * elements stay zero; the error record names it, obs_record.cuh), then
+ * writes each 16-byte word as a table lookup of its 8 (bf16) or 4 (f32) bits.
  *
- * Layouts whose tables (map bytes + 4 bytes a channel + 512) do not fit in
- * 48 KiB of shared memory take a plain element-wise path.
+ * Layouts whose bit string does not fit in 48 KiB of shared memory take a
+ * plain element-wise path.
  */
 #include <inttypes.h>
 #include <stdint.h>
@@ -30,11 +27,15 @@ namespace {
 
 constexpr int THREADS = 256;
 constexpr size_t FAST_SMEM_MAX = 48 * 1024;
+constexpr size_t GROUP_BITS_MAX = 128 * 1024; /* bits of a group's string when doubling it */
+constexpr int GROUP_MAX = 8; /* agents a group: 16 bytes / 2-byte elements at most, doubled up to 8 */
 
 struct mh_args {
     int tiles, nfeat, channels, obs_offset;
     int row_bytes, batch;
-    int ct; /* channels * tiles: one agent's output elements */
+    int ct;    /* channels * tiles: one agent's output elements */
+    int group; /* agents a block takes at once (their output fills whole 16-byte words) */
+    int words; /* 32-bit words of the group's bit string, one spare for the funnel shift */
     int slots[GK_MULTIHOT_MAX_FEATURES];
     int offsets[GK_MULTIHOT_MAX_FEATURES];
 };
@@ -53,81 +54,101 @@ __device__ __forceinline__ void layout_stage(const mh_args &a, int *slots, int *
     }
 }
 
+/* The 16 bytes of VEC elements whose hot bits are i (bit j: element j). */
+template <typename T, int VEC> __device__ __forceinline__ uint4 pattern(unsigned i)
+{
+    union {
+        uint4 v;
+        T e[16 / sizeof(T)];
+    } p = {};
+#pragma unroll
+    for (int j = 0; j < VEC; j++)
+        p.e[j] = (i >> j) & 1 ? one_bits<T>() : T(0);
+    return p.v;
+}
+
+/*
+ * A block takes `group` agents at a time (a.group * a.ct elements fill whole
+ * 16-byte words, so the group's output range starts and ends on a word).
+ * Phase 1: every map byte of the group, checked against its feature's slot
+ * count, sets one bit of a shared bit string in output order (bit e of the
+ * group: element e is hot), by a shared atomicOr; an out-of-range byte sets
+ * none.  Phase 2: each 16-byte output word is VEC consecutive bits of that
+ * string (a funnel shift of two words) looked up in a shared table of the
+ * 2^VEC possible words, so a store costs a handful of instructions whatever
+ * the dtype.  VEC = 1 (output not 16-byte aligned): one element a store.
+ */
 template <typename T, int VEC>
 __global__ void __launch_bounds__(THREADS)
-multihot_agent_kernel(mh_args a, const uint8_t *__restrict__ obs, T *__restrict__ out,
+multihot_group_kernel(mh_args a, const uint8_t *__restrict__ obs, T *__restrict__ out,
                       unsigned long long *rec)
 {
+    constexpr int PATTERNS = VEC > 1 ? 1 << VEC : 1;
     extern __shared__ __align__(16) unsigned char smem[];
-    int *slots = reinterpret_cast<int *>(smem);
+    uint4 *pat = reinterpret_cast<uint4 *>(smem);
+    int *slots = reinterpret_cast<int *>(pat + PATTERNS);
     int *offs = slots + GK_MULTIHOT_MAX_FEATURES;
-    int *chan_code = offs + GK_MULTIHOT_MAX_FEATURES;
-    uint8_t *tile = reinterpret_cast<uint8_t *>(chan_code + a.channels);
+    uint32_t *bits = reinterpret_cast<uint32_t *>(offs + GK_MULTIHOT_MAX_FEATURES);
 
     layout_stage(a, slots, offs);
-    __syncthreads();
-    /* Channel c: -1 when no feature owns it, else (owner << 16) | (c - offsets[owner]). */
-    for (int c = threadIdx.x; c < a.channels; c += blockDim.x) {
-        int code = -1;
-        for (int f = 0; f < a.nfeat; f++)
-            if (c >= offs[f] && c < offs[f] + slots[f])
-                code = f << 16 | (c - offs[f]);
-        chan_code[c] = code;
-    }
-    const int map = a.tiles * a.nfeat, tiles = a.tiles, nfeat = a.nfeat, channels = a.channels;
+    for (int i = threadIdx.x; i < PATTERNS && VEC > 1; i += blockDim.x)
+        pat[i] = pattern<T, VEC>((unsigned)i);
+    const int map = a.tiles * a.nfeat, nfeat = a.nfeat, tiles = a.tiles;
+    /* This thread's map bytes j = tid + k * THREADS as (tile, feature), stepped without division. */
+    const int t0 = (int)threadIdx.x / nfeat, f0 = (int)threadIdx.x - t0 * nfeat;
+    const int dt = THREADS / nfeat, df = THREADS - dt * nfeat;
+    const int groups = (a.batch + a.group - 1) / a.group;
     const T one = one_bits<T>();
-    auto value = [&](int code, int t) -> T {
-        return code >= 0 && (int)tile[t * nfeat + (code >> 16)] == (code & 0xffff) ? one : T(0);
-    };
 
-    for (int n = blockIdx.x; n < a.batch; n += gridDim.x) {
-        __syncthreads(); /* the previous agent's bytes are read no more; chan_code is ready */
-        const uint8_t *src = obs + (size_t)n * (size_t)a.row_bytes + a.obs_offset;
-        for (int j = threadIdx.x; j < map; j += blockDim.x) {
-            uint8_t v = src[j];
-            if (v >= slots[j % nfeat])
-                obs_record_offender(rec, (unsigned long long)n * (unsigned)map + (unsigned)j);
-            tile[j] = v;
-        }
+    for (int grp = blockIdx.x; grp < groups; grp += gridDim.x) {
+        const int n0 = grp * a.group, na = min(a.group, a.batch - n0);
+        __syncthreads(); /* the previous group's bits are read no more */
+        for (int w = threadIdx.x; w < a.words; w += blockDim.x)
+            bits[w] = 0;
         __syncthreads();
-
-        const unsigned e0 = (unsigned)n * (unsigned)a.ct, e1 = e0 + (unsigned)a.ct;
-        const unsigned k0 = (e0 + VEC - 1) / VEC, k1 = e1 / VEC;
-        for (unsigned k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
-            unsigned e = k * VEC - e0;
-            int c = (int)(e / (unsigned)tiles), t = (int)(e - (unsigned)c * (unsigned)tiles);
-            int code = chan_code[c];
-            union {
-                uint4 v;
-                T e[VEC];
-            } pack;
+        /* The group's bytes at j for all its agents are loaded together (latency, not bandwidth). */
+        const uint8_t *src = obs + (size_t)n0 * (size_t)a.row_bytes + a.obs_offset;
+        int t = t0, f = f0;
+        for (int j = threadIdx.x; j < map; j += THREADS) {
+            int v[GROUP_MAX];
 #pragma unroll
-            for (int j = 0; j < VEC; j++) {
-                pack.e[j] = value(code, t);
-                if (++t == tiles) {
-                    t = 0;
-                    if (++c < channels)
-                        code = chan_code[c];
+            for (int k = 0; k < GROUP_MAX; k++)
+                v[k] = k < na ? src[(size_t)k * (size_t)a.row_bytes + j] : 0;
+            const int slot = slots[f];
+            const unsigned at = (unsigned)offs[f] * (unsigned)tiles + (unsigned)t;
+#pragma unroll
+            for (int k = 0; k < GROUP_MAX; k++) {
+                if (k >= na)
+                    break;
+                if (v[k] < slot) {
+                    const unsigned e = (unsigned)k * (unsigned)a.ct + at + (unsigned)v[k] * (unsigned)tiles;
+                    atomicOr(&bits[e >> 5], 1u << (e & 31));
+                } else {
+                    obs_record_offender(rec, (unsigned long long)(n0 + k) * (unsigned)map + (unsigned)j);
                 }
             }
-            if constexpr (VEC == 1)
-                out[k] = pack.e[0];
-            else
-                reinterpret_cast<uint4 *>(out)[k] = pack.v;
+            t += dt;
+            f += df;
+            if (f >= nfeat) {
+                f -= nfeat;
+                t++;
+            }
         }
+        __syncthreads();
+        const unsigned elems = (unsigned)na * (unsigned)a.ct;
+        T *dst = out + (size_t)n0 * (size_t)a.ct;
+        unsigned done = 0;
         if constexpr (VEC > 1) {
-            /* The ends of the range that share a 16-byte word with the neighbouring agents. */
-            const unsigned head_end = min(k0 * VEC, e1), tail = max(k1 * VEC, head_end);
-            unsigned e = 0;
-            if (threadIdx.x < head_end - e0)
-                e = threadIdx.x;
-            else if (threadIdx.x - (head_end - e0) < e1 - tail)
-                e = tail - e0 + (threadIdx.x - (head_end - e0));
-            else
-                continue;
-            int c = (int)(e / (unsigned)tiles), t = (int)(e - (unsigned)c * (unsigned)tiles);
-            out[e0 + e] = value(chan_code[c], t);
+            uint4 *d4 = reinterpret_cast<uint4 *>(dst);
+            for (unsigned k = threadIdx.x; k < elems / VEC; k += blockDim.x) {
+                const unsigned e = k * VEC;
+                const unsigned x = __funnelshift_r(bits[e >> 5], bits[(e >> 5) + 1], e & 31);
+                d4[k] = pat[x & (PATTERNS - 1)];
+            }
+            done = elems / VEC * VEC; /* a partial last group may end inside a word */
         }
+        for (unsigned e = done + threadIdx.x; e < elems; e += blockDim.x)
+            dst[e] = (bits[e >> 5] >> (e & 31)) & 1 ? one : T(0);
     }
 }
 
@@ -173,18 +194,19 @@ multihot_element_kernel(mh_args a, const uint8_t *__restrict__ obs, T *__restric
 }
 
 template <typename T, int VEC>
-int launch_agent(const mh_args &a, const gk_tensor *obs, const gk_tensor *out, size_t smem,
+int launch_group(const mh_args &a, const gk_tensor *obs, const gk_tensor *out, size_t smem,
                  const gk_cuda_exec *ex, unsigned long long *rec, gk_err *err)
 {
-    auto kernel = multihot_agent_kernel<T, VEC>;
+    auto kernel = multihot_group_kernel<T, VEC>;
     int per_sm = 0;
     cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, THREADS, smem);
     if (e != cudaSuccess || per_sm < 1)
         return gk_fail(err, GK_EDEVICE, "multihot (cuda): occupancy query: %s",
                        cudaGetErrorString(e));
+    const long long groups = (a.batch + a.group - 1) / a.group;
     long long grid = (long long)ex->sm_count * per_sm;
-    if (grid > a.batch)
-        grid = a.batch;
+    if (grid > groups)
+        grid = groups;
     kernel<<<(unsigned)grid, THREADS, smem, ex->stream>>>(a, (const uint8_t *)obs->data,
                                                          (T *)out->data, rec);
     return obs_launch_check("multihot", err);
@@ -230,17 +252,27 @@ extern "C" int gk_cuda_multihot_encode(const gk_multihot_layout *l, const gk_ten
         return GK_OK;
     unsigned long long *rec = (unsigned long long *)ex->workspace;
     const int bf16 = out->dtype == GK_BF16;
-    const size_t smem = (2 * GK_MULTIHOT_MAX_FEATURES + (size_t)a.channels) * sizeof(int) +
-                        (size_t)a.tiles * (size_t)a.nfeat;
+    const size_t es = bf16 ? 2 : 4;
+    /* The fewest agents whose output is whole 16-byte words, doubled up to 8 while small. */
+    int g = 1;
+    while ((size_t)g * (size_t)a.ct * es % 16 != 0)
+        g *= 2;
+    while (g < GROUP_MAX && (size_t)g * 2 * (size_t)a.ct <= GROUP_BITS_MAX)
+        g *= 2;
+    a.group = g;
+    a.words = (int)(((size_t)g * (size_t)a.ct + 31) / 32 + 1);
+    const int aligned = (uintptr_t)out->data % 16 == 0;
+    const int vec = !aligned ? 1 : bf16 ? 8 : 4;
+    const size_t smem = (vec > 1 ? (size_t)16 << vec : 16) + 2 * GK_MULTIHOT_MAX_FEATURES * sizeof(int) +
+                        (size_t)a.words * 4;
     if (smem > FAST_SMEM_MAX)
         return bf16 ? launch_plain<uint16_t>(a, obs, out, ex, rec, err)
                     : launch_plain<uint32_t>(a, obs, out, ex, rec, err);
-    const int aligned = (uintptr_t)out->data % 16 == 0;
     if (bf16)
-        return aligned ? launch_agent<uint16_t, 8>(a, obs, out, smem, ex, rec, err)
-                       : launch_agent<uint16_t, 1>(a, obs, out, smem, ex, rec, err);
-    return aligned ? launch_agent<uint32_t, 4>(a, obs, out, smem, ex, rec, err)
-                   : launch_agent<uint32_t, 1>(a, obs, out, smem, ex, rec, err);
+        return aligned ? launch_group<uint16_t, 8>(a, obs, out, smem, ex, rec, err)
+                       : launch_group<uint16_t, 1>(a, obs, out, smem, ex, rec, err);
+    return aligned ? launch_group<uint32_t, 4>(a, obs, out, smem, ex, rec, err)
+                   : launch_group<uint32_t, 1>(a, obs, out, smem, ex, rec, err);
 }
 
 extern "C" int gk_cuda_multihot_status(const gk_multihot_layout *l, const gk_tensor *obs,

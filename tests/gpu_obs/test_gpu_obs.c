@@ -163,8 +163,8 @@ static gk_multihot_layout layout_custom(void)
 
 static gk_multihot_layout layout_large(void)
 {
-    /* 130 x 100 tiles of 4 features: 52000 map bytes, more than the shared-memory path takes. */
-    gk_multihot_layout l = {.height = 130, .width = 100, .nfeat = 4, .obs_offset = 3,
+    /* 130 x 1000 tiles of 4 features (1.17 M outputs an agent): too large for the shared path. */
+    gk_multihot_layout l = {.height = 130, .width = 1000, .nfeat = 4, .obs_offset = 3,
                             .channels = 9, .slots = {2, 3, 1, 2}, .offsets = {0, 2, 5, 7}};
     return l;
 }
@@ -306,7 +306,7 @@ static void test_multihot_custom(void **state)
     (void)state;
     gk_multihot_layout c = layout_custom(), big = layout_large();
     multihot_case("custom", &c, 29, 7 + 3 * 5 * 3 + 5);
-    multihot_case("large map", &big, 3, 3 + 130 * 100 * 4);
+    multihot_case("large map", &big, 3, 3 + 130 * 1000 * 4);
 }
 
 /* ---- embedding --------------------------------------------------------------------- */
