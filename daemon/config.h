@@ -27,6 +27,7 @@ typedef struct gcd_config {
     uint32_t max_inflight;
     uint64_t batch_window_us; /* 0: no dynamic batching */
     uint64_t max_batch;       /* rows of one merged launch */
+    uint64_t spin_us;         /* a worker polls this long for the next request before sleeping */
     gcd_log_level log_level;
     char stats_listen[GCD_URL_MAX]; /* "none" disables the HTTP stats endpoint */
 } gcd_config;

@@ -87,21 +87,6 @@ static const gcd_backend_ops *backend_choose(const gcd_config *cfg, char *err, s
     }
 }
 
-/*
- * libuv's pool runs the requests; size it for the work in flight unless the user
- * did.  With batching, requests waiting for their batch hold a worker each, so
- * every request in flight gets one; else 16 keep a device busy.
- */
-static void threadpool_size(const gcd_config *cfg)
-{
-    if (getenv("UV_THREADPOOL_SIZE") != NULL)
-        return;
-    uint32_t cap = cfg->batch_window_us > 0 ? 1024 : 16; /* 1024: libuv's own limit */
-    char n[16];
-    snprintf(n, sizeof n, "%u", cfg->max_inflight < cap ? cfg->max_inflight : cap);
-    setenv("UV_THREADPOOL_SIZE", n, 1);
-}
-
 int main(int argc, char **argv)
 {
     static gcd_main m; /* large (the stats), so not on the stack */
@@ -118,7 +103,6 @@ int main(int argc, char **argv)
     gcd_log_set_level(d->cfg.log_level);
     gcd_stats_init(&d->stats);
     signal(SIGPIPE, SIG_IGN);
-    threadpool_size(&d->cfg);
     /* Up before the backend opens: /health/ready answers 503 during warm-up. */
     if (gcd_http_stats_start(&m.http, d, d->cfg.stats_listen, err, sizeof err) != 0) {
         gcd_log_error("%s", err);

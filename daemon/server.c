@@ -3,7 +3,6 @@
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,30 +10,27 @@
 #include "clock.h"
 #include "log.h"
 #include "request.h"
+#include "workers.h"
 
 /* How far past --max-message-mb a message still gets an error reply. */
 enum { GCD_OVERSIZE_SLACK = 1 << 20 };
 
 typedef enum slot_state {
     SLOT_RECV,    /* waiting in nng for a request */
-    SLOT_QUEUED,  /* handed to the loop, waiting for a worker */
+    SLOT_QUEUED,  /* handed to the workers, waiting for one */
     SLOT_SEND,    /* reply handed to nng */
     SLOT_STOPPED, /* the socket is closed */
 } slot_state;
 
 /* One nng context and the request it is serving. */
 typedef struct server_slot {
+    gcd_work work; /* first: the worker's item is the slot */
     struct gcd_server *srv;
     nng_ctx ctx;
     nng_aio *aio;
-    uv_work_t work;
     nng_msg *msg;
     uint64_t t_recv;
-    /* The send's completion and libuv's end of the work item both precede the
-     * next receive (the uv_work_t may not be reused before libuv is done with it). */
-    atomic_int before_recv;
     slot_state state;
-    struct server_slot *next; /* in the inbox */
 } server_slot;
 
 struct gcd_server {
@@ -43,9 +39,7 @@ struct gcd_server {
     nng_socket sock;
     server_slot *slots;
     uint32_t nslots;
-    pthread_mutex_t inbox_lock;
-    server_slot *inbox_head, *inbox_tail;
-    uv_async_t inbox_async;
+    gcd_workers *workers;
     atomic_int busy; /* slots between receiving a request and its reply going out */
     atomic_int refuse;
     uv_timer_t drain_timer;
@@ -60,13 +54,6 @@ static void slot_recv(server_slot *slot)
     nng_ctx_recv(slot->ctx, slot->aio);
 }
 
-/* Called by the send's completion and by the work item's end: the second receives. */
-static void slot_recv_when_free(server_slot *slot)
-{
-    if (atomic_fetch_sub(&slot->before_recv, 1) == 1)
-        slot_recv(slot);
-}
-
 /* nng thread: a receive or a send finished.  Never blocks. */
 static void slot_aio_done(void *arg)
 {
@@ -79,7 +66,7 @@ static void slot_aio_done(void *arg)
             gcd_log_debug("reply not delivered: %s", nng_strerror(rv));
         }
         atomic_fetch_sub(&srv->busy, 1);
-        slot_recv_when_free(slot);
+        slot_recv(slot);
         return;
     }
     if (rv == NNG_ECLOSED || rv == NNG_ECANCELED) {
@@ -94,26 +81,18 @@ static void slot_aio_done(void *arg)
     slot->msg = nng_aio_get_msg(slot->aio);
     slot->t_recv = gcd_now_us();
     slot->state = SLOT_QUEUED;
-    slot->next = NULL;
     atomic_fetch_add(&srv->busy, 1);
     atomic_fetch_add_explicit(&srv->d->stats.queued, 1, memory_order_relaxed);
-    pthread_mutex_lock(&srv->inbox_lock);
-    if (srv->inbox_tail != NULL)
-        srv->inbox_tail->next = slot;
-    else
-        srv->inbox_head = slot;
-    srv->inbox_tail = slot;
-    pthread_mutex_unlock(&srv->inbox_lock);
-    uv_async_send(&srv->inbox_async);
+    gcd_workers_submit(srv->workers, &slot->work);
 }
 
 /*
  * Worker thread: the request itself, then its reply handed straight to nng
- * (thread-safe and non-blocking), which saves a hop back through the loop.
+ * (thread-safe and non-blocking); the send's completion re-arms the receive.
  */
-static void slot_work(uv_work_t *work)
+static void slot_work(gcd_work *work)
 {
-    server_slot *slot = work->data;
+    server_slot *slot = (server_slot *)work;
     gcd_server *srv = slot->srv;
     gcd_stats *st = &srv->d->stats;
     atomic_fetch_sub_explicit(&st->queued, 1, memory_order_relaxed);
@@ -122,11 +101,10 @@ static void slot_work(uv_work_t *work)
                                         atomic_load(&srv->refuse));
     slot->msg = NULL;
     atomic_fetch_sub_explicit(&st->inflight, 1, memory_order_relaxed);
-    atomic_store(&slot->before_recv, 2);
     if (reply == NULL) { /* out of memory even for an error reply */
         gcd_log_error("no memory for a reply; the client will time out");
         atomic_fetch_sub(&srv->busy, 1);
-        slot_recv_when_free(slot);
+        slot_recv(slot);
         return;
     }
     slot->state = SLOT_SEND;
@@ -134,26 +112,15 @@ static void slot_work(uv_work_t *work)
     nng_ctx_send(slot->ctx, slot->aio);
 }
 
-/* Loop thread: libuv is done with the work item; the reply is already on its way. */
-static void slot_work_done(uv_work_t *work, int status)
+/*
+ * Threads for the work in flight: with batching, requests waiting for their
+ * batch hold a worker each, so every request in flight gets one; else 16
+ * keep a device busy.
+ */
+static int workers_wanted(const gcd_config *cfg)
 {
-    slot_recv_when_free(work->data);
-}
-
-/* Loop thread: queue what arrived. */
-static void inbox_drain(uv_async_t *async)
-{
-    gcd_server *srv = async->data;
-    pthread_mutex_lock(&srv->inbox_lock);
-    server_slot *slot = srv->inbox_head;
-    srv->inbox_head = srv->inbox_tail = NULL;
-    pthread_mutex_unlock(&srv->inbox_lock);
-    while (slot != NULL) {
-        server_slot *next = slot->next;
-        slot->work.data = slot;
-        uv_queue_work(srv->loop, &slot->work, slot_work, slot_work_done);
-        slot = next;
-    }
+    uint64_t cap = cfg->batch_window_us > 0 ? 1024 : 16;
+    return (int)(cfg->max_inflight < cap ? cfg->max_inflight : cap);
 }
 
 /* nng thread: connections come and go; a departed client's regions and tensors go too. */
@@ -203,10 +170,15 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
     srv->d = d;
     srv->loop = loop;
     srv->nslots = d->cfg.max_inflight;
-    pthread_mutex_init(&srv->inbox_lock, NULL);
+    if (gcd_workers_start(&srv->workers, workers_wanted(&d->cfg), d->cfg.spin_us) != 0) {
+        snprintf(err, errlen, "cannot start the worker threads");
+        free(srv);
+        return -1;
+    }
     int rv = nng_rep0_open(&srv->sock);
     if (rv != 0) {
         snprintf(err, errlen, "cannot open the socket: %s", nng_strerror(rv));
+        gcd_workers_stop(srv->workers);
         free(srv);
         return -1;
     }
@@ -220,14 +192,13 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
     if (rv != 0) {
         snprintf(err, errlen, "cannot set the message size limit: %s", nng_strerror(rv));
         nng_close(srv->sock);
+        gcd_workers_stop(srv->workers);
         free(srv);
         return -1;
     }
     nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_PRE, pipe_event, d);
     nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_POST, pipe_event, d);
     nng_pipe_notify(srv->sock, NNG_PIPE_EV_REM_POST, pipe_event, d);
-    uv_async_init(loop, &srv->inbox_async, inbox_drain);
-    srv->inbox_async.data = srv;
     uv_timer_init(loop, &srv->drain_timer);
     srv->drain_timer.data = srv;
     srv->slots = calloc(srv->nslots, sizeof *srv->slots);
@@ -238,6 +209,7 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
     for (uint32_t i = 0; i < srv->nslots; i++) {
         server_slot *slot = &srv->slots[i];
         slot->srv = srv;
+        slot->work.run = slot_work;
         slot->state = SLOT_STOPPED;
         if ((rv = nng_ctx_open(&slot->ctx, srv->sock)) != 0 ||
             (rv = nng_aio_alloc(&slot->aio, slot_aio_done, slot)) != 0) {
@@ -291,15 +263,14 @@ void gcd_server_drain(gcd_server *s, void (*done)(void *arg), void *arg)
 
 void gcd_server_free(gcd_server *s)
 {
+    gcd_workers_stop(s->workers); /* runs what is queued: every reply is built */
     if (s->slots != NULL) {
         for (uint32_t i = 0; i < s->nslots; i++)
             if (s->slots[i].aio != NULL)
                 nng_aio_free(s->slots[i].aio); /* waits for a callback still running */
         free(s->slots);
     }
-    uv_close((uv_handle_t *)&s->inbox_async, NULL);
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
     uv_run(s->loop, UV_RUN_NOWAIT);
-    pthread_mutex_destroy(&s->inbox_lock);
     free(s);
 }

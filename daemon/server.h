@@ -1,8 +1,8 @@
 /*
  * server.h - the request path: one nng REP socket served by --max-inflight
- * contexts.  nng's aio callbacks never block: a received request is handed to
- * the libuv loop, which queues it on libuv's worker pool; the reply is sent
- * from the loop when the work is done.
+ * contexts.  nng's aio callbacks never block: a received request is handed
+ * straight to the worker threads (workers.h), and the worker that served it
+ * hands the reply to nng.  The libuv loop keeps the signals and the drain.
  */
 #ifndef GCD_SERVER_H
 #define GCD_SERVER_H
