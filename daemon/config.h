@@ -27,7 +27,8 @@ typedef struct gcd_config {
     uint32_t max_inflight;
     uint64_t batch_window_us; /* 0: no dynamic batching */
     uint64_t max_batch;       /* rows of one merged launch */
-    uint64_t spin_us;         /* a worker polls this long for the next request before sleeping */
+    uint64_t spin_us;         /* a worker polls this long for the next request before sleeping;
+                                 GCD_SPIN_AUTO: by the CPU count (server.c) */
     gcd_log_level log_level;
     char stats_listen[GCD_URL_MAX]; /* "none" disables the HTTP stats endpoint */
 } gcd_config;
@@ -46,5 +47,8 @@ int gcd_config_parse_args(gcd_config *cfg, int argc, char **argv, char *err, siz
 int gcd_config_finish(gcd_config *cfg, char *err, size_t errlen);
 
 void gcd_config_usage(FILE *out);
+
+/* spin_us unset: polling only where a spare core is likely. */
+#define GCD_SPIN_AUTO UINT64_MAX
 
 #endif
