@@ -15,13 +15,13 @@
 #     median per-process p99.
 #
 # Each gpucdctl checks one request against the CPU kernels before timing and
-# every reply after; a failed run fails the script.  The one-client CSVs land
-# in $OUT, the 64 processes' CSVs and logs in $OUT/crowd.tar.gz.
+# every reply after; a failed run fails the script.  The summary goes to
+# stdout, every CSV and log into $OUT/e2e.tar.gz.
 set -euo pipefail
 build=${1:-build-gpu}
 out=${OUT:-./out}
 mkdir -p "$out"
-crowd_dir=$(mktemp -d /tmp/gpucd-e2e-crowd-XXXXXX)
+work=$(mktemp -d /tmp/gpucd-e2e-XXXXXX)
 WINDOW_US=${WINDOW_US:-1000}
 PROCS=${PROCS:-64}
 SIZES=${SIZES:-1024 32768}  # the one-client batch sizes
@@ -65,16 +65,26 @@ csv_fields() { # csv name...
           print line }' "$csv"
 }
 
-echo "== one client: ping (the socket round trip alone), then nmmo3_encode bf16 hidden 512, obs in a region"
+# ping: the socket round trip alone, back to back and at the encoder's request rate (threads
+# idle between requests wake up slower), with the workers polling (default) and without.
+ping() { # csv [gpucdctl bench flags]
+    local csv=$1
+    shift
+    "$ctl" --url "$sock" bench --op ping --concurrency 1 --warmup-s 1 --window-s 1 --csv "$csv" "$@" >/dev/null
+    csv_fields "$csv" requests_per_s p50_us p99_us client_transport_us server_queue_us server_other_us
+}
+echo "== ping, --spin-us 0"
+daemon_start --spin-us 0
+ping "$work/e2e_ping_nospin.csv"
+ping "$work/e2e_ping_nospin_slow.csv" --rate 1500
+daemon_stop
+echo "== ping, then nmmo3_encode bf16 hidden 512 from one client, obs in a region (default spin)"
 daemon_start
-"$ctl" --url "$sock" bench --op ping --concurrency 1 --warmup-s 1 --window-s 1 --csv "$out/e2e_ping.csv" >/dev/null
-csv_fields "$out/e2e_ping.csv" requests_per_s p50_us p99_us client_transport_us server_queue_us server_other_us
-# The same at the encoder's request rate: idle threads between requests wake up slower.
-"$ctl" --url "$sock" bench --op ping --rate 1500 --concurrency 1 --warmup-s 1 --window-s 1 --csv "$out/e2e_ping_slow.csv" >/dev/null
-csv_fields "$out/e2e_ping_slow.csv" requests_per_s p50_us p99_us client_transport_us server_queue_us server_other_us
+ping "$work/e2e_ping.csv"
+ping "$work/e2e_ping_slow.csv" --rate 1500
 for b in $SIZES; do
-    encode "$out/e2e_b$b.csv" "$b" 1 --warmup-s 2 --window-s 2
-    csv_fields "$out/e2e_b$b.csv" batch requests_per_s p50_us p99_us client_transport_us \
+    encode "$work/e2e_b$b.csv" "$b" 1 --warmup-s 2 --window-s 2
+    csv_fields "$work/e2e_b$b.csv" batch requests_per_s p50_us p99_us client_transport_us \
         server_queue_us copy_in_us compute_us copy_out_us server_other_us
 done
 daemon_stop
@@ -84,21 +94,21 @@ daemon_stop
 crowd() { # label
     local label=$1 pids=()
     for i in $(seq 1 "$PROCS"); do
-        encode "$crowd_dir/${label}_$i.csv" 64 1 --warmup-s 2 --window-s 2 --max-windows 3 \
-            --tolerance 10 >"$crowd_dir/${label}_$i.log" 2>&1 &
+        encode "$work/${label}_$i.csv" 64 1 --warmup-s 2 --window-s 2 --max-windows 3 \
+            --tolerance 10 >"$work/${label}_$i.log" 2>&1 &
         pids+=($!)
     done
     local rc=0
     for p in "${pids[@]}"; do wait "$p" || rc=1; done
-    [ "$rc" -eq 0 ] || { echo "e2e_bench: a $label worker failed" >&2; tail -n 5 "$crowd_dir"/"${label}"_*.log >&2; return 1; }
+    [ "$rc" -eq 0 ] || { echo "e2e_bench: a $label worker failed" >&2; tail -n 5 "$work"/"${label}"_*.log >&2; return 1; }
     local rows worst median
     # rows_per_s is column 12, p99_us 16, server_queue_us 19, batch_wait_us 20.
-    rows=$(tail -q -n 1 "$crowd_dir"/"${label}"_*.csv | awk -F, '{ s += $12 } END { printf "%.0f", s }')
-    worst=$(tail -q -n 1 "$crowd_dir"/"${label}"_*.csv | cut -d, -f16 | sort -g | tail -n 1)
-    median=$(tail -q -n 1 "$crowd_dir"/"${label}"_*.csv | cut -d, -f16 | sort -g |
+    rows=$(tail -q -n 1 "$work"/"${label}"_*.csv | awk -F, '{ s += $12 } END { printf "%.0f", s }')
+    worst=$(tail -q -n 1 "$work"/"${label}"_*.csv | cut -d, -f16 | sort -g | tail -n 1)
+    median=$(tail -q -n 1 "$work"/"${label}"_*.csv | cut -d, -f16 | sort -g |
         awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
     echo "$label: $PROCS processes, $rows rows/s, p99 worst $worst us, median $median us," \
-        "$(tail -q -n 1 "$crowd_dir"/"${label}"_*.csv |
+        "$(tail -q -n 1 "$work"/"${label}"_*.csv |
             awk -F, '{ q += $19; w += $20 } END { printf "mean queue %.0f us, mean batch wait %.0f us", q / NR, w / NR }')"
 }
 
@@ -109,4 +119,4 @@ daemon_stop
 daemon_start --batch-window-us "$WINDOW_US" --max-batch 8192
 crowd on
 daemon_stop
-tar -C "$crowd_dir" -czf "$out/crowd.tar.gz" .
+tar -C "$work" -czf "$out/e2e.tar.gz" .
