@@ -10,7 +10,8 @@
  * thread makes its mma.sync A fragments in registers (two mask bits -> two
  * bf16 0/1 values), so A costs neither a shared tile nor its barriers.  B,
  * the weights, is repacked per call as [tap][oc][64] bf16 (zero channels
- * 59..63) and streamed a tap at a time through a 3-stage cp.async ring; the
+ * 59..63) and streamed a tap at a time through a cp.async ring (5 stages in
+ * bf16, 3 in f32, whose stages are three times larger); the
  * tile's observation bytes (16 agents, contiguous) arrive by cp.async in the
  * group of an earlier tap.  Persistent blocks (SMs x occupancy) walk tiles of
  * 16 agents (192 rows); 8 warps as 4 (rows) x 2 (64 output channels), each a
@@ -52,7 +53,6 @@ constexpr int TAPS = 25, KC = 64;          /* 5 x 5 taps, 59 channels padded to 
 constexpr int OC = GK_NMMO3_CONV_CH;       /* 128 */
 constexpr int IN_CH = 59, MAP_W = 15, MAP_PIX = 165, NFEAT = 10;
 constexpr int MAP_BYTES = MAP_PIX * NFEAT; /* 1650 */
-constexpr int STAGES = 3;
 constexpr int C1_ELEMS = OC * PIXELS;      /* 1536 outputs an agent */
 
 /* The NMMO3 feature table (gk_nmmo3_layout, checked against it on the host). */
@@ -70,6 +70,8 @@ const int host_slots[NFEAT] = {4, 4, 17, 5, 3, 5, 5, 5, 7, 4};
 const int host_offsets[NFEAT] = {0, 4, 8, 25, 30, 33, 38, 43, 48, 55};
 
 template <int NSPLIT> struct geom {
+    /* The weights' ring: taps in flight ahead of the one computed = STAGES - 1. */
+    static constexpr int STAGES = NSPLIT == 1 ? 5 : 3;
     static constexpr int KROW = NSPLIT * KC;         /* k values of one oc row in a stage */
     static constexpr int ROW_BYTES = KROW * 2 + 16;  /* +16: conflict-free ldmatrix */
     static constexpr int STAGE_BYTES = OC * ROW_BYTES;
@@ -237,18 +239,20 @@ conv1_obs_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ p
     int tile = blockIdx.x;
     if (tile >= tiles)
         return;
+    constexpr int AHEAD = G::STAGES - 1;
     issue_bytes(tile);
-    issue_weights(0, 0);
-    cp_async_commit();
-    issue_weights(1, 1);
-    cp_async_commit();
+#pragma unroll
+    for (int p = 0; p < AHEAD; p++) {
+        issue_weights(p, p);
+        cp_async_commit();
+    }
 
     /* one-hot as A: [m16 tile of rows][n8 tile of channels]; weights as A: [m16 of channels][n8 of rows] */
     float acc[WA ? 4 : 3][WA ? 3 : 8][4] = {};
     int stage = 0;
     for (; tile < tiles; tile += gridDim.x) {
         for (int tap = 0; tap < TAPS; tap++) {
-            cp_async_wait_group<1>();
+            cp_async_wait_group<AHEAD - 1>();
             __syncthreads(); /* this tap's weights are in; every warp is done with the stage refilled next */
             if (tap == 0) {
                 build_masks(tile);
@@ -263,10 +267,10 @@ conv1_obs_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ p
                         for (int e = 0; e < 4; e++)
                             acc[i][j][e] = 0.0f;
             }
-            /* Prefetch two taps ahead, into the next tile when this one ends. */
-            const int ahead = tap + 2 < TAPS ? tap + 2 : tap + 2 - TAPS;
-            if (tap + 2 < TAPS || tile + (int)gridDim.x < tiles)
-                issue_weights(ahead, stage == 0 ? 2 : stage - 1);
+            /* Prefetch AHEAD taps ahead, into the next tile when this one ends. */
+            const int ahead = tap + AHEAD < TAPS ? tap + AHEAD : tap + AHEAD - TAPS;
+            if (tap + AHEAD < TAPS || tile + (int)gridDim.x < tiles)
+                issue_weights(ahead, stage + AHEAD < G::STAGES ? stage + AHEAD : stage + AHEAD - G::STAGES);
             cp_async_commit();
 
             const int kh = tap / 5, toff = kh * MAP_W + (tap - kh * 5);
@@ -335,7 +339,7 @@ conv1_obs_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ p
                     }
                 }
             }
-            stage = stage == STAGES - 1 ? 0 : stage + 1;
+            stage = stage == G::STAGES - 1 ? 0 : stage + 1;
         }
 
         /*

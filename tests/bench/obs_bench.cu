@@ -34,6 +34,9 @@
 
 #include "gk.h"
 #include "gk_cuda.h"
+#include <cublas_v2.h>
+
+#include "blas.cuh"
 #include "conv1_obs.cuh"
 #include "gk_cuda_nmmo3.h"
 #include "bench_check.cuh"
@@ -203,6 +206,39 @@ static int conv2_run(void *ctx, const gk_cuda_exec *ex, gk_err *err)
                                   &c->ex_conv, err);
 }
 
+/* The forward's cuBLAS GEMMs alone (bf16 in, fp32 accumulation), to split its time. */
+typedef struct gemm_ctx {
+    cublasHandle_t h;
+    int kind; /* 0 conv2 strided-batched (as nmmo3.cu), 1 conv2 as one GEMM of 2B rows, 2 projection */
+    int64_t B;
+    void *a, *b, *c;
+} gemm_ctx;
+
+static int gemm_run(void *ctx, const gk_cuda_exec *ex, gk_err *err)
+{
+    (void)ex;
+    gemm_ctx *g = (gemm_ctx *)ctx;
+    const float one = 1.0f, zero = 0.0f;
+    const int n = (int)g->B;
+    cublasStatus_t st;
+    if (g->kind == 0)
+        st = cublasGemmStridedBatchedEx(g->h, CUBLAS_OP_T, CUBLAS_OP_N, 128, n, 1152, &one, g->a,
+                                        CUDA_R_16BF, 1152, 0, g->b, CUDA_R_16BF, 1536, 384, &zero,
+                                        g->c, CUDA_R_32F, 256, 128, 2, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT);
+    else if (g->kind == 1)
+        st = cublasGemmEx(g->h, CUBLAS_OP_T, CUBLAS_OP_N, 128, 2 * n, 1152, &one, g->a, CUDA_R_16BF,
+                          1152, g->b, CUDA_R_16BF, 1152, &zero, g->c, CUDA_R_32F, 128,
+                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    else
+        st = cublasGemmEx(g->h, CUBLAS_OP_T, CUBLAS_OP_N, HID, n, 1824, &one, g->a, CUDA_R_16BF,
+                          1824, g->b, CUDA_R_16BF, 1824, &zero, g->c, CUDA_R_32F, HID,
+                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return gk_fail(err, GK_EDEVICE, "cuBLAS: %s", cublasGetStatusName(st));
+    return GK_OK;
+}
+
 /* ||a - b|| / ||b|| of two device arrays of n elements of dt. */
 static double dev_rel_diff(const void *a, const void *b, size_t n, gk_dtype dt)
 {
@@ -342,6 +378,24 @@ static int nmmo3_bench(const gk_cuda_exec *ex0, int sms)
             const double us_c2 = time_op(conv2_run, &f, ex0);
             roof_row("conv2 (conv kernel)", dn, B, us_c2, CONV2_FLOP * B,
                      (double)B * (1536 + 256) * es + 128.0 * 1152 * es, peak, "part of the forward");
+            if (dt == GK_BF16) {
+                gemm_ctx gc = {blas->handle, 0, B, dev_alloc((size_t)HID * 1824 * 2),
+                               dev_alloc((size_t)B * 2304 * 2), dev_alloc((size_t)B * HID * 4)};
+                CK(cudaMemset(gc.a, 0, (size_t)HID * 1824 * 2));
+                CK(cudaMemset(gc.b, 0, (size_t)B * 2304 * 2)); /* the largest: 2B rows of 1152 */
+                const char *names[3] = {"cuBLAS conv2, strided-batched (as the forward)",
+                                        "cuBLAS conv2 as one GEMM of 2B im2col rows",
+                                        "cuBLAS projection GEMM, fp32 out"};
+                const double flops[3] = {CONV2_FLOP * B, CONV2_FLOP * B, 2.0 * 1824 * HID * B};
+                for (int k = 0; k < 3; k++) {
+                    gc.kind = k;
+                    const double us_g = time_op(gemm_run, &gc, ex0);
+                    roof_row(names[k], dn, B, us_g, flops[k], 0, peak, "alone, for the split");
+                }
+                cudaFree(gc.a);
+                cudaFree(gc.b);
+                cudaFree(gc.c);
+            }
             for (int proj = 0; proj < 2; proj++) {
                 if (proj) {
                     f.w.proj_w = gk_tensor_make(dev_floats((size_t)HID * GK_NMMO3_FEATURES, dt), dt, 2, pshape);
