@@ -351,6 +351,8 @@ template <class T, int MATH> dgrad_tile_plan dgrad_tile_plan_of(const conv_shape
     d.nchb = (s.C + per - 1) / per;
     d.cb = (s.C + d.nchb - 1) / d.nchb; /* balanced: the last block is not a sliver */
     d.nb = DG_BN / ohw;
+    if (d.nb >= 4)
+        d.nb &= ~3; /* whole groups of 4 samples: the col2im reads them by 16-byte loads */
     d.nsb = (s.N + d.nb - 1) / d.nb;
     const size_t sb_bytes = (size_t)d.kpad * DG_BN * sizeof(T);
     size_t chunk = DG_PACK_BUDGET / sb_bytes;
@@ -521,9 +523,11 @@ size_t workspace_of(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, 
     ig_params<T> wg = wgrad_params<T>(s, nullptr, nullptr, nullptr, nullptr);
     size_t b = plan_splits(wg, var, sm, true).ws_bytes;
     most = b > most ? b : most;
-    const dgrad_tile_plan dt = var == VAR_BF16   ? dgrad_tile_plan_of<T, MATH_BF16>(s)
-                               : var == VAR_TF32 ? dgrad_tile_plan_of<T, MATH_TF32>(s)
-                                                 : dgrad_tile_plan_of<T, MATH_FFMA>(s);
+    dgrad_tile_plan dt;
+    if constexpr (sizeof(T) == 2)
+        dt = dgrad_tile_plan_of<T, MATH_BF16>(s);
+    else
+        dt = var == VAR_TF32 ? dgrad_tile_plan_of<T, MATH_TF32>(s) : dgrad_tile_plan_of<T, MATH_FFMA>(s);
     if (dt.fits)
         return dt.a_bytes + dt.b_bytes > most ? dt.a_bytes + dt.b_bytes : most;
     for (int rh = 0; rh < s.sh && rh < s.H; rh++)

@@ -15,9 +15,10 @@
  * multiplication by zero: deterministic, and the exact FLOPs.
  *
  * Both operands are packed into the workspace first, by two small kernels:
- *   apack[chb][k][DG_BM]  w^T rows (c_local * taps + tap) of channel block chb;
- *   bpack[sb][k][DG_BN]   dy columns (n_local * OH*OW + output pixel) of sample
- *                         block sb, masked by y > 0 for a relu layer;
+ *   apack[chb][k][DG_BM]  w^T rows (tap * cb + c_local) of channel block chb (tap-major:
+ *                         the channels of one tap are DLD floats apart in dcol);
+ *   bpack[sb][k][DG_BN]   dy columns (output pixel * nb + n_local) of sample block
+ *                         sb, masked by y > 0 for a relu layer;
  * k is the output channel; everything past the blocks and past OC is zero and
  * tf32 math gets pre-rounded values, so operands move only by 16-byte cp.async
  * copies of contiguous chunks.
@@ -46,14 +47,14 @@ enum {
     DG_BN = 96,
     DG_MMA_THREADS = 256,
     DG_THREADS = 512, /* 256 MMA threads, then 256 col2im threads */
-    DG_STAGES = 4,
+    DG_STAGES = 3,
     DG_TAB_MAX = 1024,
     DG_A_BYTES = 69632 /* resident w^T: 256 k rows of bf16 or 128 of fp32 (272 / 544-byte rows) */
 };
 
 template <class T, int MATH> struct dg_geom {
     static constexpr int ESZ = (int)sizeof(T);
-    static constexpr int BK = MATH == MATH_BF16 ? 32 : 16; /* k rows of one dy chunk: 64 bytes */
+    static constexpr int BK = MATH == MATH_BF16 ? 64 : 32; /* k rows of one dy chunk: 128 bytes */
     /*
      * Shared rows padded by 8 elements: bf16 rows of 272 / 208 bytes make the
      * eight 16-byte rows of an ldmatrix land in distinct bank groups; fp32 rows
@@ -70,6 +71,8 @@ template <class T, int MATH> struct dg_geom {
     static constexpr int SMEM_BYTES = TAB_OFF + TAB_BYTES;
     static constexpr int A_CPR = DG_BM * ESZ / 16, B_CPR = DG_BN * ESZ / 16; /* 16 B per k row */
     static constexpr int B_CHUNKS = BK * B_CPR;
+    static constexpr int B_PER_THREAD = B_CHUNKS / DG_MMA_THREADS;
+    static_assert(B_CHUNKS % DG_MMA_THREADS == 0, "a dy chunk is whole 16-byte copies per thread");
 };
 
 /* Named barriers (0 is __syncthreads): among the MMA warps; dcol buffer b full / empty. */
@@ -233,7 +236,8 @@ __global__ void __launch_bounds__(DG_THREADS, 1) dgrad_tile_kernel(const __grid_
     int16_t *tcount = tab + DG_TAB_MAX;
     const int tid = threadIdx.x;
 
-    /* Pixel lists: dx pixel px sums the dcol entries tap * DLD + output pixel, kh then kw ascending. */
+    /* Pixel lists: dx pixel px sums the dcol entries tap * cb * DLD + output pixel * nb (channel 0,
+       sample 0), kh then kw ascending. */
     for (int px = tid; px < p.hw; px += DG_THREADS) {
         const int h = px / p.W, w = px - h * p.W;
         int n = 0;
@@ -246,7 +250,7 @@ __global__ void __launch_bounds__(DG_THREADS, 1) dgrad_tile_kernel(const __grid_
                 if (b < 0 || b % p.sw != 0 || b / p.sw >= p.OW)
                     continue;
                 tab[px * p.maxt + n++] =
-                    (int16_t)((kh * p.KW + kw) * G::DLD + (a / p.sh) * p.OW + b / p.sw);
+                    (int16_t)((kh * p.KW + kw) * p.cb * G::DLD + ((a / p.sh) * p.OW + b / p.sw) * p.nb);
             }
         }
         tcount[px] = (int16_t)n;
@@ -263,6 +267,12 @@ __global__ void __launch_bounds__(DG_THREADS, 1) dgrad_tile_kernel(const __grid_
         const uint32_t sb0 = sa0 + G::B_OFF;
         int iss_j = 0, iss_kc = 0, issued = 0;
         const unsigned char *iss_src = nullptr;
+        uint32_t b_soff[G::B_PER_THREAD]; /* this thread's 16-byte pieces of a chunk: shared offset */
+#pragma unroll
+        for (int u = 0; u < G::B_PER_THREAD; u++) {
+            const int i = tid + u * DG_MMA_THREADS, r = i / G::B_CPR, c = i - r * G::B_CPR;
+            b_soff[u] = r * G::LDB * G::ESZ + c * 16;
+        }
         /* dy chunk number `issued` of this block's sequence into its stage; always one group */
         auto issue = [&]() {
             if (iss_j < mine) {
@@ -272,10 +282,9 @@ __global__ void __launch_bounds__(DG_THREADS, 1) dgrad_tile_kernel(const __grid_
                 }
                 const unsigned char *gb = iss_src + (size_t)iss_kc * BK * DG_BN * G::ESZ;
                 const uint32_t st = sb0 + (issued % DG_STAGES) * G::B_BYTES;
-                for (int i = tid; i < G::B_CHUNKS; i += DG_MMA_THREADS) {
-                    const int r = i / G::B_CPR, c = i - r * G::B_CPR;
-                    cp_async_16(st + r * G::LDB * G::ESZ + c * 16, gb + (size_t)i * 16);
-                }
+#pragma unroll
+                for (int u = 0; u < G::B_PER_THREAD; u++)
+                    cp_async_16(st + b_soff[u], gb + (tid + u * DG_MMA_THREADS) * 16);
                 if (++iss_kc == kcs) {
                     iss_kc = 0;
                     iss_j++;
@@ -324,40 +333,66 @@ __global__ void __launch_bounds__(DG_THREADS, 1) dgrad_tile_kernel(const __grid_
     }
 
     /* ---- col2im warps ---- */
+    /*
+     * dcol columns are output pixel * nb + sample, so the samples of one entry are
+     * adjacent: with nb a multiple of 4 a unit is (4 samples, one pixel) read by
+     * 16-byte loads, else (1 sample, one pixel); the pixel's list is read once for
+     * every channel.  Lanes walk the pixels: each store instruction is contiguous.
+     */
     const int ctid = tid - DG_MMA_THREADS;
-    const int cstride = p.taps * G::DLD; /* dcol rows of one channel */
+    const int vec = (p.nb & 3) == 0 ? 4 : 1;
     for (int j = 0; j < mine; j++) {
         const int item = (int)blockIdx.x + j * (int)gridDim.x, buf = j & 1;
         const int chb = item % p.nchb, sb = item / p.nchb;
         const int n0 = sb * p.nb, c0 = chb * p.cb;
         const int nval = min(p.nb, p.nsamples - n0), cval = min(p.cb, p.C - c0);
+        const int groups = (nval + vec - 1) / vec;
         const float *dcol = (const float *)(dg_smem + G::DCOL_OFF + buf * G::DCOL_BYTES);
+        const size_t sample = (size_t)p.C * p.hw; /* dx elements of one sample */
         dg_bar_sync(DG_BAR_FULL + buf, DG_THREADS);
-        for (int e = ctid; e < nval * p.hw; e += DG_THREADS - DG_MMA_THREADS) {
-            const int nl = (int)fastdiv_q(p.hw_div, (uint32_t)e), px = e - nl * p.hw;
-            const int cnt = tcount[px];
+        for (int e = ctid; e < groups * p.hw; e += DG_THREADS - DG_MMA_THREADS) {
+            const int gi = (int)fastdiv_q(p.hw_div, (uint32_t)e), px = e - gi * p.hw;
+            const int nl = gi * vec, cnt = tcount[px];
             const int16_t *ent = tab + px * p.maxt;
-            const float *src = dcol + nl * p.ohw;
+            const float *src = dcol + nl;
             T *dst = p.dx + ((size_t)(n0 + nl) * p.C + c0) * p.hw + px;
-            if (cnt <= 4) {
+            if (vec == 4 && cnt <= 4) {
+                const int live = min(4, nval - nl);
                 int o[4];
 #pragma unroll
                 for (int i = 0; i < 4; i++)
                     o[i] = i < cnt ? ent[i] : 0;
-                for (int cl = 0; cl < cval; cl++, src += cstride, dst += p.hw) {
-                    float v = 0.0f;
+                for (int cl = 0; cl < cval; cl++, src += G::DLD, dst += p.hw) {
+                    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
                     for (int i = 0; i < 4; i++)
-                        if (i < cnt)
-                            v += src[o[i]];
-                    *dst = elem_from_float<T>(v);
+                        if (i < cnt) {
+                            const float4 q = *(const float4 *)(src + o[i]);
+                            v.x += q.x;
+                            v.y += q.y;
+                            v.z += q.z;
+                            v.w += q.w;
+                        }
+                    dst[0] = elem_from_float<T>(v.x);
+                    if (live > 1)
+                        dst[sample] = elem_from_float<T>(v.y);
+                    if (live > 2)
+                        dst[2 * sample] = elem_from_float<T>(v.z);
+                    if (live > 3)
+                        dst[3 * sample] = elem_from_float<T>(v.w);
                 }
             } else {
-                for (int cl = 0; cl < cval; cl++, src += cstride, dst += p.hw) {
-                    float v = 0.0f;
-                    for (int i = 0; i < cnt; i++)
-                        v += src[ent[i]];
-                    *dst = elem_from_float<T>(v);
+                /* one sample at a time (vec 1), or a list longer than 4 (each sample of the group) */
+                const int live = min(vec, nval - nl);
+                for (int sl = 0; sl < live; sl++) {
+                    const float *sc = src + sl;
+                    T *dc = dst + (size_t)sl * sample;
+                    for (int cl = 0; cl < cval; cl++, sc += G::DLD, dc += p.hw) {
+                        float v = 0.0f;
+                        for (int i = 0; i < cnt; i++)
+                            v += sc[ent[i]];
+                        *dc = elem_from_float<T>(v);
+                    }
                 }
             }
         }
@@ -367,17 +402,17 @@ __global__ void __launch_bounds__(DG_THREADS, 1) dgrad_tile_kernel(const __grid_
 }
 
 /*
- * apack[chb][k][DG_BM] = w[k][chb * cb + r / taps][r % taps], zero past OC, the block
+ * apack[chb][k][DG_BM] = w[k][chb * cb + r % cb][r / cb], zero past OC, the block
  * and C.  Launched with blockDim DG_BM: a thread keeps its row r (32-bit index math only).
  */
 template <class T, int MATH>
 __global__ void __launch_bounds__(DG_BM) dgrad_pack_w_kernel(const T *w, int OC, int C, int taps, int cb,
                                                             int nchb, int kpad, T *out)
 {
-    const int r = threadIdx.x, cl = r / taps, t = r - cl * taps;
+    const int r = threadIdx.x, t = r / cb, cl = r - t * cb;
     for (int row = blockIdx.x; row < nchb * kpad; row += gridDim.x) {
         const int chb = row / kpad, k = row - chb * kpad, c = chb * cb + cl;
-        T v = (k < OC && cl < cb && c < C) ? w[((size_t)k * C + c) * taps + t] : T(0);
+        T v = (k < OC && t < taps && c < C) ? w[((size_t)k * C + c) * taps + t] : T(0);
         if constexpr (MATH == MATH_TF32)
             v = __uint_as_float(f32_to_tf32(v));
         out[(size_t)row * DG_BM + r] = v;
@@ -385,7 +420,7 @@ __global__ void __launch_bounds__(DG_BM) dgrad_pack_w_kernel(const T *w, int OC,
 }
 
 /*
- * bpack[sb][k][DG_BN] = dy[sb * nb + col / ohw][k][col % ohw] (masked by mask > 0
+ * bpack[sb][k][DG_BN] = dy[sb * nb + col % nb][k][col / nb] (masked by mask > 0
  * when mask is given), zero past OC, past the block's nb * ohw columns and past
  * the last sample.  dy and mask point at the launch's first sample.  Launched with
  * blockDim (DG_BN, DG_PACK_ROWS): a thread keeps its column; a block walks whole
@@ -396,10 +431,10 @@ template <class T, int MATH>
 __global__ void __launch_bounds__(DG_BN * DG_PACK_ROWS) dgrad_pack_dy_kernel(
     const T *dy, const T *mask, int OC, int ohw, int nb, int nsamples, int nsb, int kpad, T *out)
 {
-    const int col = threadIdx.x, nl = col / ohw, q = col - nl * ohw;
+    const int col = threadIdx.x, q = col / nb, nl = col - q * nb;
     for (int sb = blockIdx.x; sb < nsb; sb += gridDim.x) {
         const int n = sb * nb + nl;
-        const bool live = nl < nb && n < nsamples;
+        const bool live = q < ohw && n < nsamples;
         const size_t base = ((size_t)n * OC) * ohw + q;
         T *o = out + (size_t)sb * kpad * DG_BN + col;
         for (int k = threadIdx.y; k < kpad; k += DG_PACK_ROWS) {
