@@ -47,11 +47,56 @@ size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 __device__ __forceinline__ void store_f(float *p, size_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store_f(__nv_bfloat16 *p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+/* Two adjacent outputs in one 4-byte (bf16) or 8-byte (f32) store, each rounded once. */
+__device__ __forceinline__ void store_pair(float *p, float v0, float v1)
+{
+    *reinterpret_cast<float2 *>(p) = make_float2(v0, v1);
+}
+__device__ __forceinline__ void store_pair(__nv_bfloat16 *p, float v0, float v1)
+{
+    *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(v0, v1);
+}
+
 /*
- * The features rows: a block per row at a time, a thread per column (no
- * division per element): conv2 (plus its bias from the fp32 GEMM output, or
- * copied from the convolution kernel's), player bytes looked up in the
- * embedding, raw values; rows of ld elements, zeros past column 1817.
+ * Column c of agent b's features row: conv2 (plus its bias from the fp32 GEMM
+ * output, or the convolution kernel's value), player byte j looked up in the
+ * embedding (a bad one reads nothing, is recorded once and gives 0), the raw
+ * player and reward bytes, zeros in the padding past column 1817.
+ */
+template <typename T>
+__device__ __forceinline__ float feat_value(unsigned b, unsigned c, const uint8_t *o,
+                                            const T *__restrict__ c2, const float *__restrict__ c2acc,
+                                            const T *__restrict__ b2, const T *__restrict__ embed,
+                                            unsigned long long *rec)
+{
+    if (c < CONV2_OUT) /* c = oc * 2 + ow; the GEMM's output is (B, ow, oc) without the bias */
+        return c2acc != nullptr
+                   ? c2acc[(size_t)b * CONV2_OUT + (c & 1) * GK_NMMO3_CONV_CH + (c >> 1)] + to_f(b2[c >> 1])
+                   : to_f(c2[(size_t)b * CONV2_OUT + c]);
+    if (c < RAW_AT) {
+        const unsigned j = (c - CONV2_OUT) / GK_NMMO3_EMBED_DIM, d = c % GK_NMMO3_EMBED_DIM;
+        const unsigned v = o[GK_NMMO3_PLAYER_OFFSET + j];
+        if (v < GK_NMMO3_EMBED_VOCAB)
+            return to_f(embed[v * GK_NMMO3_EMBED_DIM + d]);
+        if (d == 0)
+            obs_record_offender(rec, (unsigned long long)b * GK_NMMO3_PLAYER_COUNT + j);
+        return 0.0f;
+    }
+    if (c < RAW_AT + GK_NMMO3_PLAYER_COUNT)
+        return (float)o[GK_NMMO3_PLAYER_OFFSET + (c - RAW_AT)];
+    if (c < GK_NMMO3_FEATURES)
+        return (float)o[GK_NMMO3_REWARD_OFFSET + (c - RAW_AT - GK_NMMO3_PLAYER_COUNT)];
+    return 0.0f;
+}
+
+/*
+ * The features rows, a block per row at a time: with an even row length (the
+ * workspace's padded rows) a thread writes two adjacent columns with one
+ * store, else one column.  Every value is exact in the output dtype except
+ * conv2 + bias, rounded once.
  */
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
@@ -63,46 +108,40 @@ assemble_kernel(const uint8_t *__restrict__ obs, const T *__restrict__ c2,
     for (unsigned b = blockIdx.x; b < rows; b += gridDim.x) {
         const uint8_t *o = obs + (size_t)b * GK_NMMO3_OBS_BYTES;
         T *f = feat + (size_t)b * ld;
-        for (unsigned c = threadIdx.x; c < ld; c += THREADS) {
-            if (c < CONV2_OUT) {
-                /* c = oc * 2 + ow; the GEMM's fp32 output is (B, ow, oc) without the bias */
-                if (c2acc != nullptr)
-                    store_f(f, c, c2acc[(size_t)b * CONV2_OUT + (c & 1) * GK_NMMO3_CONV_CH + (c >> 1)] +
-                                      (float)b2[c >> 1]);
-                else
-                    f[c] = c2[(size_t)b * CONV2_OUT + c];
-            } else if (c < RAW_AT) {
-                const unsigned j = (c - CONV2_OUT) / GK_NMMO3_EMBED_DIM, d = c % GK_NMMO3_EMBED_DIM;
-                const unsigned v = o[GK_NMMO3_PLAYER_OFFSET + j];
-                if (v < GK_NMMO3_EMBED_VOCAB) {
-                    f[c] = embed[v * GK_NMMO3_EMBED_DIM + d];
-                } else {
-                    store_f(f, c, 0.0f); /* never an address from a bad value */
-                    if (d == 0)
-                        obs_record_offender(rec, (unsigned long long)b * GK_NMMO3_PLAYER_COUNT + j);
-                }
-            } else if (c < RAW_AT + GK_NMMO3_PLAYER_COUNT) {
-                store_f(f, c, (float)o[GK_NMMO3_PLAYER_OFFSET + (c - RAW_AT)]);
-            } else if (c < GK_NMMO3_FEATURES) {
-                store_f(f, c, (float)o[GK_NMMO3_REWARD_OFFSET + (c - RAW_AT - GK_NMMO3_PLAYER_COUNT)]);
-            } else {
-                store_f(f, c, 0.0f);
-            }
+        if (ld % 2 == 0) {
+            for (unsigned c = 2 * threadIdx.x; c < ld; c += 2 * THREADS)
+                store_pair(f + c, feat_value(b, c, o, c2, c2acc, b2, embed, rec),
+                           feat_value(b, c + 1, o, c2, c2acc, b2, embed, rec));
+        } else {
+            for (unsigned c = threadIdx.x; c < ld; c += THREADS)
+                store_f(f, c, feat_value(b, c, o, c2, c2acc, b2, embed, rec));
         }
     }
 }
 
-/* hidden = relu(acc + bias), a block per row at a time; acc may be hidden itself (f32). */
+/*
+ * hidden = relu(acc + bias), a block per row at a time, two adjacent columns a
+ * thread when pairs (even row length, acc and out aligned for it); acc may be
+ * hidden itself (f32).
+ */
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
 bias_relu_kernel(const float *acc, const T *__restrict__ bias, T *out, unsigned rows,
-                 unsigned cols)
+                 unsigned cols, int pairs)
 {
-    for (unsigned r = blockIdx.x; r < rows; r += gridDim.x)
-        for (unsigned c = threadIdx.x; c < cols; c += THREADS) {
-            const size_t k = (size_t)r * cols + c;
-            store_f(out, k, fmaxf(acc[k] + (float)bias[c], 0.0f));
+    for (unsigned r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *a = acc + (size_t)r * cols;
+        T *o = out + (size_t)r * cols;
+        if (pairs) {
+            for (unsigned c = 2 * threadIdx.x; c < cols; c += 2 * THREADS) {
+                const float2 v = *reinterpret_cast<const float2 *>(a + c);
+                store_pair(o + c, fmaxf(v.x + to_f(bias[c]), 0.0f), fmaxf(v.y + to_f(bias[c + 1]), 0.0f));
+            }
+        } else {
+            for (unsigned c = threadIdx.x; c < cols; c += THREADS)
+                store_f(o, c, fmaxf(a[c] + to_f(bias[c]), 0.0f));
         }
+    }
 }
 
 /* conv2_w (oc, c, kh, kw) -> (oc, kw, kh, c), the order of conv1's (B, 4, 3, 128) windows. */
@@ -357,13 +396,15 @@ extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_te
     if (st != CUBLAS_STATUS_SUCCESS)
         return gk_fail(err, GK_EDEVICE, "nmmo3 forward (cuda): projection GEMM: %s",
                        gk_cuda_blas_status_name(st));
+    const int pairs = H % 2 == 0 && (uintptr_t)acc % 8 == 0 &&
+                      (uintptr_t)hidden->data % (2 * gk_dtype_size(dt)) == 0;
     if (dt == GK_BF16)
         bias_relu_kernel<__nv_bfloat16><<<grid, THREADS, 0, ex->stream>>>(
             acc, (const __nv_bfloat16 *)w->proj_b.data, (__nv_bfloat16 *)hidden->data, rows,
-            (unsigned)H);
+            (unsigned)H, pairs);
     else
         bias_relu_kernel<float><<<grid, THREADS, 0, ex->stream>>>(
-            acc, (const float *)w->proj_b.data, (float *)hidden->data, rows, (unsigned)H);
+            acc, (const float *)w->proj_b.data, (float *)hidden->data, rows, (unsigned)H, pairs);
     return obs_launch_check("nmmo3 forward", err);
 }
 

@@ -21,7 +21,8 @@
  * to gk_cuda_nmmo3_conv1's); bad map values at the first and last agent and a
  * bad player value, alone and behind a bad map value, fail with the CPU's
  * message.  The projection runs through cuBLAS (a handle given) and as a
- * 1x1 convolution (none).  GPUCD_TEST_SMALL: B <= 37 only (for
+ * 1x1 convolution (none); with a handle also hidden alone (features in the
+ * workspace, conv1's output not kept).  GPUCD_TEST_SMALL: B <= 37 only (for
  * compute-sanitizer).  Exits 77 (skipped) without a CUDA device.
  */
 #include <setjmp.h>
@@ -427,10 +428,17 @@ static double rel_err_dt(const void *got, const void *ref, gk_dtype dt, size_t n
     return sqrt(num) / (den > 0 ? sqrt(den) : 1.0);
 }
 
-/* Runs the GPU forward on the host observations `obs`; returns its status; outputs to host. */
-static int fwd_gpu(fwd_setup *s, const uint8_t *obs, int blas, void *feat, void *hid, void *c1,
+/*
+ * Runs the GPU forward on the host observations `obs`; returns its status; outputs to host.
+ * mode: FWD_BLAS, a cuBLAS handle; FWD_HIDDEN_ONLY, hidden alone through gk_cuda_nmmo3_forward
+ * (features in the workspace with padded rows, conv1's output not kept).
+ */
+enum { FWD_BLAS = 1, FWD_HIDDEN_ONLY = 2 };
+
+static int fwd_gpu(fwd_setup *s, const uint8_t *obs, int mode, void *feat, void *hid, void *c1,
                    gk_err *err)
 {
+    const int blas = mode & FWD_BLAS, only = (mode & FWD_HIDDEN_ONLY) != 0;
     const int64_t B = s->batch;
     const size_t es = gk_dtype_size(s->dt);
     const size_t fbytes = (size_t)B * GK_NMMO3_FEATURES * es, hbytes = (size_t)(B * s->hidden) * es;
@@ -443,24 +451,25 @@ static int fwd_gpu(fwd_setup *s, const uint8_t *obs, int blas, void *feat, void 
     gk_tensor th = gk_tensor_make(dh, s->dt, 2, TH_SHAPE(B, s->hidden));
     gk_tensor tc = gk_tensor_make(dc, s->dt, 4, TH_SHAPE(B, OC, 3, 4));
     size_t ws_bytes = 0;
-    if (gk_cuda_nmmo3_forward_workspace_bytes(&s->dw, &tobs, &tf, s->hidden ? &th : NULL, g_sms,
-                                              &ws_bytes, err))
+    if (gk_cuda_nmmo3_forward_workspace_bytes(&s->dw, &tobs, only ? NULL : &tf,
+                                              s->hidden ? &th : NULL, g_sms, &ws_bytes, err))
         fail_msg("forward workspace: %s", err->msg);
     void *ws = NULL;
     CUDA_OK(cudaMalloc(&ws, ws_bytes));
     gk_cuda_exec ex = exec_make(g_sms, ws, ws_bytes);
     ex.blas = blas ? g_blas : NULL;
-    if (gk_cuda_nmmo3_forward_keep(&s->dw, &tobs, &tf, s->hidden ? &th : NULL, &tc, &ex, err))
+    if (only ? gk_cuda_nmmo3_forward(&s->dw, &tobs, NULL, &th, &ex, err)
+             : gk_cuda_nmmo3_forward_keep(&s->dw, &tobs, &tf, s->hidden ? &th : NULL, &tc, &ex, err))
         fail_msg("forward: %s", err->msg);
     CUDA_OK(cudaStreamSynchronize(g_stream));
     const int rc = gk_cuda_nmmo3_status(&tobs, &ex, err);
-    if (rc == GK_OK) {
+    if (rc == GK_OK && s->hidden) {
+        download(hid, dh, hbytes);
+        guard_check(dh, hbytes, "forward hidden");
+    }
+    if (rc == GK_OK && !only) {
         download(feat, df, fbytes);
         guard_check(df, fbytes, "forward features");
-        if (s->hidden) {
-            download(hid, dh, hbytes);
-            guard_check(dh, hbytes, "forward hidden");
-        }
         download(c1, dc, cbytes);
         guard_check(dc, cbytes, "forward c1");
     }
@@ -488,11 +497,22 @@ static void fwd_case(gk_dtype dt, int64_t B, int64_t hidden)
     char what[128];
     const double tol = dt == GK_BF16 ? 2e-2 : 1e-5;
     /* With the cuBLAS projection and with the 1x1-convolution one (no handle). */
-    for (int blas = 1; blas >= 0; blas--) {
+    /* Hidden alone (with a projection), with the cuBLAS path, without a handle (its c1 kept). */
+    const int modes[3] = {FWD_BLAS | FWD_HIDDEN_ONLY, FWD_BLAS, 0};
+    for (int m = hidden ? 0 : 1; m < 3; m++) {
+        const int mode = modes[m];
         snprintf(what, sizeof what, "nmmo3 forward %s B %lld hidden %lld%s", gk_dtype_name(dt),
-                 (long long)B, (long long)hidden, blas ? "" : " (no cuBLAS handle)");
-        if (fwd_gpu(&s, s.obs, blas, gf, gh, gc, &err))
+                 (long long)B, (long long)hidden,
+                 mode & FWD_HIDDEN_ONLY ? " (hidden alone)" : mode ? "" : " (no cuBLAS handle)");
+        if (fwd_gpu(&s, s.obs, mode, gf, gh, gc, &err))
             fail_msg("%s: %s", what, err.msg);
+        if (mode & FWD_HIDDEN_ONLY) {
+            const double eh = rel_err_dt(gh, rh, dt, nh, what);
+            printf("%s: rel err vs CPU hidden %.3g (tolerance %g)\n", what, eh, tol);
+            if (!(eh < tol))
+                fail_msg("%s: rel err hidden %.3g >= %g", what, eh, tol);
+            continue;
+        }
         const double ef = rel_err_dt(gf, rf, dt, nf, what);
         const double eh = hidden ? rel_err_dt(gh, rh, dt, nh, what) : 0.0;
         printf("%s: rel err vs CPU features %.3g, hidden %.3g (tolerance %g)\n", what, ef, eh,
@@ -560,7 +580,8 @@ static void test_nmmo3_forward_bad(void **state)
             gk_tensor hf = gk_tensor_make(f, s.dt, 2, TH_SHAPE(B, GK_NMMO3_FEATURES));
             gk_tensor hh = gk_tensor_make(h, s.dt, 2, TH_SHAPE(B, 128));
             assert_int_equal(gk_cpu_nmmo3_forward(&s.hw, &hobs, &hf, &hh, &cpu_err), GK_ERANGE);
-            const int rc = fwd_gpu(&s, bad, c & 1, f, h, c1, &err);
+            const int rc = fwd_gpu(&s, bad, c & 1 ? FWD_BLAS : FWD_BLAS | FWD_HIDDEN_ONLY, f, h, c1,
+                                   &err);
             printf("nmmo3 forward %s, bad value %d: %s\n", gk_dtype_name(s.dt), c, err.msg);
             assert_int_equal(rc, GK_ERANGE);
             assert_string_equal(err.msg, cpu_err.msg);
