@@ -63,6 +63,9 @@ namespace {
  */
 enum { RT = 256, VPT = 32, VC_MAX = RT * VPT, VC_STEP = 256, VC_GOOD = 1024, R_STEP = 128 };
 
+/* The row-block schedule only with at least this many rows a block (or all of N): dC's GEMM has K = rows. */
+enum { RB_MIN = 512 };
+
 /* Per-row state in the workspace. */
 struct lce_state {
     int32_t *tgt;  /* N: effective target, -1 when ignored */
@@ -163,13 +166,24 @@ __device__ __forceinline__ void cand_update(const float z[VPT], int64_t v0, int6
         st.cand_count[row] = kept + added;
 }
 
+/* Row-block schedule: where the forward keeps exp(z - chunk max) * scale and the chunk maxima. */
+template <class T> struct rb_store {
+    T *X;         /* rows of the block x V, row stride ldx */
+    int64_t ldx;
+    float scale;  /* gscale: f16 keeps small values normal */
+    float *mc;    /* rows of the block x nch */
+    int nch, chunk;
+};
+
 /*
  * Forward, one block per row of the chunk F (vc entries from v0, rows from
- * r0): the chunk's (max, sum of exp) merged into the row's running pair.
+ * r0): the chunk's (max, sum of exp) merged into the row's running pair;
+ * with STORE, the chunk's exp(z - max) kept for the row-block backward.
  */
-template <class T, bool CAND>
+template <class T, bool CAND, bool STORE>
 __global__ void __launch_bounds__(RT) fwd_chunk_kernel(const float *F, int64_t ldf, int vc, int64_t v0, int64_t r0,
-                                                       const T *bias, float cap, float ln_eps, lce_state st, int first)
+                                                       const T *bias, float cap, float ln_eps, lce_state st, int first,
+                                                       rb_store<T> xs)
 {
     __shared__ float sh[32];
     __shared__ int shi[32];
@@ -184,10 +198,18 @@ __global__ void __launch_bounds__(RT) fwd_chunk_kernel(const float *F, int64_t l
     }
     const float M = block_reduce(mx, true, sh);
     float sum = 0.0f;
+    T *x = STORE ? xs.X + (int64_t)blockIdx.x * xs.ldx + v0 : nullptr;
 #pragma unroll
-    for (int k = 0; k < VPT; k++)
-        sum += expf(z[k] - M); /* 0 for the -inf past vc */
+    for (int k = 0; k < VPT; k++) {
+        const float e = expf(z[k] - M); /* 0 for the -inf past vc */
+        sum += e;
+        const int j = threadIdx.x + k * RT;
+        if (STORE && j < vc)
+            x[j] = lce_from_f<T>(e * xs.scale);
+    }
     const float S = block_reduce(sum, false, sh);
+    if (STORE && threadIdx.x == 0)
+        xs.mc[(int64_t)blockIdx.x * xs.nch + xs.chunk] = M;
     if (CAND)
         cand_update(z, v0, row, first ? M : fmaxf(st.m[row], M), ln_eps, first, st, shi);
     if (threadIdx.x != 0)
@@ -244,6 +266,38 @@ __global__ void __launch_bounds__(RT) grad_chunk_kernel(float *F, int64_t ldf, i
     }
 }
 
+/*
+ * Row-block backward, one block per row of the block: X (exp(z - chunk max)
+ * * gscale, from the forward) becomes G = (softmax - onehot) * softcap' *
+ * gscale in place; the softcapped logit for softcap' is chunk max + ln e
+ * (the target's own logit for the target).
+ */
+template <class T>
+__global__ void __launch_bounds__(RT) rb_grad_kernel(T *X, int64_t V, int64_t Vc, const float *mc, int nch,
+                                                     int64_t r0, float cap, float eps, float gscale, lce_state st)
+{
+    const int64_t row = r0 + blockIdx.x;
+    T *x = X + (int64_t)blockIdx.x * V;
+    const float *m = mc + (int64_t)blockIdx.x * nch;
+    const int32_t t = st.tgt[row];
+    const float L = st.lse[row], zt = t >= 0 ? st.zt[row] : 0.0f;
+    for (int64_t v = threadIdx.x; v < V; v += RT) {
+        float g = 0.0f;
+        if (t >= 0) {
+            const float mcv = m[(int)v / (int)Vc], e = lce_to_f(x[v]) / gscale; /* V < 2^31 */
+            float d = e * expf(mcv - L) - (v == t ? 1.0f : 0.0f);
+            if (fabsf(d) < eps)
+                d = 0.0f;
+            if (cap > 0.0f && d != 0.0f) {
+                const float th = (v == t ? zt : mcv + logf(e)) / cap;
+                d *= 1.0f - th * th;
+            }
+            g = d * gscale;
+        }
+        x[v] = lce_from_f<T>(g);
+    }
+}
+
 /* Every target checked (bad: the smallest bad index); effective targets after shift; counted rows. */
 template <class TI>
 __global__ void targets_kernel(const TI *t, int64_t N, int64_t V, int64_t ignore, int shift, lce_state st)
@@ -263,10 +317,10 @@ __global__ void targets_kernel(const TI *t, int64_t N, int64_t V, int64_t ignore
         atomicAdd(st.count, counted); /* an integer sum: the same in any order */
 }
 
-/* Per row: LSE and the row loss. */
-__global__ void rows_kernel(lce_state st, int64_t N, float *lse_out, float *loss_none)
+/* Per row of [r0, r1): LSE and the row loss. */
+__global__ void rows_kernel(lce_state st, int64_t r0, int64_t r1, float *lse_out, float *loss_none)
 {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t i = r0 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < r1; i += (int64_t)gridDim.x * blockDim.x) {
         const double lse = (double)st.m[i] + log((double)st.s[i]);
         st.lse[i] = (float)lse;
         const float rl = st.tgt[i] >= 0 ? (float)(lse - (double)st.zt[i]) : 0.0f;
@@ -337,7 +391,8 @@ struct lce_plan {
     bool dE_f32, dC_f32, dbias_f32; /* accumulated in the output itself */
     bool fused;    /* one backward sweep for every gradient; else a dE sweep, then a dC / dbias sweep */
     bool cand;     /* filtering: the forward keeps candidates for the sparse backward */
-    sweep_cfg fwd, de, dc;
+    bool rowblock; /* forward and backward by blocks of rows holding exp(z - max) for all of V (rb) */
+    sweep_cfg fwd, de, dc, rb;
     size_t state_bytes, total; /* state_bytes: the per-row state and the candidates */
 };
 
@@ -378,6 +433,24 @@ size_t sweep_bytes(const lce_plan &pl, int64_t R, int64_t Vc, int64_t P, bool wi
  * Deterministic and monotone in budget, so planning again with exactly the
  * bytes returned gives the same blocking.
  */
+/* The smallest budget sweep_fit accepts: the least of its candidates' narrowest chunks. */
+size_t sweep_min(const lce_plan &pl, int64_t Rmax, int64_t P, bool with_dC)
+{
+    const int64_t vfull = chunk_max(pl.V);
+    const int64_t rmin = std::min<int64_t>(Rmax, R_STEP);
+    size_t least = SIZE_MAX;
+    for (int64_t R = Rmax;; R = std::max(rmin, round_up(R / 2, R_STEP))) {
+        int64_t floor = R == rmin ? std::min<int64_t>(vfull, VC_STEP) : std::min<int64_t>(vfull, VC_GOOD);
+        /* the narrowest chunk sweep_fit tries at this R: vfull, then multiples of VC_STEP down to floor */
+        int64_t vc = vfull;
+        while (vc > floor && (vc - 1) / VC_STEP * VC_STEP >= floor && vc > VC_STEP)
+            vc = (vc - 1) / VC_STEP * VC_STEP;
+        least = std::min(least, sweep_bytes(pl, R, vc, P, with_dC));
+        if (R == rmin)
+            return least;
+    }
+}
+
 bool sweep_fit(const lce_plan &pl, int64_t Rmax, int64_t P, bool with_dC, size_t budget, sweep_cfg *out)
 {
     const int64_t vfull = chunk_max(pl.V);
@@ -399,7 +472,82 @@ bool sweep_fit(const lce_plan &pl, int64_t Rmax, int64_t P, bool with_dC, size_t
     }
 }
 
-int plan_sweeps(lce_plan *pl, size_t budget, gk_err *err);
+bool plan_sweeps(lce_plan *pl, size_t budget, size_t *need);
+
+/*
+ * Row-block workspace for R rows: state, X (R x V input-dtype values), F (one
+ * chunk), the chunk maxima, the ones for dbias and its fp32 accumulator when
+ * the rows take several blocks and dbias is 16-bit.
+ */
+size_t rb_bytes(const lce_plan &pl, int64_t R)
+{
+    const int64_t Vc = chunk_max(pl.V), nch = cdiv(pl.V, Vc);
+    size_t b = pl.state_bytes + align256((size_t)R * (size_t)pl.V * pl.esize) + align256((size_t)R * (size_t)Vc * 4) +
+               align256((size_t)R * (size_t)nch * 4);
+    if (pl.want_dbias)
+        b += align256((size_t)R * pl.esize) + (!pl.dbias_f32 && R < pl.N ? align256((size_t)pl.V * 4) : 0);
+    return b;
+}
+
+/* Row-block workspace bytes a row adds, before alignment. */
+size_t rb_row_bytes(const lce_plan &pl)
+{
+    const int64_t Vc = chunk_max(pl.V);
+    return (size_t)pl.V * pl.esize + (size_t)Vc * 4 + (size_t)cdiv(pl.V, Vc) * 4 + (pl.want_dbias ? pl.esize : 0);
+}
+
+/*
+ * Whether the row-block schedule may split the rows: dC must be f32
+ * (accumulated in place across blocks), and a row more than the 5 x 256
+ * bytes of alignment, so that rb_bytes grows with every row.
+ */
+bool rb_multi(const lce_plan &pl)
+{
+    return (!pl.want_dC || pl.dC_f32) && rb_row_bytes(pl) > 5 * 256;
+}
+
+/* The smallest budget the row-block schedule accepts (see plan_rowblock). */
+size_t rb_min_bytes(const lce_plan &pl)
+{
+    const int64_t N = pl.N, rmin = std::min<int64_t>(N, RB_MIN);
+    if (!rb_multi(pl))
+        return rb_bytes(pl, N);
+    int64_t nb = std::max<int64_t>(1, N / rmin);
+    while (nb > 1 && cdiv(N, nb) < rmin)
+        nb--;
+    return rb_bytes(pl, cdiv(N, nb));
+}
+
+/*
+ * The row-block schedule (3 GEMM passes instead of 4: the forward's exp
+ * values are the backward's G, no recompute) where it fits: all rows in one
+ * block, or (rb_multi) blocks as large as the budget allows, evened out over
+ * their count, of at least RB_MIN rows.  Monotone in budget, and planning
+ * again with exactly the bytes returned gives the same R.
+ */
+bool plan_rowblock(lce_plan *pl, size_t budget)
+{
+    const int64_t N = pl->N;
+    int64_t R = N;
+    if (rb_bytes(*pl, N) > budget) {
+        const size_t fixed = rb_bytes(*pl, 0);
+        if (!rb_multi(*pl) || budget < fixed)
+            return false;
+        /* the most rows that fit: from above (alignment only adds), down */
+        int64_t rmax = (int64_t)std::min<size_t>((budget - fixed) / rb_row_bytes(*pl), (size_t)N);
+        while (rmax > 0 && rb_bytes(*pl, rmax) > budget)
+            rmax--;
+        if (rmax == 0)
+            return false;
+        R = cdiv(N, cdiv(N, rmax));
+        if (R < std::min<int64_t>(N, RB_MIN))
+            return false;
+    }
+    pl->rowblock = true;
+    pl->rb = sweep_cfg{R, chunk_max(pl->V), 0, rb_bytes(*pl, R)};
+    pl->total = pl->rb.bytes;
+    return true;
+}
 
 /*
  * With filtering and gradients, the candidates' room is taken first; when the
@@ -425,7 +573,8 @@ int plan_make(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk_
         lce_plan with = *pl;
         with.cand = true;
         with.state_bytes = state_bytes_of(pl->N) + cand_bytes_of(pl->N);
-        if (plan_sweeps(&with, budget, NULL) == GK_OK) {
+        size_t need_with = 0;
+        if (plan_sweeps(&with, budget, &need_with)) {
             /* past the candidates: the sweeps' chunks, or the sparse backward's sort, in turn */
             with.total = std::max(with.total, with.state_bytes + sparse);
             if (with.total <= budget) {
@@ -435,11 +584,21 @@ int plan_make(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk_
         }
     }
     pl->state_bytes = state_bytes_of(pl->N);
-    return plan_sweeps(pl, budget, err);
+    if (grads && plan_rowblock(pl, budget))
+        return GK_OK;
+    size_t need = 0;
+    if (plan_sweeps(pl, budget, &need))
+        return GK_OK;
+    if (grads) /* the smallest budget either schedule accepts */
+        need = std::min(need, rb_min_bytes(*pl));
+    return gk_fail(err, GK_ENOMEM, "lce (cuda): needs at least %zu workspace bytes, %zu given", need, budget);
 }
 
-/* Blockings of the forward and backward sweeps under budget, state_bytes set. */
-int plan_sweeps(lce_plan *pl, size_t budget, gk_err *err)
+/*
+ * Blockings of the forward and backward sweeps under budget, state_bytes set;
+ * false (and *need: the smallest budget they fit) when they do not fit.
+ */
+bool plan_sweeps(lce_plan *pl, size_t budget, size_t *need)
 {
     const int64_t N = pl->N;
     const bool want_c = pl->want_dC || pl->want_dbias;
@@ -464,17 +623,28 @@ int plan_sweeps(lce_plan *pl, size_t budget, gk_err *err)
         pl->total = std::max(pl->de.bytes, pl->dc.bytes);
     }
     if (!ok) {
-        /* the smallest blocking of the sweeps this request needs */
-        const int64_t r = std::min<int64_t>(N, R_STEP), vc = std::min<int64_t>(chunk_max(pl->V), VC_STEP);
-        size_t need = sweep_bytes(*pl, r, vc, pl->want_dE ? r : 0, false);
-        if (want_c)
-            need = std::max(need, sweep_bytes(*pl, r, vc, 0, true));
-        return gk_fail(err, GK_ENOMEM, "lce (cuda): needs at least %zu workspace bytes, %zu given", need, budget);
+        /* the smallest budget that would have worked: fused, or dE passes then the dC sweep */
+        if (!pl->want_dE && !want_c) {
+            *need = sweep_min(*pl, N, 0, false);
+            return false;
+        }
+        *need = sweep_min(*pl, N, pl->want_dE ? N : 0, want_c);
+        if (pl->want_dE) {
+            size_t de = SIZE_MAX;
+            const int64_t pmin = std::min<int64_t>(N, R_STEP);
+            for (int64_t P = N;; P = std::max(pmin, round_up(P / 2, R_STEP))) {
+                de = std::min(de, sweep_min(*pl, P, P, false));
+                if (P == pmin)
+                    break;
+            }
+            *need = std::min(*need, std::max(de, want_c ? sweep_min(*pl, N, 0, true) : (size_t)0));
+        }
+        return false;
     }
     /* the forward runs before the backward sweeps: it may take all of their workspace */
     if ((pl->want_dE || want_c) && !sweep_fit(*pl, N, 0, false, pl->total, &pl->fwd))
         pl->fwd = pl->de; /* not reached: the backward's own blocking always fits */
-    return GK_OK;
+    return true;
 }
 
 /* ---- running ------------------------------------------------------------------------- */
@@ -556,11 +726,11 @@ template <class T> int forward(const lce_ctx<T> &c, gk_err *err)
             if ((rc = logits_chunk(c, F, ldf, r0, rn, v0, vc, err)))
                 return rc;
             if (pl.cand)
-                fwd_chunk_kernel<T, true><<<(unsigned)rn, RT, 0, stream>>>(F, ldf, (int)vc, v0, r0, c.bias, c.cap,
-                                                                           c.ln_eps, c.st, v0 == 0);
+                fwd_chunk_kernel<T, true, false><<<(unsigned)rn, RT, 0, stream>>>(
+                    F, ldf, (int)vc, v0, r0, c.bias, c.cap, c.ln_eps, c.st, v0 == 0, rb_store<T>{});
             else
-                fwd_chunk_kernel<T, false><<<(unsigned)rn, RT, 0, stream>>>(F, ldf, (int)vc, v0, r0, c.bias, c.cap,
-                                                                            c.ln_eps, c.st, v0 == 0);
+                fwd_chunk_kernel<T, false, false><<<(unsigned)rn, RT, 0, stream>>>(
+                    F, ldf, (int)vc, v0, r0, c.bias, c.cap, c.ln_eps, c.st, v0 == 0, rb_store<T>{});
             if ((rc = launch_check("forward chunk", err)))
                 return rc;
         }
@@ -670,6 +840,86 @@ int sweep(const lce_ctx<T> &c, const sweep_cfg &cfg, int64_t a0, int64_t a1, boo
                                        : store<__half>(deacc, n, elem_at(dE, a0 * D), c.ex, err)))
             return rc;
     }
+    return GK_OK;
+}
+
+/*
+ * The row-block schedule: per block of R rows, the forward over the chunks
+ * keeps exp(z - chunk max) in X (R x V); with the rows' LSE, one kernel turns
+ * X into G in place, then dE_rows = w G C (K = V, written once), dC (+)= w
+ * G^T E_rows (f32 dC accumulated across blocks, beta = 1 after the first)
+ * and dbias (+)= w G^T 1.  Three GEMM passes over the logits' FLOPs instead
+ * of four.  Row losses and LSE as the other schedule; the reduced loss after.
+ */
+template <class T>
+int rowblock(const lce_ctx<T> &c, const gk_tensor *lse, float *loss_none, const gk_tensor *dE,
+             const gk_tensor *dC, const gk_tensor *dbias, gk_err *err)
+{
+    const lce_plan &pl = *c.pl;
+    const cudaStream_t stream = c.ex->stream;
+    const int64_t N = pl.N, D = pl.D, V = pl.V, R = pl.rb.R, Vc = pl.rb.Vc, nch = cdiv(V, Vc);
+    const bool one_block = R >= N;
+    const cudaDataType_t tin = dtype_of<T>::v;
+    unsigned char *p = c.ws;
+    T *X = (T *)p;
+    p += align256((size_t)R * V * sizeof(T));
+    float *F = (float *)p;
+    p += align256((size_t)R * Vc * 4);
+    float *mc = (float *)p;
+    p += align256((size_t)R * nch * 4);
+    T *ones = nullptr;
+    float *dbacc = nullptr;
+    int rc;
+    if (pl.want_dbias) {
+        ones = (T *)p;
+        p += align256((size_t)R * sizeof(T));
+        if (!pl.dbias_f32 && !one_block)
+            dbacc = (float *)p;
+        ones_kernel<T><<<grid_of(R, c.ex->sm_count), 256, 0, stream>>>(ones, R);
+        if ((rc = launch_check("ones", err)))
+            return rc;
+    }
+    for (int64_t r0 = 0; r0 < N; r0 += R) {
+        const int64_t rn = std::min(R, N - r0);
+        const float beta = r0 == 0 ? 0.0f : 1.0f;
+        for (int64_t v0 = 0; v0 < V; v0 += Vc) {
+            const int64_t vc = std::min(Vc, V - v0);
+            if ((rc = logits_chunk(c, F, Vc, r0, rn, v0, vc, err)))
+                return rc;
+            const rb_store<T> xs = {X, V, c.gscale, mc, (int)nch, (int)(v0 / Vc)};
+            fwd_chunk_kernel<T, false, true><<<(unsigned)rn, RT, 0, stream>>>(F, Vc, (int)vc, v0, r0, c.bias, c.cap,
+                                                                              c.ln_eps, c.st, v0 == 0, xs);
+            if ((rc = launch_check("forward chunk", err)))
+                return rc;
+        }
+        rows_kernel<<<grid_of(rn, c.ex->sm_count), 256, 0, stream>>>(
+            c.st, r0, r0 + rn, gk_tensor_present(lse) ? (float *)lse->data : nullptr, loss_none);
+        if ((rc = launch_check("row loss", err)))
+            return rc;
+        rb_grad_kernel<T><<<(unsigned)rn, RT, 0, stream>>>(X, V, Vc, mc, (int)nch, r0, c.cap, c.eps, c.gscale, c.st);
+        if ((rc = launch_check("gradient rows", err)))
+            return rc;
+        /* dE_rows^T (D x rn) = C^T (D x V) G^T (V x rn) */
+        if (pl.want_dE &&
+            (rc = gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, D, rn, V, c.alpha, c.C, tin, D, X, tin, V, 0.0f,
+                       elem_at(dE, r0 * D), cuda_dtype(dE->dtype), D, "dE", err)))
+            return rc;
+        /* dC^T (D x V) (+)= E_rows^T (D x rn) G (rn x V) */
+        if (pl.want_dC && (rc = gemm(c, CUBLAS_OP_N, CUBLAS_OP_T, D, V, rn, c.alpha, c.E + r0 * D, tin, D, X, tin, V,
+                                     beta, dC->data, cuda_dtype(dC->dtype), D, "dC", err)))
+            return rc;
+        /* dbias (V) (+)= G^T (V x rn) 1 (rn) */
+        if (pl.want_dbias) {
+            void *out = dbacc != nullptr ? (void *)dbacc : dbias->data;
+            const cudaDataType_t ot = dbacc != nullptr ? CUDA_R_32F : cuda_dtype(dbias->dtype);
+            if ((rc = gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, V, 1, rn, c.alpha, X, tin, V, ones, tin, rn, beta, out, ot, V,
+                           "dbias", err)))
+                return rc;
+        }
+    }
+    if (dbacc != nullptr)
+        return dbias->dtype == GK_BF16 ? store<__nv_bfloat16>(dbacc, V, dbias->data, c.ex, err)
+                                       : store<__half>(dbacc, V, dbias->data, c.ex, err);
     return GK_OK;
 }
 
@@ -818,18 +1068,25 @@ int lce_run(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk_te
         w = count > 0 ? w / (double)count : 0.0;
     c.alpha = (float)(w / (double)c.gscale);
 
-    if ((rc = forward(c, err)))
-        return rc;
     const bool none = p->reduction == GK_REDUCE_NONE;
-    rows_kernel<<<grid_of(N, ex->sm_count), 256, 0, stream>>>(
-        c.st, N, gk_tensor_present(lse) ? (float *)lse->data : nullptr, none ? (float *)loss->data : nullptr);
-    if ((rc = launch_check("row loss", err)))
-        return rc;
+    if (pl.rowblock) {
+        if ((rc = rowblock(c, lse, none ? (float *)loss->data : nullptr, dE, dC, dbias, err)))
+            return rc;
+    } else {
+        if ((rc = forward(c, err)))
+            return rc;
+        rows_kernel<<<grid_of(N, ex->sm_count), 256, 0, stream>>>(
+            c.st, 0, N, gk_tensor_present(lse) ? (float *)lse->data : nullptr, none ? (float *)loss->data : nullptr);
+        if ((rc = launch_check("row loss", err)))
+            return rc;
+    }
     if (!none) {
         loss_kernel<<<1, LOSS_THREADS, 0, stream>>>(c.st, N, p->reduction == GK_REDUCE_MEAN, (float *)loss->data);
         if ((rc = launch_check("loss reduction", err)))
             return rc;
     }
+    if (pl.rowblock)
+        return GK_OK;
 
     if (pl.cand) {
         bool ran = false;

@@ -4,7 +4,7 @@
  *
  * The workspace never exceeds the budget and is refused (GK_ENOMEM) only
  * below a small minimum, which the refusal names and which is then accepted
- * exactly; the issue's shapes use most of the default 1 GB (wide logits
+ * (one byte less is not); the issue's shapes use most of the default 1 GB (wide logits
  * chunks) and its largest shapes fit it by splitting into passes; asking
  * again with the returned size gives the same size (the call plans the same
  * way with exactly that workspace); bad arguments are refused.  Tensor data pointers are distinct fake addresses:
@@ -66,7 +66,7 @@ static void test_issue_shapes(void **state)
 {
     (void)state;
     size_t b = 0;
-    /* f32 gradients at N = 32768: accumulated in place, the budget goes to wide logits chunks */
+    /* f32 gradients at N = 32768: the row-block schedule, blocks of ~1900 rows x all of V */
     req r = req_make(32768, 4096, 256000, GK_BF16, GK_F32, 0);
     assert_int_equal(plan(&r, 132, GK_CUDA_LCE_DEFAULT_BUDGET, &b), GK_OK);
     assert_true(b <= GB && b > GB - GB / 16);
@@ -114,14 +114,17 @@ static void test_budget_respected(void **state)
              * most 128 fp32 rows of dE or 256 of dC and dbias
              */
             assert_true(budget < (size_t)N * 24 + 4096 + 128 * 256 * 4 + 512 + (size_t)256 * (size_t)D * 4 + 1024);
-            /* the refusal names the minimum, which is accepted and planned exactly */
+            /* the refusal names the minimum, which is accepted (a schedule may then want less) */
             unsigned long long min = 0;
             const char *at = strstr(err.msg, "needs at least ");
             if (at == NULL || sscanf(at, "needs at least %llu", &min) != 1)
                 fail_msg("case %d: no minimum in \"%s\"", k, err.msg);
             assert_true(min > budget);
             assert_int_equal(plan(&r, sms, (size_t)min, &b), GK_OK);
-            assert_int_equal(b, min);
+            assert_true(b <= min);
+            if (plan(&r, sms, (size_t)min - 1, &b) != GK_ENOMEM)
+                fail_msg("case %d: %llu bytes named the minimum, one less accepted (N %lld D %lld V %lld)", k, min,
+                         (long long)N, (long long)D, (long long)V);
             continue;
         }
         if (rc != GK_OK)
