@@ -452,6 +452,30 @@ int dgrad_tile_run(const conv_shape &s, const dgrad_tile_plan &d, const T *dy, c
     return GK_OK;
 }
 
+/*
+ * Bias gradient: samples split over up to 4 blocks an SM (partials in the workspace)
+ * when one sample's OC * OH * OW floats fit the block's shared memory; blocks = 0
+ * selects the one-block-per-channel kernel.
+ */
+struct bias_plan {
+    int blocks, per, smem;
+    size_t ws_bytes;
+};
+
+bias_plan bias_plan_of(const conv_shape &s, int sm_count)
+{
+    bias_plan b = {0, 0, 0, 0};
+    const size_t smem = (size_t)s.OC * s.OH * s.OW * sizeof(float);
+    if (smem > BIAS_GRAD_SMEM_MAX)
+        return b;
+    const int most = sm_count * 4;
+    b.per = (s.N + most - 1) / most;
+    b.blocks = (s.N + b.per - 1) / b.per;
+    b.smem = (int)smem;
+    b.ws_bytes = round256((size_t)b.blocks * s.OC * sizeof(float));
+    return b;
+}
+
 template <class T, int MATH>
 int forward_run(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, const gk_tensor *b,
                 const gk_tensor *y, const gk_cuda_exec *ex, int var, gk_err *err)
@@ -478,8 +502,23 @@ int backward_run(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, con
     if (rc)
         return rc;
     if (gk_tensor_present(db)) {
-        bias_grad_kernel<T><<<s.OC, 512, 0, ex->stream>>>((const T *)dy->data, mask, s.N, s.OC,
-                                                         s.OH * s.OW, (T *)db->data);
+        const bias_plan bp = bias_plan_of(s, ex->sm_count);
+        if (bp.blocks > 0) {
+            /* partials at the workspace start: the wgrad reduction before is done with it */
+            if (bp.ws_bytes > ex->workspace_bytes)
+                return gk_fail(err, GK_ENOMEM,
+                               "conv2d (cuda): bias gradient needs %zu workspace bytes, %zu given",
+                               bp.ws_bytes, ex->workspace_bytes);
+            bias_grad_partial_kernel<T><<<bp.blocks, 512, bp.smem, ex->stream>>>(
+                (const T *)dy->data, mask, s.N, s.OC, s.OH * s.OW, bp.per, (float *)ex->workspace);
+            if ((rc = launch_check<T>("bias gradient", err)))
+                return rc;
+            bias_grad_final_kernel<T><<<(s.OC + 255) / 256, 256, 0, ex->stream>>>(
+                (const float *)ex->workspace, bp.blocks, s.OC, (T *)db->data);
+        } else {
+            bias_grad_kernel<T><<<s.OC, 512, 0, ex->stream>>>((const T *)dy->data, mask, s.N, s.OC,
+                                                             s.OH * s.OW, (T *)db->data);
+        }
         if ((rc = launch_check<T>("bias gradient", err)))
             return rc;
     }
@@ -522,6 +561,8 @@ size_t workspace_of(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, 
     size_t most = lf.ws_bytes + lf.pack_bytes;
     ig_params<T> wg = wgrad_params<T>(s, nullptr, nullptr, nullptr, nullptr);
     size_t b = plan_splits(wg, var, sm, true).ws_bytes;
+    most = b > most ? b : most;
+    b = bias_plan_of(s, sm).ws_bytes;
     most = b > most ? b : most;
     dgrad_tile_plan dt;
     if constexpr (sizeof(T) == 2)
@@ -576,6 +617,10 @@ extern "C" int gk_cuda_conv_warmup(gk_err *err)
         kernel_load(finalize_kernel<uint16_t>),
         kernel_load(bias_grad_kernel<float>),
         kernel_load(bias_grad_kernel<uint16_t>),
+        kernel_load(bias_grad_partial_kernel<float>),
+        kernel_load(bias_grad_partial_kernel<uint16_t>),
+        kernel_load(bias_grad_final_kernel<float>),
+        kernel_load(bias_grad_final_kernel<uint16_t>),
         kernel_load(pack_rows_kernel<float, MATH_TF32>),
         kernel_load(pack_rows_kernel<uint16_t, MATH_BF16>),
         kernel_load(dgrad_tile_kernel<float, MATH_FFMA>),

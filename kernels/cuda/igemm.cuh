@@ -482,7 +482,9 @@ __global__ void finalize_kernel(const float *ws, int splits, int M, int N, T *ou
 /*
  * Bias gradient db[oc] = sum over (n, pixel) of dy (masked by y > 0 when y is
  * given): one block per output channel, a fixed per-thread order and a fixed
- * shared-memory tree, so the sum is the same bits every run.
+ * shared-memory tree, so the sum is the same bits every run.  The fallback of
+ * bias_grad_partial_kernel where one sample's OC * ohw floats exceed its
+ * shared memory.
  */
 template <class T>
 __global__ void __launch_bounds__(512) bias_grad_kernel(const T *dy, const T *y, int N, int OC, int ohw,
@@ -507,6 +509,60 @@ __global__ void __launch_bounds__(512) bias_grad_kernel(const T *dy, const T *y,
     }
     if (threadIdx.x == 0)
         db[oc] = elem_from_float<T>(part[0]);
+}
+
+/*
+ * Bias gradient in two deterministic passes, reading dy once in its own order.
+ * Pass 1: block b sums samples [b * per, (b + 1) * per): thread positions e of
+ * one sample's OC * ohw elements (coalesced across threads), four interleaved
+ * partial sums over the samples, then per channel over its ohw positions in
+ * order; part[b][oc].  Pass 2 adds the blocks' partials in block order.  Needs
+ * OC * ohw floats of dynamic shared memory (BIAS_GRAD_SMEM_MAX at most).
+ */
+enum { BIAS_GRAD_SMEM_MAX = 48 * 1024 };
+template <class T>
+__global__ void __launch_bounds__(512) bias_grad_partial_kernel(const T *dy, const T *y, int N, int OC,
+                                                               int ohw, int per, float *part)
+{
+    extern __shared__ float bias_acc[];
+    const int S = OC * ohw;
+    const int n0 = blockIdx.x * per, n1 = min(N, n0 + per);
+    for (int e = threadIdx.x; e < S; e += blockDim.x) {
+        float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        int n = n0;
+        for (; n + 4 <= n1; n += 4) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const size_t off = (size_t)(n + u) * S + e;
+                const float g = elem_to_float(__ldg(dy + off));
+                a[u] += (y == nullptr || elem_to_float(__ldg(y + off)) > 0.0f) ? g : 0.0f;
+            }
+        }
+        for (; n < n1; n++) {
+            const size_t off = (size_t)n * S + e;
+            const float g = elem_to_float(__ldg(dy + off));
+            a[0] += (y == nullptr || elem_to_float(__ldg(y + off)) > 0.0f) ? g : 0.0f;
+        }
+        bias_acc[e] = (a[0] + a[1]) + (a[2] + a[3]);
+    }
+    __syncthreads();
+    for (int oc = threadIdx.x; oc < OC; oc += blockDim.x) {
+        float a = 0.0f;
+        for (int r = 0; r < ohw; r++)
+            a += bias_acc[oc * ohw + r];
+        part[(size_t)blockIdx.x * OC + oc] = a;
+    }
+}
+
+template <class T>
+__global__ void bias_grad_final_kernel(const float *part, int blocks, int OC, T *db)
+{
+    for (int oc = blockIdx.x * blockDim.x + threadIdx.x; oc < OC; oc += gridDim.x * blockDim.x) {
+        float a = 0.0f;
+        for (int b = 0; b < blocks; b++)
+            a += part[(size_t)b * OC + oc];
+        db[oc] = elem_from_float<T>(a);
+    }
 }
 
 /*
