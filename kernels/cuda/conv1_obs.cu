@@ -4,19 +4,21 @@
  * multihot image is never written to device memory (issue 6).
  *
  * An implicit GEMM, M = B*12 output pixels, N = 128, K = 25 taps x 64
- * channels (59 used, 5 zero).  Per (pixel, tap) the A row is the one-hot of
+ * channels (59 used, 5 zero).  Per (pixel, tap) the one-hot row is that of
  * the input pixel's 10 bytes: a 64-bit mask with one bit per hot channel,
  * built once per tile and input pixel in shared memory, from which each
- * thread makes its mma.sync A fragments in registers (two mask bits -> two
- * bf16 0/1 values), so A costs neither a shared tile nor its barriers.  B,
- * the weights, is repacked per call as [tap][oc][64] bf16 (zero channels
- * 59..63) and streamed a tap at a time through a cp.async ring (5 stages in
- * bf16, 3 in f32, whose stages are three times larger); the
- * tile's observation bytes (16 agents, contiguous) arrive by cp.async in the
- * group of an earlier tap.  Persistent blocks (SMs x occupancy) walk tiles of
- * 16 agents (192 rows); 8 warps as 4 (rows) x 2 (64 output channels), each a
- * 48 x 64 accumulator tile in fp32.  The output goes to NCHW and/or to the
- * window order the nmmo3 forward's conv2 GEMM reads (conv1_obs.cuh).
+ * thread makes its mma.sync fragments of the one-hot in registers (two mask
+ * bits -> two bf16 0/1 values), so the one-hot costs neither a shared tile
+ * nor its barriers.  The weights are repacked per call as [tap][oc][64] bf16
+ * (zero channels 59..63) and streamed a tap at a time through a cp.async
+ * ring (5 stages in bf16, 3 in f32, whose stages are three times larger);
+ * the tile's observation bytes (16 agents, contiguous) arrive by cp.async in
+ * the group of an earlier tap.  Persistent blocks (SMs x occupancy) walk
+ * tiles of 16 agents (192 rows), fp32 accumulators; two kernel variants
+ * (conv1_obs.cuh): the one-hot as the mma A operand (8 warps of 48 rows x 64
+ * channels) or the weights as A (16 warps of 24 rows x 64 channels, the
+ * default).  The output goes to NCHW and/or to the window order the nmmo3
+ * forward's conv2 GEMM reads.
  *
  * bf16 weights: bf16 products, fp32 accumulation, one rounding at the store.
  * f32 weights (tf32 is not allowed): each weight is split exactly into three
