@@ -9,10 +9,10 @@
 #  1. one client, B = 1024 and B = 32768: latency percentiles and the split
 #     that gpucdctl bench reports (socket round trip, queue, copy in, compute,
 #     copy out, the daemon's other time);
-#  2. 64 client processes at once, each sending B = 64 batches back to back
-#     (closed loop), against a daemon with batching off and then with
-#     --batch-window-us $WINDOW_US: the summed throughput and the worst and
-#     median per-process p99.
+#  2. 64 client processes sharing one set of resident weights, each sending
+#     B = 64 batches back to back (closed loop; tests/bench/crowd_bench.c),
+#     against a daemon with batching off and then with --batch-window-us
+#     $WINDOW_US: the summed throughput and percentiles over every request.
 #
 # Each gpucdctl checks one request against the CPU kernels before timing and
 # every reply after; a failed run fails the script.  The summary goes to
@@ -89,30 +89,14 @@ for b in $SIZES; do
 done
 daemon_stop
 
-# 64 processes, started together, each a closed loop of B = 64 requests for
-# the same fixed time (2 s warm-up, three 2 s windows).
+# $PROCS worker processes sharing one encoder (crowd_bench: one upload, resident weights used by
+# every worker, as RL workers of one learner do), each a closed loop of B = 64 requests.
 crowd() { # label
-    local label=$1 pids=()
-    for i in $(seq 1 "$PROCS"); do
-        encode "$work/${label}_$i.csv" 64 1 --warmup-s 2 --window-s 2 --max-windows 3 \
-            --tolerance 10 >"$work/${label}_$i.log" 2>&1 &
-        pids+=($!)
-    done
-    local rc=0
-    for p in "${pids[@]}"; do wait "$p" || rc=1; done
-    [ "$rc" -eq 0 ] || { echo "e2e_bench: a $label worker failed" >&2; tail -n 5 "$work"/"${label}"_*.log >&2; return 1; }
-    local rows worst median
-    # rows_per_s is column 12, p99_us 16, server_queue_us 19, batch_wait_us 20.
-    rows=$(tail -q -n 1 "$work"/"${label}"_*.csv | awk -F, '{ s += $12 } END { printf "%.0f", s }')
-    worst=$(tail -q -n 1 "$work"/"${label}"_*.csv | cut -d, -f16 | sort -g | tail -n 1)
-    median=$(tail -q -n 1 "$work"/"${label}"_*.csv | cut -d, -f16 | sort -g |
-        awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
-    echo "$label: $PROCS processes, $rows rows/s, p99 worst $worst us, median $median us," \
-        "$(tail -q -n 1 "$work"/"${label}"_*.csv |
-            awk -F, '{ q += $19; w += $20 } END { printf "mean queue %.0f us, mean batch wait %.0f us", q / NR, w / NR }')"
+    "$build/tests/bench/crowd_bench" "$sock" --workers "$PROCS" --batch 64 --hidden 512 \
+        --warmup-s 2 --seconds 4 | sed "s/^/$1: /"
 }
 
-echo "== $PROCS processes x B = 64, batching off, then on (window $WINDOW_US us)"
+echo "== $PROCS processes x B = 64 sharing the weights, batching off, then on (window $WINDOW_US us)"
 daemon_start
 crowd off
 daemon_stop
