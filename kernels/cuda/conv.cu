@@ -470,6 +470,7 @@ bias_plan bias_plan_of(const conv_shape &s, int sm_count)
         return b;
     const int most = sm_count * 4;
     b.per = (s.N + most - 1) / most;
+    b.per = b.per < 8 ? 8 : b.per; /* small batches: fewer, fuller blocks and a short pass 2 */
     b.blocks = (s.N + b.per - 1) / b.per;
     b.smem = (int)smem;
     b.ws_bytes = round256((size_t)b.blocks * s.OC * sizeof(float));
@@ -513,7 +514,7 @@ int backward_run(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, con
                 (const T *)dy->data, mask, s.N, s.OC, s.OH * s.OW, bp.per, (float *)ex->workspace);
             if ((rc = launch_check<T>("bias gradient", err)))
                 return rc;
-            bias_grad_final_kernel<T><<<(s.OC + 255) / 256, 256, 0, ex->stream>>>(
+            bias_grad_final_kernel<T><<<(s.OC + 7) / 8, 256, 0, ex->stream>>>(
                 (const float *)ex->workspace, bp.blocks, s.OC, (T *)db->data);
         } else {
             bias_grad_kernel<T><<<s.OC, 512, 0, ex->stream>>>((const T *)dy->data, mask, s.N, s.OC,

@@ -554,14 +554,21 @@ __global__ void __launch_bounds__(512) bias_grad_partial_kernel(const T *dy, con
     }
 }
 
+/* Pass 2: a warp per channel; lane l adds blocks l, l + 32, ... in order, then a fixed shuffle tree. */
 template <class T>
 __global__ void bias_grad_final_kernel(const float *part, int blocks, int OC, T *db)
 {
-    for (int oc = blockIdx.x * blockDim.x + threadIdx.x; oc < OC; oc += gridDim.x * blockDim.x) {
+    const int lane = threadIdx.x & 31;
+    for (int oc = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; oc < OC;
+         oc += (gridDim.x * blockDim.x) >> 5) {
         float a = 0.0f;
-        for (int b = 0; b < blocks; b++)
+        for (int b = lane; b < blocks; b += 32)
             a += part[(size_t)b * OC + oc];
-        db[oc] = elem_from_float<T>(a);
+#pragma unroll
+        for (int d = 16; d > 0; d >>= 1)
+            a += __shfl_xor_sync(0xffffffffu, a, d);
+        if (lane == 0)
+            db[oc] = elem_from_float<T>(a);
     }
 }
 
