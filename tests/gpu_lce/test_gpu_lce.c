@@ -385,9 +385,14 @@ static void test_filter_extremes(void **state)
     lce_outputs_free(&tiny);
     lce_problem_free(&pb);
 
-    /* 3000 entries, all candidates: every row overflows its slots, the dense backward runs: plain's bytes */
+    /*
+     * 3000 entries, all candidates: every row overflows its slots and the
+     * chunk sweeps run, with the blocking (64 rows x 3000) that the plain
+     * request gets under 1 MB (too little for its row-block schedule): the
+     * same bytes
+     */
     lce_problem_make(&pb, &g_rng, 64, 32, 3000, GK_BF16, GK_I32, 1, 1.0, 0.1);
-    gpu_once(&pb, &plain, WANT_ALL, GK_F32, GK_CUDA_LCE_DEFAULT_BUDGET);
+    gpu_once(&pb, &plain, WANT_ALL, GK_F32, (size_t)1 << 20);
     pb.p.filter_eps = 1e-30f;
     gpu_once(&pb, &tiny, WANT_ALL, GK_F32, GK_CUDA_LCE_DEFAULT_BUDGET);
     assert_true(outputs_same(&plain, &tiny));
