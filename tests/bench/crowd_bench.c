@@ -16,7 +16,6 @@
  * Prints one line: workers, rows/s, requests/s, p50/p99/max us, mean batch wait us, errors.
  */
 #include <errno.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +25,7 @@
 #include <unistd.h>
 
 #include "gpucd.h"
+#include "harness.h"
 
 enum { MAX_WORKERS = 1024, MAX_SAMPLES = 1 << 20 };
 
@@ -49,52 +49,19 @@ static uint64_t now_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint64_t rng_next(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545F4914F6CDD1Dull;
-}
-
-static void observations_write(uint8_t *obs, int64_t batch)
-{
-    static const int factors[10] = {4, 4, 17, 5, 3, 5, 5, 5, 7, 4};
-    for (int64_t a = 0; a < batch; a++) {
-        uint8_t *o = obs + a * GPUCD_NMMO3_OBS_BYTES;
-        for (int t = 0; t < 165; t++)
-            for (int f = 0; f < 10; f++)
-                o[t * 10 + f] = (uint8_t)(rng_next() % (uint64_t)factors[f]);
-        for (int i = 0; i < 47; i++)
-            o[1650 + i] = (uint8_t)(rng_next() % 128);
-        for (int i = 0; i < 10; i++)
-            o[1697 + i] = i < 9 ? (uint8_t)(rng_next() % 128) : 0;
-    }
-}
-
-static uint16_t bf16_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-/* The weights, resident, in bf16; scaled by 1/sqrt(fan in). */
+/* The weights, resident, in bf16 (fresh random values; any finite ones will do for timing). */
 static int weights_put(gpucd_client *c, int64_t hidden, gpucd_tensor t[7])
 {
     const int64_t shapes[7][4] = {{128, 59, 5, 5}, {128}, {128, 128, 3, 3}, {128}, {128, 32},
                                   {hidden, GPUCD_NMMO3_FEATURES}, {hidden}};
     const int nd[7] = {4, 1, 4, 1, 2, 2, 1};
-    const double fan[7] = {1475, 1475, 1152, 1152, 1, GPUCD_NMMO3_FEATURES, GPUCD_NMMO3_FEATURES};
     for (int i = 0; i < 7; i++) {
         gpucd_tensor h = gpucd_tensor_host(NULL, GPUCD_BF16, nd[i], shapes[i]);
         int64_t n = gpucd_tensor_numel(&h);
         uint16_t *v = malloc((size_t)n * 2);
         if (v == NULL)
             return GPUCD_ENOMEM;
-        for (int64_t k = 0; k < n; k++)
-            v[k] = bf16_of((float)(((double)(rng_next() >> 11) * 0x1p-53 * 2 - 1) / sqrt(fan[i])));
+        th_fill_bf16(v, (size_t)n);
         h.data = v;
         uint64_t id;
         int rv = gpucd_tensor_put(c, &h, &id);
@@ -141,7 +108,6 @@ static int read_all(int fd, void *p, size_t n)
  */
 static int worker_run(const opts *o, int in_fd, int out_fd, int index)
 {
-    rng_state += (uint64_t)index * 0x632BE59BD9B4E019ull;
     gpucd_tensor w[7];
     if (read_all(in_fd, w, sizeof w) != 0)
         return 1; /* the parent could not upload the weights */
@@ -160,7 +126,7 @@ static int worker_run(const opts *o, int in_fd, int out_fd, int index)
         return 1;
     }
     uint8_t *base = gpucd_region_data(r);
-    observations_write(base, o->batch);
+    th_fill_nmmo3_obs(base, (size_t)o->batch);
     uint16_t *hid = (uint16_t *)(base + hid_at);
     const int64_t s_obs[2] = {o->batch, GPUCD_NMMO3_OBS_BYTES}, s_hid[2] = {o->batch, o->hidden};
     gpucd_tensor obs = gpucd_tensor_region(r, 0, GPUCD_U8, 2, s_obs);
@@ -219,6 +185,7 @@ int main(int argc, char **argv)
     if (argc < 2)
         return usage();
     o.url = argv[1];
+    th_seed();
     for (int i = 2; i + 1 < argc; i += 2) {
         double v = strtod(argv[i + 1], NULL);
         if (strcmp(argv[i], "--workers") == 0 && v >= 1 && v <= MAX_WORKERS)
