@@ -489,6 +489,17 @@ static gk_nmmo3_weights nmmo3_set_gk(const nmmo3_set *ws, int proj)
     return g;
 }
 
+/*
+ * Fresh valid observations with one out-of-range value in the last agent: k = 0
+ * a map value, k = 1 a player value.  Returns which, for messages.
+ */
+static const char *obs_plant_bad_value(uint8_t *obs, int64_t rows, int k)
+{
+    th_fill_nmmo3_obs(obs, (size_t)rows);
+    obs[(size_t)(rows - 1) * 1707 + (k == 0 ? (size_t)(7 * 10 + 2) : 1650u + 9u)] = 200;
+    return k == 0 ? "map value" : "player value";
+}
+
 /* The daemon's count of requests replayed as CUDA graphs, from its stats. */
 static uint64_t graph_replays(gpucd_client *c)
 {
@@ -573,15 +584,12 @@ static void nmmo3_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, int proj)
     assert_true(replays1 > replays0);
 
     /* Out-of-range values fail with the CPU's message: a map value, then a player value. */
-    const char *what[2] = {"map value", "player value"};
     for (int k = 0; k < 2; k++) {
-        th_fill_nmmo3_obs(obs, (size_t)rows);
-        size_t at = (size_t)(rows - 1) * 1707 + (k == 0 ? (size_t)(7 * 10 + 2) : 1650u + 9u);
-        obs[at] = 200;
+        const char *what = obs_plant_bad_value(obs, rows, k);
         gk_err cpu;
         assert_int_equal(gk_cpu_nmmo3_forward(&g, &go, &gf, proj ? &gh : &none, &cpu), GK_ERANGE);
         int rc = gpucd_nmmo3_encode(c, &nw, &to, &tf, proj ? &th : NULL, NULL);
-        printf("nmmo3 bad %s: %s\n", what[k], gpucd_errmsg(c));
+        printf("nmmo3 bad %s: %s\n", what, gpucd_errmsg(c));
         assert_int_equal(rc, GPUCD_EOUT_OF_RANGE);
         assert_non_null(strstr(gpucd_errmsg(c), cpu.msg));
     }
@@ -667,17 +675,14 @@ static void nmmo3_backward_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, i
     }
 
     /* Out-of-range values: the CPU's message, and no gradient written. */
-    const char *what[2] = {"map value", "player value"};
     for (int k = 0; k < 2; k++) {
-        th_fill_nmmo3_obs(obs, (size_t)rows);
-        size_t at = (size_t)(rows - 1) * 1707 + (k == 0 ? (size_t)(7 * 10 + 2) : 1650u + 9u);
-        obs[at] = 200;
+        const char *what = obs_plant_bad_value(obs, rows, k);
         gk_err cpu;
         assert_int_equal(gk_cpu_nmmo3_backward(&g, &go, &gd, &gref, &cpu), GK_ERANGE);
         for (int i = 0; i < 7; i++)
             poison(got[i], ws.n[i] * 4);
         int rc = gpucd_nmmo3_encode_backward(c, &nw, &to, &td, &ng, NULL);
-        printf("nmmo3 backward bad %s: %s\n", what[k], gpucd_errmsg(c));
+        printf("nmmo3 backward bad %s: %s\n", what, gpucd_errmsg(c));
         assert_int_equal(rc, GPUCD_EOUT_OF_RANGE);
         assert_non_null(strstr(gpucd_errmsg(c), cpu.msg));
         for (int i = 0; i < 7; i++)
