@@ -4,13 +4,14 @@
  *
  * GEMM views (k is the reduction index; all maps are in index_map.cuh terms):
  *   forward  M = N*OH*OW, N = OC, K = C*KH*KW:  A = x gathered, B = w rows.
- *   dgrad    small images (dgrad_tile.cuh: KH*KW <= 128, OH*OW <= 96, pixel lists that
- *            fit): dense dcol = w^T dy per (channel block, sample block), col2im in
- *            shared memory.  Otherwise one GEMM per stride phase (h % sh, w % sw):
+ *   dgrad    small images (dgrad_tile.cuh: KH*KW <= 128, OH*OW <= 96, OC within the
+ *            resident w^T, pixel lists that fit): dense dcol = w^T dy per (channel
+ *            block, sample block), col2im in shared memory.  Otherwise one GEMM per
+ *            stride phase (h % sh, w % sw):
  *            M = N*(H/sh)*(W/sw), N = C, K = OC * (the taps kh, kw that reach that
  *            phase): A = dy gathered, B = w.
  *   wgrad    M = OC, N = C*KH*KW, K = N*OH*OW: A = dy rows, B = x gathered; db is a
- *            separate per-channel reduction.
+ *            separate reduction (split over samples, or one block per channel).
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -396,7 +397,8 @@ int dgrad_tile_run(const conv_shape &s, const dgrad_tile_plan &d, const T *dy, c
                        d.a_bytes + d.b_bytes, ex->workspace_bytes);
     const int occ = dgrad_tile_occupancy<T, MATH>(var);
     if (occ < 1)
-        return gk_fail(err, GK_EDEVICE, "conv2d (cuda): dgrad kernel cannot be resident (%d bytes of shared memory)",
+        return gk_fail(err, GK_EDEVICE,
+                       "conv2d (cuda): dgrad kernel cannot be resident (%d bytes of shared memory)",
                        dg_geom<T, MATH>::SMEM_BYTES);
     T *apack = (T *)ex->workspace;
     T *bpack = (T *)((unsigned char *)ex->workspace + d.a_bytes);
@@ -428,7 +430,6 @@ int dgrad_tile_run(const conv_shape &s, const dgrad_tile_plan &d, const T *dy, c
         prm.nsamples = ns;
         prm.nb = d.nb;
         prm.items = d.nchb * nsb;
-        prm.ohw = ohw;
         prm.hw = hw;
         prm.maxt = d.maxt;
         prm.hw_div = fastdiv_make((uint32_t)hw);

@@ -92,7 +92,7 @@ template <class T> struct dg_params {
     int kpad;
     int C, nchb, cb, taps;    /* channels, channel blocks, channels a block, KH*KW */
     int nsamples, nb, items;  /* samples of this launch, samples a block, nchb * blocks */
-    int ohw, hw, maxt;        /* OH*OW, H*W, list slots a pixel */
+    int hw, maxt;             /* H*W, list slots a pixel */
     fastdiv hw_div;
     int H, W, KH, KW, OH, OW, sh, sw, ph, pw;
 };

@@ -2,8 +2,9 @@
  * test_gpu_conv.c - the CUDA convolution kernels against a float64 reference.
  *
  * For every layer shape (both NMMO3 layers, then odd strides, paddings, B=1,
- * C=59, an output-channel tail, many sample blocks, and images too large for
- * the small-image dgrad, which take the stride-phase GEMM) and every precision
+ * C=59, an output-channel tail, many sample blocks, dy packed in several
+ * launches, images too large for the small-image dgrad, which take the
+ * stride-phase GEMM, and the per-channel bias gradient) and every precision
  * (fp32, tf32, bf16):
  * forward (bias, relu), wgrad, bias grad and dgrad on fresh random inputs,
  * outputs poisoned with NaN first, checked by ||gpu - ref|| / ||ref||; each op
@@ -52,6 +53,9 @@ static const layer layers[] = {
     {"OH*OW 400 > 96: phase dgrad", 2, 3, 20, 20, 8, 3, 3, 1, 1, 1, 1, 1},
     {"stride 2, OH*OW 132: phase dgrad", 2, 4, 23, 21, 6, 3, 3, 2, 2, 1, 1, 0},
     {"KH*KW 132 > 128: phase dgrad", 2, 3, 14, 13, 5, 12, 11, 1, 1, 0, 0, 0},
+    /* one sample a dgrad block (OH*OW 96): 1400 blocks of packed dy are more than one 32 MB
+       launch (bf16: 2 launches, fp32 and tf32: 3); the bias gradient's shared memory is full */
+    {"dy packed in several launches", 1400, 1, 10, 14, 128, 3, 3, 1, 1, 0, 0, 1},
     /* OC*OH*OW floats beyond the split bias gradient's shared memory: one block a channel */
     {"OC*OH*OW 13720: channel bias grad", 2, 2, 14, 14, 70, 3, 3, 1, 1, 1, 1, 1},
 };
