@@ -19,17 +19,26 @@
  * the device by a first kernel, and the call waits for that check (one
  * cudaStreamSynchronize on ex->stream) so that a bad target fails the call
  * with GK_ERANGE before any output is written, as gk.h requires.  Everything
- * after that is only enqueued.
+ * after that is only enqueued (but for the filtered case below).
  *
  * Offsets are 64-bit throughout: unlike the other gk_cuda_* calls, tensors
  * may hold 2^31 elements or more (C of 262144 x 8192, for one); N, D and V
  * must each be below 2^31 (cuBLAS sizes are int).
  *
+ * Schedules (chosen from the request and the workspace, see LCE_NOTES.md):
+ * with gradients and room, the forward keeps exp(z - chunk max) for blocks
+ * of rows and the backward reuses it (3 GEMM passes; dC f32 or one block);
+ * otherwise the backward recomputes the logits chunk by chunk (4 passes);
+ * with filter_eps > 0 the forward keeps each row's candidate terms and, when
+ * they fit, the backward needs no logits at all (a second synchronisation
+ * reads whether they did).  Filtering is element-wise, as on the CPU.
+ *
  * Workspace: the call adapts to ex->workspace_bytes.  With less than the
  * preferred amount it computes narrower chunks, splits the rows into blocks,
  * and at last runs dE and dC as separate sweeps over passes of rows instead
  * of refusing; it fails with GK_ENOMEM only below the minimum (per-row state
- * plus 128 rows x 256 entries and their accumulators), naming both sizes.
+ * plus 128 rows x 256 entries and their accumulators), naming the smallest
+ * size it accepts and the size given.
  */
 #ifndef GK_CUDA_LCE_H
 #define GK_CUDA_LCE_H
