@@ -2,7 +2,7 @@
 # gpu_run.sh - run ON the GPU machine, from the repository root: the GPU tests
 # (ctest label gpu) of the relocatable build folder build-gpu, then every
 # benchmark built there (conv_bench against cuDNN, obs_bench, lce_bench
-# --quick).  Logs go under $OUT (./out without it); a short summary table is
+# --quick, encoder_bench --quick; tests/bench/e2e_bench.sh is separate).  Logs go under $OUT (./out without it); a short summary table is
 # printed last.
 #
 # build-gpu is made on a development machine (GPUCD_STATIC_DEPS=ON,
@@ -66,12 +66,13 @@ run_bench() {
 run_bench conv_bench "$@"
 run_bench obs_bench
 run_bench lce_bench --quick --iters 2
+run_bench encoder_bench --quick
 
 echo
 echo "==== summary ===="
 grep -E "tests passed|tests failed|Skipped|Failed|\*\*\*" "$out/ctest.log" | tail -n 8
 echo "ctest rc $ctest_rc, bench rc $bench_rc"
-for log in "$out"/conv_bench.log "$out"/obs_bench.log "$out"/lce_bench.log; do
+for log in "$out"/conv_bench.log "$out"/obs_bench.log "$out"/lce_bench.log "$out"/encoder_bench.log; do
     [ -f "$log" ] || continue
     echo "-- $(basename "$log" .log)"
     grep -E "^(device|ceilings)" "$log"
