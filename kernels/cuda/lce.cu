@@ -16,30 +16,39 @@
  *             logit is taken from the chunk that holds it;
  *   rows      LSE = max + log(sum) (in double) and the row loss; the reduced
  *             loss by one block in a fixed order;
- *   backward  per vocabulary chunk, per row block: F is recomputed, one block
- *             per row turns it into G = (softmax - onehot) * softcap' in place
- *             (bf16/f16 G for 16-bit inputs, f32 for f32), then
- *               dE_rows  += w G C_chunk      (fp32, beta = 1 after the first chunk)
- *               dC_chunk  = w G^T E_rows     (K = the row block; written once when
- *                                              one block holds every row)
- *               dbias     = w G^T 1          (a GEMV on cuBLAS)
+ *   backward  one of three schedules (plan_make picks, LCE_NOTES.md has more):
+ *     row-block  (rowblock) the forward of each block of rows also keeps
+ *                exp(z - chunk max) for all of V; after the block's LSE one
+ *                kernel turns it into G in place and three GEMMs give dE_rows
+ *                (K = V, written once), dC (+)= w G^T E_rows and dbias: three
+ *                GEMM passes in all, no recompute (dC f32, or one block);
+ *     chunks     (forward, sweep) per vocabulary chunk, per row block: F is
+ *                recomputed, one block per row turns it into G in place, then
+ *                  dE_rows  += w G C_chunk   (fp32, beta = 1 after the first chunk)
+ *                  dC_chunk  = w G^T E_rows  (written once when one block holds
+ *                                             every row, else fp32-accumulated)
+ *                  dbias     = w G^T 1       (a GEMV on cuBLAS)
+ *                four GEMM passes;
+ *     sparse     (lce_sparse.cu) with filtering, from the candidates the
+ *                forward kept: no logits at all.
  * Every sum has a fixed order (the chunk loop, fixed block trees, cuBLAS GEMMs
- * that are reproducible on one stream, workspace and device), no atomics touch
- * a result: the same request gives the same bits for the same workspace size.
+ * that are reproducible on one stream, workspace and device), no floating-
+ * point atomics: the same request gives the same bits for the same workspace
+ * size.
  *
- * Passes: R and Vc are chosen from the workspace (plan_make).  The preferred
- * plan holds every row in one block, so dC is written once and dE is
+ * Passes: R and Vc are chosen from the workspace (plan_make).  The chunk
+ * schedule prefers every row in one block, so dC is written once and dE is
  * accumulated over the chunks; with less workspace the rows are split into
  * blocks (dC then accumulates in fp32 across them), and below that dE runs as
  * its own sweep over passes of rows, before a dC sweep.  Refused (GK_ENOMEM)
  * only below 128 rows x 256 entries plus the accumulators.
  *
  * Filtering (filter_eps > 0) is element-wise, as in kernels/cpu/lce.c: a
- * term with |softmax - onehot| < eps is zeroed in G.  It costs nothing and
- * saves nothing: the GEMMs run in full either way (see LCE_NOTES.md).
+ * term with |softmax - onehot| < eps is zeroed in G.  The dense schedules run
+ * the same GEMMs either way; the sparse one is what makes filtering pay.
  *
- * f16: G is stored as (softmax - onehot) * 2^12 so that small probabilities
- * stay normal f16 numbers; the GEMMs' alpha is w / 2^12.
+ * f16: X and G are stored times 2^12 so that small probabilities stay normal
+ * f16 numbers; the GEMMs' alpha is w / 2^12.
  */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
