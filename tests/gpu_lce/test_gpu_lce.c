@@ -12,6 +12,9 @@
  *   larger    N=256, D=128, V=9001: several vocabulary chunks under the
  *             default budget, then budgets of 2 MB (narrower chunks, one row
  *             block) and 600 KB (two row blocks: dC accumulated across them);
+ *   rowblocks N=1100 under a budget for ~700 rows: the row-block schedule
+ *             in two blocks (f32 dC accumulated across them; 16-bit dE and
+ *             dbias), every precision, softcap, shift, bias;
  *   filter    eps above every term: gradients exactly zero; eps below every
  *             term: the sparse backward within tolerance of the unfiltered
  *             one, or, with more candidates than slots, the dense backward's
@@ -330,6 +333,37 @@ static void test_larger(void **state)
                          budgets[b]);
                 check_case(&pb, WANT_ALL, dt == GK_F32 ? GK_F32 : dt, budgets[b], g_sms, label);
             }
+            lce_problem_free(&pb);
+        }
+}
+
+/*
+ * The row-block schedule over two blocks of 550 rows (N = 1100, the budget
+ * fitting ~700 rows): f32 dC accumulated across blocks; and without dC, a
+ * 16-bit dE written per block and a 16-bit dbias through its fp32
+ * accumulator; with softcap, shift and bias.
+ */
+static void test_rowblocks(void **state)
+{
+    (void)state;
+    for (int pi = 0; pi < NPRECS; pi++)
+        for (int v = 0; v < 2; v++) {
+            const gk_dtype dt = precs[pi][0];
+            const int64_t N = 1100, D = 32, V = 700;
+            lce_problem pb;
+            lce_problem_make(&pb, &g_rng, N, D, V, dt, GK_I64, 1, 1.0, 0.1);
+            pb.p.tf32 = (int)precs[pi][1];
+            pb.p.softcap = v ? 10.0f : 0.0f;
+            pb.p.shift = v;
+            pb.p.reduction = v ? GK_REDUCE_SUM : GK_REDUCE_MEAN;
+            const size_t es = gk_dtype_size(dt);
+            /* a row of the schedule: V inputs, a 704-wide fp32 chunk, its max, a one for dbias */
+            const size_t budget = (size_t)700 * ((size_t)V * es + 704 * 4 + 4 + es) + (64 << 10);
+            const int want = v ? WANT_DE | WANT_DBIAS | WANT_LSE : WANT_ALL;
+            const gk_dtype gdt = v ? dt : GK_F32;
+            char label[96];
+            snprintf(label, sizeof label, "row blocks %s variant %d budget %zu", prec_name(dt, pb.p.tf32), v, budget);
+            check_case(&pb, want, gdt, budget, g_sms, label);
             lce_problem_free(&pb);
         }
 }
@@ -695,7 +729,8 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),       cmocka_unit_test(test_options),
-        cmocka_unit_test(test_larger),       cmocka_unit_test(test_filter_extremes),
+        cmocka_unit_test(test_larger),       cmocka_unit_test(test_rowblocks),
+        cmocka_unit_test(test_filter_extremes),
         cmocka_unit_test(test_filter_peaked), cmocka_unit_test(test_filter_sparse),
         cmocka_unit_test(test_passes),
     };
