@@ -20,8 +20,24 @@
 #include "harness.h"
 #include "raw.h"
 
+/*
+ * This test process only (the daemon is another program): nng 1.5.2 leaks the
+ * objects of an ipc connection that the peer drops while a large message is
+ * being sent to it, which the oversize test does on purpose; LeakSanitizer
+ * would report them now and then at exit.  A leak allocated outside nng still fails.
+ */
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void) { return "leak:libnng.so\n"; }
+
 static th_daemon daemon_;
 static th_raw raw_;
+/*
+ * A second client, connected at the start: a connection opened right after
+ * the oversize test's connection is dropped by the transport is, rarely
+ * (about 1 run in 40 under load, on old and new daemons alike), never
+ * accepted by nng 1.5.2: no pipe event at all reaches the daemon.
+ */
+static th_raw other_;
 
 /* Asserts the reply's status and that its message contains `needle`. */
 static void expect(Gpucd__V1__Reply *rep, Gpucd__V1__Status status, const char *needle)
@@ -367,13 +383,10 @@ static void test_hostile_regions(void **state)
     expect(th_raw_register(&raw_, "/gpucd-does-not-exist", 4096), GPUCD__V1__STATUS__NOT_FOUND,
            "cannot open");
     /* Another connection's region is not ours to use. */
-    th_raw other;
-    th_raw_open(&other, daemon_.ipc_url);
     conv_req c;
     conv_req_init(&c);
-    expect(th_raw_call(&other, &c.req, NULL, 0), GPUCD__V1__STATUS__PERMISSION_DENIED,
+    expect(th_raw_call(&other_, &c.req, NULL, 0), GPUCD__V1__STATUS__PERMISSION_DENIED,
            "another client");
-    th_raw_close(&other);
     expect_ping();
 }
 
@@ -427,6 +440,7 @@ static int group_setup(void **state)
     static const char *const extra[] = {"--max-message-mb", "2", NULL};
     th_daemon_start(&daemon_, extra);
     th_raw_open(&raw_, daemon_.ipc_url);
+    th_raw_open(&other_, daemon_.ipc_url);
     char name[64];
     region_base_ = th_shm_create(name, REGION_SIZE, 0600);
     Gpucd__V1__Reply *rep = th_raw_register(&raw_, name, REGION_SIZE);
@@ -440,6 +454,7 @@ static int group_setup(void **state)
 
 static int group_teardown(void **state)
 {
+    th_raw_close(&other_);
     th_raw_close(&raw_);
     munmap(region_base_, REGION_SIZE);
     return th_daemon_stop(&daemon_) == 0 ? 0 : -1;
