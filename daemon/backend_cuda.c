@@ -349,10 +349,16 @@ static int cuda_open(const gcd_config *cfg, gcd_backend **out, gk_err *err)
     b->sm_count = prop.multiProcessorCount;
     b->memory_bytes = prop.totalGlobalMem;
 
+    /* By default 1/16 of the device, within [1, 8] GiB: on an H200 the 8 GiB lets every slot
+     * run an encoder batch of 32768 and the loss at its full 1 GB budget. */
+    if (b->workspace_mb == GCD_WORKSPACE_AUTO) {
+        uint64_t mb = (b->memory_bytes >> 20) / 16;
+        b->workspace_mb = mb < 1024 ? 1024 : mb > 8192 ? 8192 : mb;
+    }
     b->nslots = cfg->max_inflight < SLOTS_MAX ? (int)cfg->max_inflight : SLOTS_MAX;
     if (b->nslots < 1)
         b->nslots = 1;
-    uint64_t workspace = cfg->workspace_mb << 20;
+    uint64_t workspace = b->workspace_mb << 20;
     b->slot_bytes = (size_t)(workspace / (uint64_t)b->nslots / SLOT_ALIGN * SLOT_ALIGN);
     /* Inline inputs all come in one request and inline outputs all go in one
      * reply, each at most --max-message-mb, and everything staged also lives in

@@ -119,7 +119,9 @@ static const config_option config_options[] = {
     {"backend", "auto|cuda|cpu", "compute backend; auto picks cuda when a GPU is usable",
      CONFIG_SETTER(set_backend)},
     {"device", "N", "CUDA device index (default 0)", CONFIG_NUMBER(device, 0, 63)},
-    {"workspace-mb", "MB", "device workspace preallocated at start (default 1024)",
+    {"workspace-mb", "MB",
+     "device workspace preallocated at start (default: 1/16 of the device's memory, 1024 to "
+     "8192)",
      CONFIG_NUMBER(workspace_mb, 1, 1u << 20)},
     {"resident-mb", "MB",
      "most memory resident tensors may hold, all clients together (default 16384)",
@@ -245,7 +247,7 @@ void gcd_config_defaults(gcd_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->backend = GCD_BACKEND_AUTO;
-    cfg->workspace_mb = 1024;
+    cfg->workspace_mb = GCD_WORKSPACE_AUTO;
     cfg->resident_mb = 16384;
     cfg->max_message_mb = 256;
     cfg->max_inflight = 64;

@@ -50,5 +50,7 @@ void gcd_config_usage(FILE *out);
 
 /* spin_us unset: polling only where a spare core is likely. */
 #define GCD_SPIN_AUTO UINT64_MAX
+/* workspace_mb unset: the backend sizes it from the device's memory (backend_cuda.c). */
+#define GCD_WORKSPACE_AUTO UINT64_MAX
 
 #endif
