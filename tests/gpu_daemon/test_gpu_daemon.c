@@ -33,6 +33,7 @@
 #include "gk.h"
 #include "gk_bf16.h"
 #include "harness.h"
+#include "th_cuda.h"
 
 static th_daemon daemon_;
 static uint64_t allocations_at_start;
@@ -59,13 +60,6 @@ static const char *const mode_name[] = {"region", "inline", "resident"};
 
 enum role { X, W, B, Y, DY, DX, DW, DB, ROLES };
 static const char *const role_name[] = {"x", "w", "b", "y", "dy", "dx", "dw", "db"};
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n);
-    assert_non_null(p);
-    return p;
-}
 
 /* NaN in f32 and in bf16 alike: an element the daemon never wrote fails the comparison. */
 static void poison(void *p, size_t n) { memset(p, 0xff, n); }
@@ -131,7 +125,7 @@ static void conv_case_init(conv_case *cc, const layer *l, enum prec prec)
     shape_set(cc, DW, 4, l->oc, l->c, l->kh, l->kw);
     shape_set(cc, DB, 1, l->oc, 0, 0, 0);
     for (int r = 0; r < ROLES; r++)
-        cc->ref[r] = xmalloc(cc->bytes[r]);
+        cc->ref[r] = th_xmalloc(cc->bytes[r]);
     fill(cc, cc->ref[X], cc->bytes[X]);
     fill(cc, cc->ref[W], cc->bytes[W]);
     fill(cc, cc->ref[B], cc->bytes[B]);
@@ -215,7 +209,7 @@ static void run_region(gpucd_client *c, const conv_case *cc)
     for (int r = 0; r < ROLES; r++)
         if (r == X || r == W || r == B || r == DY)
             memcpy(base + off[r], cc->ref[r], cc->bytes[r]);
-    void *first = xmalloc(cc->bytes[Y]);
+    void *first = th_xmalloc(cc->bytes[Y]);
     for (int rep = 0; rep < 2; rep++) {
         poison(base + off[Y], cc->bytes[Y]);
         CALL_OK(gpucd_conv2d_forward(c, &cc->p, &t[X], &t[W], &t[B], &t[Y], NULL));
@@ -239,7 +233,7 @@ static void run_region(gpucd_client *c, const conv_case *cc)
         for (int r = DX; r <= DB; r++) {
             if (rep == 0) {
                 check(cc, M_REGION, r, base + off[r]);
-                firsts[r] = xmalloc(cc->bytes[r]);
+                firsts[r] = th_xmalloc(cc->bytes[r]);
                 memcpy(firsts[r], base + off[r], cc->bytes[r]);
             } else if (memcmp(firsts[r], base + off[r], cc->bytes[r]) != 0) {
                 fail_msg("%s %s: %s differs between two identical requests", cc->l->name,
@@ -259,7 +253,7 @@ static void run_inline(gpucd_client *c, const conv_case *cc)
     void *out[ROLES] = {0};
     for (int r = 0; r < ROLES; r++) {
         if (r == Y || r >= DX) {
-            out[r] = xmalloc(cc->bytes[r]);
+            out[r] = th_xmalloc(cc->bytes[r]);
             poison(out[r], cc->bytes[r]);
             t[r] = host_of(cc, r, out[r]);
         } else {
@@ -308,7 +302,7 @@ static void run_resident(gpucd_client *c, const conv_case *cc)
     assert_int_equal(ynew.where, GPUCD_RESIDENT);
     void *out[ROLES] = {0};
     for (int r = 0; r < ROLES; r++) {
-        out[r] = xmalloc(cc->bytes[r]);
+        out[r] = th_xmalloc(cc->bytes[r]);
         poison(out[r], cc->bytes[r]);
     }
     gpucd_tensor dst = host_of(cc, Y, out[Y]);
@@ -416,7 +410,7 @@ static void test_request_larger_than_a_slot(void **state)
     gpucd_client *c = th_connect(daemon_.ipc_url);
     const int64_t n = 12000;
     size_t xn = (size_t)n * 128 * 3 * 4, wn = 128 * 128 * 9, yn = (size_t)n * 128 * 2;
-    float *x = xmalloc(xn * 4), *w = xmalloc(wn * 4), *y = xmalloc(yn * 4);
+    float *x = th_xmalloc(xn * 4), *w = th_xmalloc(wn * 4), *y = th_xmalloc(yn * 4);
     th_fill_f32(x, xn);
     th_fill_f32(w, wn);
     gpucd_tensor tx = gpucd_tensor_host(x, GPUCD_F32, 4, TH_SHAPE(n, 128, 3, 4));
@@ -455,12 +449,12 @@ static void nmmo3_set_make(nmmo3_set *ws, gpucd_dtype dt, int64_t hidden)
         ws->n[i] = 1;
         for (int k = 0; k < nd[i]; k++)
             ws->n[i] *= (size_t)(ws->shape[i][k] = shapes[i][k]);
-        float *f = xmalloc(ws->n[i] * 4);
+        float *f = th_xmalloc(ws->n[i] * 4);
         th_fill_f32(f, ws->n[i]);
         for (size_t k = 0; k < ws->n[i]; k++)
             f[k] *= 0.1f; /* activations of a sensible size */
         if (dt == GPUCD_BF16) {
-            uint16_t *h = xmalloc(ws->n[i] * 2);
+            uint16_t *h = th_xmalloc(ws->n[i] * 2);
             for (size_t k = 0; k < ws->n[i]; k++)
                 h[k] = gk_f32_to_bf16(f[k]);
             free(f);
@@ -535,8 +529,8 @@ static void nmmo3_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, int proj)
     CALL_OK(gpucd_region_create(c, (size_t)rows * 1707, &r));
     uint8_t *obs = gpucd_region_data(r);
     th_fill_nmmo3_obs(obs, (size_t)rows);
-    void *feat = xmalloc((size_t)rows * 1817 * es), *hid = xmalloc((size_t)rows * H * es);
-    void *wfeat = xmalloc((size_t)rows * 1817 * es), *whid = xmalloc((size_t)rows * H * es);
+    void *feat = th_xmalloc((size_t)rows * 1817 * es), *hid = th_xmalloc((size_t)rows * H * es);
+    void *wfeat = th_xmalloc((size_t)rows * 1817 * es), *whid = th_xmalloc((size_t)rows * H * es);
     poison(feat, (size_t)rows * 1817 * es), poison(hid, (size_t)rows * H * es);
     gpucd_tensor to = gpucd_tensor_region(r, 0, GPUCD_U8, 2, TH_SHAPE(rows, 1707));
     gpucd_tensor tf = gpucd_tensor_host(feat, dt, 2, TH_SHAPE(rows, 1817));
@@ -568,7 +562,7 @@ static void nmmo3_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, int proj)
     /* The same request twice more: captured as a graph, then replayed; the same bytes. */
     uint64_t replays0 = graph_replays(c);
     for (int again = 0; again < 2; again++) {
-        void *f2 = xmalloc((size_t)rows * 1817 * es), *h2 = xmalloc((size_t)rows * H * es);
+        void *f2 = th_xmalloc((size_t)rows * 1817 * es), *h2 = th_xmalloc((size_t)rows * H * es);
         poison(f2, (size_t)rows * 1817 * es), poison(h2, (size_t)rows * H * es);
         gpucd_tensor tf2 = gpucd_tensor_host(f2, dt, 2, TH_SHAPE(rows, 1817));
         gpucd_tensor th2 = gpucd_tensor_host(h2, dt, 2, TH_SHAPE(rows, H));
@@ -630,8 +624,8 @@ static void nmmo3_backward_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, i
         gpucd_tensor t = gpucd_tensor_host(ws.w[i], dt, ws.ndim[i], ws.shape[i]);
         CALL_OK(gpucd_tensor_put(c, &t, &ids[i]));
         rt[i] = gpucd_tensor_resident(ids[i], dt, ws.ndim[i], ws.shape[i]);
-        got[i] = xmalloc(ws.n[i] * 4);
-        want[i] = xmalloc(ws.n[i] * 4);
+        got[i] = th_xmalloc(ws.n[i] * 4);
+        want[i] = th_xmalloc(ws.n[i] * 4);
         poison(got[i], ws.n[i] * 4);
         gt[i] = gpucd_tensor_host(got[i], GPUCD_F32, ws.ndim[i], ws.shape[i]);
         gw[i] = gk_tensor_make(want[i], GK_F32, ws.ndim[i], ws.shape[i]);
@@ -644,11 +638,11 @@ static void nmmo3_backward_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, i
     CALL_OK(gpucd_region_create(c, (size_t)rows * 1707, &r));
     uint8_t *obs = gpucd_region_data(r);
     th_fill_nmmo3_obs(obs, (size_t)rows);
-    float *dout32 = xmalloc((size_t)(rows * nout) * 4);
+    float *dout32 = th_xmalloc((size_t)(rows * nout) * 4);
     th_fill_f32(dout32, (size_t)(rows * nout));
     void *dout = dout32;
     if (dt == GPUCD_BF16) {
-        uint16_t *h = xmalloc((size_t)(rows * nout) * 2);
+        uint16_t *h = th_xmalloc((size_t)(rows * nout) * 2);
         for (int64_t k = 0; k < rows * nout; k++)
             h[k] = gk_f32_to_bf16(dout32[k]);
         dout = h;
@@ -736,9 +730,9 @@ static void lce_case(gpucd_client *c, gpucd_dtype dt, int64_t N, int64_t D, int6
 {
     const gk_dtype gdt = dt == GPUCD_BF16 ? GK_BF16 : GK_F32;
     const size_t es = dt == GPUCD_BF16 ? 2 : 4;
-    void *E = xmalloc((size_t)(N * D) * es), *C = xmalloc((size_t)(V * D) * es);
-    void *bias = xmalloc((size_t)V * es);
-    int64_t *tg = xmalloc((size_t)N * 8);
+    void *E = th_xmalloc((size_t)(N * D) * es), *C = th_xmalloc((size_t)(V * D) * es);
+    void *bias = th_xmalloc((size_t)V * es);
+    int64_t *tg = th_xmalloc((size_t)N * 8);
     if (dt == GPUCD_BF16) {
         th_fill_bf16(E, (size_t)(N * D));
         th_fill_bf16(C, (size_t)(V * D));
@@ -751,12 +745,12 @@ static void lce_case(gpucd_client *c, gpucd_dtype dt, int64_t N, int64_t D, int6
     for (int64_t i = 0; i < N; i++)
         tg[i] = i % 11 == 5 ? -100 : (int64_t)(th_rand_u64() % (uint64_t)V);
     /* Outputs: per-row loss and LSE in f32, gradients f32 (fp32 accumulation). */
-    float *loss = xmalloc((size_t)N * 4), *lse = xmalloc((size_t)N * 4);
-    float *dE = xmalloc((size_t)(N * D) * 4), *dC = xmalloc((size_t)(V * D) * 4);
-    float *db = xmalloc((size_t)V * 4);
-    float *wl = xmalloc((size_t)N * 4), *ws = xmalloc((size_t)N * 4);
-    float *wdE = xmalloc((size_t)(N * D) * 4), *wdC = xmalloc((size_t)(V * D) * 4);
-    float *wdb = xmalloc((size_t)V * 4);
+    float *loss = th_xmalloc((size_t)N * 4), *lse = th_xmalloc((size_t)N * 4);
+    float *dE = th_xmalloc((size_t)(N * D) * 4), *dC = th_xmalloc((size_t)(V * D) * 4);
+    float *db = th_xmalloc((size_t)V * 4);
+    float *wl = th_xmalloc((size_t)N * 4), *ws = th_xmalloc((size_t)N * 4);
+    float *wdE = th_xmalloc((size_t)(N * D) * 4), *wdC = th_xmalloc((size_t)(V * D) * 4);
+    float *wdb = th_xmalloc((size_t)V * 4);
     poison(loss, (size_t)N * 4), poison(lse, (size_t)N * 4), poison(dE, (size_t)(N * D) * 4);
     poison(dC, (size_t)(V * D) * 4), poison(db, (size_t)V * 4);
 
@@ -861,7 +855,7 @@ static void test_timings_conv1_b1024(void **state)
     CALL_OK(gpucd_tensor_put(c, &src, &bid));
     gpucd_tensor tw = gpucd_tensor_resident(wid, cc.dt, cc.ndim[W], cc.shape[W]);
     gpucd_tensor tb = gpucd_tensor_resident(bid, cc.dt, cc.ndim[B], cc.shape[B]);
-    void *y = xmalloc(cc.bytes[Y]);
+    void *y = th_xmalloc(cc.bytes[Y]);
     for (int m = 0; m < 2; m++) {
         gpucd_tensor tx = m == 0 ? gpucd_tensor_region(reg, 0, cc.dt, cc.ndim[X], cc.shape[X])
                                  : host_of(&cc, X, cc.ref[X]);
@@ -911,7 +905,7 @@ static void test_no_allocations_after_start(void **state)
         uint64_t ids[3];
         for (int k = 0; k < 3; k++) {
             size_t n = 1 + (size_t)(th_rand_u64() % 200000);
-            float *h = xmalloc(n * 4);
+            float *h = th_xmalloc(n * 4);
             th_fill_f32(h, n);
             gpucd_tensor src = gpucd_tensor_host(h, GPUCD_F32, 1, TH_SHAPE((int64_t)n));
             CALL_OK(gpucd_tensor_put(c, &src, &ids[k]));
@@ -956,7 +950,7 @@ static void test_device_lost_exits_3(void **state)
     conv_case cc;
     conv_case_init(&cc, &layers[2], P_F32);
     gpucd_tensor t[ROLES];
-    void *y = xmalloc(cc.bytes[Y]);
+    void *y = th_xmalloc(cc.bytes[Y]);
     for (int r = 0; r < ROLES; r++)
         t[r] = host_of(&cc, r, r == Y ? y : cc.ref[r]);
 
@@ -1048,13 +1042,8 @@ static int teardown(void **state)
 int main(int argc, char **argv)
 {
     th_init(argc, argv);
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-        printf("SKIPPED: no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e)
-                                                                : "no devices");
+    if (th_cuda_absent())
         return 77;
-    }
     setvbuf(stdout, NULL, _IOLBF, 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv_matches_cpu),

@@ -29,6 +29,7 @@
 #include "gk_cuda.h"
 #include "gk_cuda_nmmo3.h"
 #include "harness.h"
+#include "th_cuda.h"
 
 static cudaStream_t g_stream;
 static gk_cuda_blas *g_blas;
@@ -36,32 +37,8 @@ static int g_sms;
 static void *g_ws;
 static const size_t WORKSPACE = (size_t)1 << 30;
 
-#define CUDA_OK(call)                                                                              \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                                     \
-    } while (0)
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    assert_non_null(p);
-    return p;
-}
-
-/* Data moves on the kernels' non-blocking stream, and each move waits for its bytes. */
-static void upload(void *dst, const void *src, size_t bytes)
-{
-    CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream));
-    CUDA_OK(cudaStreamSynchronize(g_stream));
-}
-
-static void download(void *dst, const void *src, size_t bytes)
-{
-    CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g_stream));
-    CUDA_OK(cudaStreamSynchronize(g_stream));
-}
+static void upload(void *dst, const void *src, size_t bytes) { th_cuda_upload(g_stream, dst, src, bytes); }
+static void download(void *dst, const void *src, size_t bytes) { th_cuda_download(g_stream, dst, src, bytes); }
 
 static void *dev_from(const void *host, size_t bytes)
 {
@@ -83,13 +60,13 @@ static void *dev_from(const void *host, size_t bytes)
  */
 static void *host_random(size_t n, gk_dtype dt, float scale)
 {
-    float *f = xmalloc(n * 4);
+    float *f = th_xmalloc(n * 4);
     th_fill_f32(f, n);
     for (size_t i = 0; i < n; i++)
         f[i] = roundf(f[i] * scale * 1024.0f) / 1024.0f;
     if (dt == GK_F32)
         return f;
-    uint16_t *h = xmalloc(n * 2);
+    uint16_t *h = th_xmalloc(n * 2);
     for (size_t i = 0; i < n; i++)
         h[i] = gk_f32_to_bf16(f[i]);
     free(f);
@@ -141,10 +118,10 @@ static void problem_make(problem *p, gk_dtype dt, int64_t rows, int proj)
             p->n[i] *= (size_t)(p->shape[i][k] = shapes[i][k]);
         p->hw[i] = host_random(p->n[i], dt, 0.1f);
         p->dw[i] = dev_from(p->hw[i], p->n[i] * es);
-        p->want[i] = xmalloc(p->n[i] * 4);
+        p->want[i] = th_xmalloc(p->n[i] * 4);
         CUDA_OK(cudaMalloc((void **)&p->dg[i], p->n[i] * 4));
     }
-    p->hobs = xmalloc((size_t)rows * 1707);
+    p->hobs = th_xmalloc((size_t)rows * 1707);
     th_fill_nmmo3_obs(p->hobs, (size_t)rows);
     p->dobs = dev_from(p->hobs, (size_t)rows * 1707);
     const size_t nout = (size_t)(rows * (proj ? p->hidden : 1817));
@@ -203,7 +180,7 @@ static void problem_check(const problem *p, const char *what, float **keep)
     int bad = -1;
     double worst = 0;
     for (int i = 0; i < (p->proj ? NW : 5); i++) { /* every gradient printed, then the verdict */
-        float *got = xmalloc(p->n[i] * 4);
+        float *got = th_xmalloc(p->n[i] * 4);
         download(got, p->dg[i], p->n[i] * 4);
         double e = rel_err(got, p->want[i], p->n[i]);
         printf("rel err %s %s rows %lld%s d%s %.3g\n", what, p->dt == GK_BF16 ? "bf16" : "f32",
@@ -265,7 +242,7 @@ static void test_matches_cpu(void **state)
         if (problem_run(&p, WORKSPACE, g_blas, &err) != GK_OK)
             fail_msg("backward again: %s", err.msg);
         for (int i = 0; i < (p.proj ? NW : 5); i++) {
-            float *again = xmalloc(p.n[i] * 4);
+            float *again = th_xmalloc(p.n[i] * 4);
             download(again, p.dg[i], p.n[i] * 4);
             if (memcmp(again, first[i], p.n[i] * 4) != 0)
                 fail_msg("d%s differs between two identical calls", names[i]);
@@ -319,7 +296,7 @@ static void test_bad_input(void **state)
         printf("bad value: %s\n", gpu.msg);
         assert_string_equal(gpu.msg, cpu.msg);
         for (int i = 0; i < NW; i++) { /* nothing written: still the NaN poison */
-            float *got = xmalloc(p.n[i] * 4);
+            float *got = th_xmalloc(p.n[i] * 4);
             download(got, p.dg[i], p.n[i] * 4);
             for (size_t j = 0; j < p.n[i]; j++)
                 if (!isnan(got[j]))
@@ -339,13 +316,8 @@ static void test_bad_input(void **state)
 int main(void)
 {
     th_seed();
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-        printf("SKIPPED: no CUDA device (%s)\n",
-               e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
+    if (th_cuda_absent())
         return 77;
-    }
     setvbuf(stdout, NULL, _IOLBF, 0);
     gk_err err;
     if (cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess ||

@@ -36,6 +36,7 @@
 #include "gk_bf16.h"
 #include "gk_cuda.h"
 #include "harness.h"
+#include "th_cuda.h"
 
 enum { GUARD = 4096 };
 static const size_t WORKSPACE = (size_t)64 << 20;
@@ -61,20 +62,6 @@ static cudaError_t fill_bytes(void *dst, int value, size_t bytes)
 }
 static void *g_ws;
 static int g_sms;
-
-#define CUDA_OK(call)                                                                              \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                                     \
-    } while (0)
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    assert_non_null(p);
-    return p;
-}
 
 static uint64_t rnd(uint64_t n) { return th_rand_u64() % n; }
 
@@ -120,7 +107,7 @@ static void dbuf_get(const dbuf *b, void *host)
 static void dbuf_check_guard(const dbuf *b, const char *what)
 {
     size_t n = b->off + GUARD;
-    uint8_t *h = xmalloc(n);
+    uint8_t *h = th_xmalloc(n);
     CUDA_OK(cudaMemcpy(h, b->base, b->off, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(h + b->off, b->data + b->bytes, GUARD, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < n; i++)
@@ -208,7 +195,7 @@ static void multihot_case(const char *name, const gk_multihot_layout *l, int64_t
                           int64_t row)
 {
     const int64_t tiles = (int64_t)l->height * l->width, map = tiles * l->nfeat;
-    uint8_t *obs = xmalloc((size_t)(batch * row));
+    uint8_t *obs = th_xmalloc((size_t)(batch * row));
     obs_random(l, obs, batch, row);
     dbuf dobs = dbuf_from(obs, (size_t)(batch * row));
     gk_tensor tobs = gk_tensor_make(dobs.data, GK_U8, 2, TH_SHAPE(batch, row));
@@ -218,7 +205,7 @@ static void multihot_case(const char *name, const gk_multihot_layout *l, int64_t
     for (int d = 0; d < 2; d++) {
         const gk_dtype dt = dts[d];
         const size_t es = gk_dtype_size(dt), bytes = (size_t)(batch * l->channels * tiles) * es;
-        void *ref = xmalloc(bytes), *got = xmalloc(bytes), *again = xmalloc(bytes);
+        void *ref = th_xmalloc(bytes), *got = th_xmalloc(bytes), *again = th_xmalloc(bytes);
         gk_tensor tref = gk_tensor_make(ref, dt, 4, oshape);
         if (gk_cpu_multihot_encode(l, &(gk_tensor){obs, GK_U8, 2, {batch, row}}, &tref, &err))
             fail_msg("CPU multihot: %s", err.msg);
@@ -251,7 +238,7 @@ static void multihot_case(const char *name, const gk_multihot_layout *l, int64_t
         }
 
         /* Out-of-range values: the first one (row-major) is named, as by the CPU kernel. */
-        uint8_t *bad = xmalloc((size_t)(batch * row));
+        uint8_t *bad = th_xmalloc((size_t)(batch * row));
         memcpy(bad, obs, (size_t)(batch * row));
         int64_t a = (int64_t)rnd((uint64_t)batch), j = (int64_t)rnd((uint64_t)map);
         while (l->slots[j % l->nfeat] >= 256)
@@ -333,7 +320,7 @@ static void idx_set(void *p, gk_dtype dt, int64_t i, int64_t v)
 /* Indices in [0, vocab); hot: all on one row. */
 static void *idx_random(gk_dtype dt, int64_t n, int64_t vocab, int hot)
 {
-    void *p = xmalloc((size_t)n * gk_dtype_size(dt));
+    void *p = th_xmalloc((size_t)n * gk_dtype_size(dt));
     int64_t row = (int64_t)rnd((uint64_t)vocab);
     for (int64_t i = 0; i < n; i++)
         idx_set(p, dt, i, hot ? row : (int64_t)rnd((uint64_t)vocab));
@@ -360,9 +347,9 @@ static void emb_forward_case(gk_dtype idt, gk_dtype tdt, int ndim, const int64_t
     oshape[ndim] = dim;
     const size_t es = gk_dtype_size(tdt), ibytes = (size_t)n * gk_dtype_size(idt);
     const size_t tbytes = (size_t)(vocab * dim) * es, obytes = (size_t)(n * dim) * es;
-    void *idx = idx_random(idt, n, vocab, 0), *table = xmalloc(tbytes);
+    void *idx = idx_random(idt, n, vocab, 0), *table = th_xmalloc(tbytes);
     random_floats(table, tdt, (size_t)(vocab * dim));
-    void *ref = xmalloc(obytes), *got = xmalloc(obytes), *again = xmalloc(obytes);
+    void *ref = th_xmalloc(obytes), *got = th_xmalloc(obytes), *again = th_xmalloc(obytes);
     gk_tensor hi = gk_tensor_make(idx, idt, ndim, ishape);
     gk_tensor ht = gk_tensor_make(table, tdt, 2, TH_SHAPE(vocab, dim));
     gk_tensor ho = gk_tensor_make(ref, tdt, ndim + 1, oshape);
@@ -460,7 +447,7 @@ static void emb_backward_case(gk_dtype idt, gk_dtype gdt, int64_t rows, int64_t 
     const int64_t n = rows * per_row, vd = vocab * dim;
     const size_t es = gk_dtype_size(gdt), ibytes = (size_t)n * gk_dtype_size(idt);
     const size_t gbytes = (size_t)(n * dim) * es, tbytes = (size_t)vd * sizeof(float);
-    void *idx = idx_random(idt, n, vocab, hot), *dout = xmalloc(gbytes);
+    void *idx = idx_random(idt, n, vocab, hot), *dout = th_xmalloc(gbytes);
     random_floats(dout, gdt, (size_t)(n * dim));
     double *ref = calloc((size_t)vd, sizeof(double));
     assert_non_null(ref);
@@ -469,7 +456,7 @@ static void emb_backward_case(gk_dtype idt, gk_dtype gdt, int64_t rows, int64_t 
         for (int64_t c = 0; c < dim; c++)
             ref[v * dim + c] += grad_value(dout, gdt, (size_t)(i * dim + c));
     }
-    float *cpu = xmalloc(tbytes), *got = xmalloc(tbytes), *again = xmalloc(tbytes);
+    float *cpu = th_xmalloc(tbytes), *got = th_xmalloc(tbytes), *again = th_xmalloc(tbytes);
     gk_tensor hi = gk_tensor_make(idx, idt, 2, TH_SHAPE(rows, per_row));
     gk_tensor hg = gk_tensor_make(dout, gdt, 3, TH_SHAPE(rows, per_row, dim));
     gk_tensor hd = gk_tensor_make(cpu, GK_F32, 2, TH_SHAPE(vocab, dim));
@@ -581,7 +568,7 @@ static void test_daemon_obs(void **state)
     gpucd_client *c = th_connect(d.ipc_url);
     enum { B = 96, P = GK_NMMO3_PLAYER_COUNT, V = 128, D = 32 };
     const gk_multihot_layout *l = &gk_nmmo3_layout;
-    uint8_t *obs = xmalloc((size_t)B * GK_NMMO3_OBS_BYTES);
+    uint8_t *obs = th_xmalloc((size_t)B * GK_NMMO3_OBS_BYTES);
     th_fill_nmmo3_obs(obs, B);
     gk_err err;
 
@@ -590,7 +577,7 @@ static void test_daemon_obs(void **state)
     for (int d_ = 0; d_ < 2; d_++) {
         gk_dtype dt = float_dts[d_];
         size_t bytes = (size_t)B * 59 * 165 * gk_dtype_size(dt);
-        void *ref = xmalloc(bytes), *got = xmalloc(bytes);
+        void *ref = th_xmalloc(bytes), *got = th_xmalloc(bytes);
         gk_tensor tr = gk_tensor_make(ref, dt, 4, mshape);
         if (gk_cpu_multihot_encode(l, &(gk_tensor){obs, GK_U8, 2, {B, GK_NMMO3_OBS_BYTES}}, &tr,
                                    &err))
@@ -608,7 +595,7 @@ static void test_daemon_obs(void **state)
     uint8_t keep = obs[5 * GK_NMMO3_OBS_BYTES + 3 * 10 + 2];
     obs[5 * GK_NMMO3_OBS_BYTES + 3 * 10 + 2] = 17;
     {
-        float *out = xmalloc((size_t)B * 59 * 165 * 4);
+        float *out = th_xmalloc((size_t)B * 59 * 165 * 4);
         gpucd_tensor to = gpucd_tensor_host(obs, GPUCD_U8, 2, TH_SHAPE(B, GK_NMMO3_OBS_BYTES));
         gpucd_tensor tg = gpucd_tensor_host(out, GPUCD_F32, 4, mshape);
         int rc = gpucd_multihot_encode(c, NULL, &to, &tg, NULL);
@@ -623,8 +610,8 @@ static void test_daemon_obs(void **state)
     uint8_t idx[B * P];
     for (int b = 0; b < B; b++)
         memcpy(idx + b * P, obs + (size_t)b * GK_NMMO3_OBS_BYTES + GK_NMMO3_PLAYER_OFFSET, P);
-    float *table = xmalloc(V * D * 4), *ref = xmalloc((size_t)B * P * D * 4);
-    float *got = xmalloc((size_t)B * P * D * 4), *dout = xmalloc((size_t)B * P * D * 4);
+    float *table = th_xmalloc(V * D * 4), *ref = th_xmalloc((size_t)B * P * D * 4);
+    float *got = th_xmalloc((size_t)B * P * D * 4), *dout = th_xmalloc((size_t)B * P * D * 4);
     float dt_ref[V * D], dt_got[V * D];
     th_fill_f32(table, V * D);
     th_fill_f32(dout, (size_t)B * P * D);
@@ -672,13 +659,8 @@ static void test_daemon_obs(void **state)
 int main(int argc, char **argv)
 {
     th_init(argc, argv);
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-        printf("SKIPPED: no CUDA device (%s)\n",
-               e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
+    if (th_cuda_absent())
         return 77;
-    }
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess ||
         cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) != cudaSuccess ||

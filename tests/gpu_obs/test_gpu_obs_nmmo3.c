@@ -43,6 +43,7 @@
 #include "conv1_obs.cuh"
 #include "gk_cuda_nmmo3.h"
 #include "harness.h"
+#include "th_cuda.h"
 
 enum { GUARD = 4096, OBS = GK_NMMO3_OBS_BYTES, OC = GK_NMMO3_CONV_CH, C1 = OC * 12 };
 
@@ -54,34 +55,10 @@ static int g_sms;
 static gk_cuda_blas *g_blas;
 static int g_small; /* GPUCD_TEST_SMALL set: small batches only (for compute-sanitizer) */
 
-#define CUDA_OK(call)                                                                              \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                                     \
-    } while (0)
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    assert_non_null(p);
-    return p;
-}
-
 static uint64_t rnd(uint64_t n) { return th_rand_u64() % n; }
 
-/* Test data moves on the kernels' non-blocking stream (see test_gpu_obs.c). */
-static void upload(void *dst, const void *src, size_t bytes)
-{
-    CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream));
-    CUDA_OK(cudaStreamSynchronize(g_stream));
-}
-
-static void download(void *dst, const void *src, size_t bytes)
-{
-    CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g_stream));
-    CUDA_OK(cudaStreamSynchronize(g_stream));
-}
+static void upload(void *dst, const void *src, size_t bytes) { th_cuda_upload(g_stream, dst, src, bytes); }
+static void download(void *dst, const void *src, size_t bytes) { th_cuda_download(g_stream, dst, src, bytes); }
 
 /* A device buffer of `bytes` poisoned with 0xff (NaN in f32 and bf16), GUARD poisoned bytes after. */
 static void *dev_poisoned(size_t bytes)
@@ -170,10 +147,10 @@ static conv1_setup conv1_setup_make(gk_dtype dt, int64_t batch)
 {
     conv1_setup s = {.dt = dt, .batch = batch};
     const size_t es = gk_dtype_size(dt);
-    s.obs = xmalloc((size_t)batch * OBS);
+    s.obs = th_xmalloc((size_t)batch * OBS);
     th_fill_nmmo3_obs(s.obs, (size_t)batch);
-    s.w = xmalloc((size_t)OC * 1475 * es);
-    s.b = xmalloc((size_t)OC * es);
+    s.w = th_xmalloc((size_t)OC * 1475 * es);
+    s.b = th_xmalloc((size_t)OC * es);
     random_floats(s.w, dt, (size_t)OC * 1475);
     random_floats(s.b, dt, OC);
     s.dobs = dev_from(s.obs, (size_t)batch * OBS);
@@ -229,7 +206,7 @@ static void conv1_variant_case(conv1_setup *sp, int variant)
     const int64_t batch = s.batch;
     const size_t es = gk_dtype_size(dt), n = (size_t)batch * C1, bytes = n * es;
     void *dout = dev_poisoned(bytes);
-    void *got = xmalloc(bytes), *again = xmalloc(bytes);
+    void *got = th_xmalloc(bytes), *again = th_xmalloc(bytes);
     char what[96];
     snprintf(what, sizeof what, "conv1 %s B %lld %s", gk_dtype_name(dt), (long long)batch,
              variant == CONV1_OBS_WEIGHTS_A ? "weights as A" : "one-hot as A");
@@ -317,7 +294,7 @@ static void test_conv1_obs_bad(void **state)
     for (int d = 0; d < 2; d++) {
         conv1_setup s = conv1_setup_make(d ? GK_BF16 : GK_F32, batch);
         const size_t bytes = (size_t)batch * C1 * gk_dtype_size(s.dt);
-        void *dout = dev_poisoned(bytes), *host = xmalloc(bytes);
+        void *dout = dev_poisoned(bytes), *host = th_xmalloc(bytes);
         gk_tensor tc = gk_tensor_make(dout, s.dt, 4, TH_SHAPE(batch, OC, 3, 4));
         gk_cuda_exec ex = exec_make(g_sms, s.dws, s.ws_bytes);
         /* (agent, pixel, feature): first agent, last agent, column 14 (unread by conv1), random */
@@ -326,14 +303,14 @@ static void test_conv1_obs_bad(void **state)
                                      {(int64_t)rnd(batch), (int)rnd(11) * 15 + 14, (int)rnd(10)},
                                      {(int64_t)rnd(batch), (int)rnd(165), (int)rnd(10)}};
         for (int c = 0; c < 4; c++) {
-            uint8_t *bad = xmalloc((size_t)batch * OBS);
+            uint8_t *bad = th_xmalloc((size_t)batch * OBS);
             memcpy(bad, s.obs, (size_t)batch * OBS);
             const int64_t a = where[c][0];
             map_spoil(bad, a, (int)where[c][1], (int)where[c][2]);
             if (a + 1 < batch) /* a later offender, not to be named */
                 map_spoil(bad, a + 1, (int)rnd(165), (int)rnd(10));
             gk_err cpu_err, err;
-            float *mh = xmalloc((size_t)batch * 59 * 165 * 4);
+            float *mh = th_xmalloc((size_t)batch * 59 * 165 * 4);
             gk_tensor tmh = gk_tensor_make(mh, GK_F32, 4, TH_SHAPE(batch, 59, 11, 15));
             gk_tensor hbad = gk_tensor_make(bad, GK_U8, 2, TH_SHAPE(batch, OBS));
             assert_int_equal(gk_cpu_multihot_encode(&gk_nmmo3_layout, &hbad, &tmh, &cpu_err),
@@ -379,7 +356,7 @@ static gk_tensor weight_make(void *data, gk_dtype dt, int ndim, const int64_t *s
 static fwd_setup fwd_setup_make(gk_dtype dt, int64_t batch, int64_t hidden)
 {
     fwd_setup s = {.dt = dt, .batch = batch, .hidden = hidden};
-    s.obs = xmalloc((size_t)batch * OBS);
+    s.obs = th_xmalloc((size_t)batch * OBS);
     th_fill_nmmo3_obs(s.obs, (size_t)batch);
     const int64_t shapes[7][4] = {{OC, 59, 5, 5}, {OC}, {OC, OC, 3, 3}, {OC}, {128, 32},
                                   {hidden, GK_NMMO3_FEATURES}, {hidden}};
@@ -394,7 +371,7 @@ static fwd_setup fwd_setup_make(gk_dtype dt, int64_t batch, int64_t hidden)
         int64_t n = 1;
         for (int k = 0; k < ndims[i]; k++)
             n *= shapes[i][k];
-        void *p = xmalloc((size_t)n * gk_dtype_size(dt));
+        void *p = th_xmalloc((size_t)n * gk_dtype_size(dt));
         random_floats(p, dt, (size_t)n);
         *h[i] = weight_make(p, dt, ndims[i], shapes[i]);
         *d[i] = weight_make(dev_from(p, (size_t)n * gk_dtype_size(dt)), dt, ndims[i], shapes[i]);
@@ -486,8 +463,8 @@ static void fwd_case(gk_dtype dt, int64_t B, int64_t hidden)
     fwd_setup s = fwd_setup_make(dt, B, hidden);
     const size_t es = gk_dtype_size(dt), nf = (size_t)B * GK_NMMO3_FEATURES;
     const size_t nh = (size_t)(B * hidden), nc = (size_t)B * C1;
-    void *rf = xmalloc(nf * es), *rh = xmalloc(nh * es), *gf = xmalloc(nf * es);
-    void *gh = xmalloc(nh * es), *gc = xmalloc(nc * es), *c1 = xmalloc(nc * es);
+    void *rf = th_xmalloc(nf * es), *rh = th_xmalloc(nh * es), *gf = th_xmalloc(nf * es);
+    void *gh = th_xmalloc(nh * es), *gc = th_xmalloc(nc * es), *c1 = th_xmalloc(nc * es);
     gk_err err;
     gk_tensor hobs = gk_tensor_make(s.obs, GK_U8, 2, TH_SHAPE(B, OBS));
     gk_tensor hf = gk_tensor_make(rf, dt, 2, TH_SHAPE(B, GK_NMMO3_FEATURES));
@@ -562,11 +539,11 @@ static void test_nmmo3_forward_bad(void **state)
     for (int d = 0; d < 2; d++) {
         fwd_setup s = fwd_setup_make(d ? GK_BF16 : GK_F32, B, 128);
         const size_t es = gk_dtype_size(s.dt);
-        void *f = xmalloc((size_t)B * GK_NMMO3_FEATURES * es), *h = xmalloc((size_t)B * 128 * es);
-        void *c1 = xmalloc((size_t)B * C1 * es);
+        void *f = th_xmalloc((size_t)B * GK_NMMO3_FEATURES * es), *h = th_xmalloc((size_t)B * 128 * es);
+        void *c1 = th_xmalloc((size_t)B * C1 * es);
         /* map first agent, map last agent, player value, player value behind a later map value */
         for (int c = 0; c < 4; c++) {
-            uint8_t *bad = xmalloc((size_t)B * OBS);
+            uint8_t *bad = th_xmalloc((size_t)B * OBS);
             memcpy(bad, s.obs, (size_t)B * OBS);
             if (c == 0 || c == 1)
                 map_spoil(bad, c == 0 ? 0 : B - 1, (int)rnd(165), (int)rnd(10));
@@ -597,13 +574,8 @@ static void test_nmmo3_forward_bad(void **state)
 int main(int argc, char **argv)
 {
     th_init(argc, argv);
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-        printf("SKIPPED: no CUDA device (%s)\n",
-               e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
+    if (th_cuda_absent())
         return 77;
-    }
     setvbuf(stdout, NULL, _IOLBF, 0);
     g_small = getenv("GPUCD_TEST_SMALL") != NULL;
     if (cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess ||

@@ -209,6 +209,14 @@ gpucd_client *th_connect(const char *url)
 
 static float th_uniform(void) { return (float)((double)(th_rand_u64() >> 11) * 0x1p-53 * 2.0 - 1.0); }
 
+void *th_xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (p == NULL)
+        th_die("out of memory for %zu bytes", n);
+    return p;
+}
+
 void th_fill_f32(float *p, size_t n)
 {
     for (size_t i = 0; i < n; i++)

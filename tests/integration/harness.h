@@ -41,6 +41,8 @@ void th_daemon_dump_log(const th_daemon *d);
 gpucd_client *th_connect(const char *url);
 
 /* Uniform in [-1, 1); never all zeros. */
+/* malloc that fails the test instead of returning NULL (n = 0 allowed). */
+void *th_xmalloc(size_t n);
 void th_fill_f32(float *p, size_t n);
 void th_fill_bf16(uint16_t *p, size_t n);
 /* Valid NMMO3 observations (1707 bytes each). */

@@ -20,13 +20,6 @@
 
 static th_daemon daemon_;
 
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n);
-    assert_non_null(p);
-    return p;
-}
-
 /* NaN bytes, so that an output the daemon never wrote cannot match. */
 static void poison(void *p, size_t n) { memset(p, 0xff, n); }
 
@@ -52,7 +45,7 @@ static void test_conv2d_forward_region_resident_inline(void **state)
     assert_int_equal(gpucd_region_create(c, xn * 4 + yn * 4 + 64, &r), 0);
     float *x = gpucd_region_data(r);
     float *y = (float *)((char *)x + xn * 4);
-    float *w = xmalloc(wn * 4), *b = xmalloc(OC * 4), *want = xmalloc(yn * 4);
+    float *w = th_xmalloc(wn * 4), *b = th_xmalloc(OC * 4), *want = th_xmalloc(yn * 4);
     th_fill_f32(x, xn);
     th_fill_f32(w, wn);
     th_fill_f32(b, OC);
@@ -99,9 +92,9 @@ static void test_conv2d_backward_inline_tcp_bf16(void **state)
     const int OH = (H + 2 * P - KH) / S + 1, OW = (W + 2 * P - KW) / S + 1;
     size_t xn = (size_t)N * C * H * W, wn = (size_t)OC * C * KH * KW;
     size_t yn = (size_t)N * OC * OH * OW;
-    uint16_t *x = xmalloc(xn * 2), *w = xmalloc(wn * 2), *y = xmalloc(yn * 2), *dy = xmalloc(yn * 2);
-    uint16_t *dx = xmalloc(xn * 2), *dw = xmalloc(wn * 2), *db = xmalloc(OC * 2);
-    uint16_t *wdx = xmalloc(xn * 2), *wdw = xmalloc(wn * 2), *wdb = xmalloc(OC * 2);
+    uint16_t *x = th_xmalloc(xn * 2), *w = th_xmalloc(wn * 2), *y = th_xmalloc(yn * 2), *dy = th_xmalloc(yn * 2);
+    uint16_t *dx = th_xmalloc(xn * 2), *dw = th_xmalloc(wn * 2), *db = th_xmalloc(OC * 2);
+    uint16_t *wdx = th_xmalloc(xn * 2), *wdw = th_xmalloc(wn * 2), *wdb = th_xmalloc(OC * 2);
     th_fill_bf16(x, xn);
     th_fill_bf16(w, wn);
     th_fill_bf16(dy, yn);
@@ -151,10 +144,10 @@ static void test_multihot_and_embedding(void **state)
 {
     gpucd_client *c = th_connect(*state);
     const int B = 5;
-    uint8_t *obs = xmalloc((size_t)B * 1707);
+    uint8_t *obs = th_xmalloc((size_t)B * 1707);
     th_fill_nmmo3_obs(obs, B);
     size_t on = (size_t)B * 59 * 11 * 15;
-    float *out = xmalloc(on * 4), *want = xmalloc(on * 4);
+    float *out = th_xmalloc(on * 4), *want = th_xmalloc(on * 4);
     poison(out, on * 4);
     gpucd_tensor tobs = gpucd_tensor_host(obs, GPUCD_U8, 2, TH_SHAPE(B, 1707));
     gpucd_tensor tout = gpucd_tensor_host(out, GPUCD_F32, 4, TH_SHAPE(B, 59, 11, 15));
@@ -185,11 +178,11 @@ static void test_multihot_and_embedding(void **state)
 
     /* Embedding of the player bytes, i64 indices. */
     const int V = 128, D = 32, NI = 47 * B;
-    int64_t *idx = xmalloc((size_t)NI * 8);
+    int64_t *idx = th_xmalloc((size_t)NI * 8);
     for (int i = 0; i < NI; i++)
         idx[i] = (int64_t)(th_rand_u64() % V);
-    float *table = xmalloc((size_t)V * D * 4), *eo = xmalloc((size_t)NI * D * 4);
-    float *ew = xmalloc((size_t)NI * D * 4);
+    float *table = th_xmalloc((size_t)V * D * 4), *eo = th_xmalloc((size_t)NI * D * 4);
+    float *ew = th_xmalloc((size_t)NI * D * 4);
     th_fill_f32(table, (size_t)V * D);
     poison(eo, (size_t)NI * D * 4);
     uint64_t tid;
@@ -206,7 +199,7 @@ static void test_multihot_and_embedding(void **state)
     assert_same_bytes(eo, ew, (size_t)NI * D * 4, "embedding out");
 
     /* Backward into a new resident tensor, then fetched back. */
-    float *dtab = xmalloc((size_t)V * D * 4), *dwant = xmalloc((size_t)V * D * 4);
+    float *dtab = th_xmalloc((size_t)V * D * 4), *dwant = th_xmalloc((size_t)V * D * 4);
     gpucd_tensor tdo = gpucd_tensor_host(eo, GPUCD_F32, 3, TH_SHAPE(B, 47, D));
     gpucd_tensor tdt = gpucd_tensor_new_resident(GPUCD_F32, 2, TH_SHAPE(V, D));
     assert_int_equal(gpucd_embedding_backward(c, &ti, &tdo, &tdt, NULL), 0);
@@ -232,17 +225,17 @@ static void test_linear_cross_entropy(void **state)
 {
     gpucd_client *c = th_connect(*state);
     const int N = 33, D = 24, V = 300;
-    float *E = xmalloc((size_t)N * D * 4), *C = xmalloc((size_t)V * D * 4), *bias = xmalloc(V * 4);
-    int64_t *tg = xmalloc((size_t)N * 8);
+    float *E = th_xmalloc((size_t)N * D * 4), *C = th_xmalloc((size_t)V * D * 4), *bias = th_xmalloc(V * 4);
+    int64_t *tg = th_xmalloc((size_t)N * 8);
     th_fill_f32(E, (size_t)N * D);
     th_fill_f32(C, (size_t)V * D);
     th_fill_f32(bias, V);
     for (int i = 0; i < N; i++)
         tg[i] = i % 7 == 3 ? -100 : (int64_t)(th_rand_u64() % V);
     float loss[N], lse[N], wloss[N], wlse[N];
-    float *dE = xmalloc((size_t)N * D * 4), *dC = xmalloc((size_t)V * D * 4), *db = xmalloc(V * 4);
-    float *wdE = xmalloc((size_t)N * D * 4), *wdC = xmalloc((size_t)V * D * 4);
-    float *wdb = xmalloc(V * 4);
+    float *dE = th_xmalloc((size_t)N * D * 4), *dC = th_xmalloc((size_t)V * D * 4), *db = th_xmalloc(V * 4);
+    float *wdE = th_xmalloc((size_t)N * D * 4), *wdC = th_xmalloc((size_t)V * D * 4);
+    float *wdb = th_xmalloc(V * 4);
     poison(loss, sizeof loss), poison(lse, sizeof lse), poison(dE, (size_t)N * D * 4);
     poison(dC, (size_t)V * D * 4), poison(db, V * 4);
 
@@ -327,7 +320,7 @@ static void nmmo3_host_init(nmmo3_host *h, int hidden)
             h->shape[i][k] = shapes[i][k];
             h->n[i] *= (size_t)shapes[i][k];
         }
-        h->w[i] = xmalloc(h->n[i] * 4);
+        h->w[i] = th_xmalloc(h->n[i] * 4);
         th_fill_f32(h->w[i], h->n[i]);
         for (size_t k = 0; k < h->n[i]; k++)
             h->w[i][k] *= 0.1f; /* keep activations in a sensible range */
@@ -385,7 +378,7 @@ static void test_nmmo3_encode(void **state)
                            &gw.proj_w, &gw.proj_b};
     for (int i = 0; i < 7; i++)
         *slots[i] = gk_tensor_make(h.w[i], GK_F32, h.ndim[i], h.shape[i]);
-    float *wf = xmalloc((size_t)B * 1817 * 4), *wh = xmalloc((size_t)B * HID * 4);
+    float *wf = th_xmalloc((size_t)B * 1817 * 4), *wh = th_xmalloc((size_t)B * HID * 4);
     gk_tensor gobs = gk_tensor_make(base, GK_U8, 2, TH_SHAPE(B, 1707));
     gk_tensor gf = gk_tensor_make(wf, GK_F32, 2, TH_SHAPE(B, 1817));
     gk_tensor gh = gk_tensor_make(wh, GK_F32, 2, TH_SHAPE(B, HID));
@@ -395,7 +388,7 @@ static void test_nmmo3_encode(void **state)
     assert_same_bytes(base + hid_off, wh, (size_t)B * HID * 4, "hidden");
 
     /* Backward: dout inline, every gradient inline. */
-    float *dout = xmalloc((size_t)B * HID * 4);
+    float *dout = th_xmalloc((size_t)B * HID * 4);
     th_fill_f32(dout, (size_t)B * HID);
     float *g[7], *gwant[7];
     gpucd_tensor gt[7];
@@ -403,8 +396,8 @@ static void test_nmmo3_encode(void **state)
     gk_tensor *gslots[7] = {&gg.conv1_w, &gg.conv1_b, &gg.conv2_w, &gg.conv2_b, &gg.embed,
                             &gg.proj_w, &gg.proj_b};
     for (int i = 0; i < 7; i++) {
-        g[i] = xmalloc(h.n[i] * 4);
-        gwant[i] = xmalloc(h.n[i] * 4);
+        g[i] = th_xmalloc(h.n[i] * 4);
+        gwant[i] = th_xmalloc(h.n[i] * 4);
         poison(g[i], h.n[i] * 4);
         gt[i] = gpucd_tensor_host(g[i], GPUCD_F32, h.ndim[i], h.shape[i]);
         *gslots[i] = gk_tensor_make(gwant[i], GK_F32, h.ndim[i], h.shape[i]);
