@@ -14,7 +14,10 @@
  * gk_nmmo3_forward_check.  Data values are validated on the device: after
  * the caller has synchronised ex->stream, gk_cuda_nmmo3_status returns
  * GK_ERANGE with the CPU kernel's message (a map value first, as the CPU
- * checks the map first, then a player value).
+ * checks the map first, then a player value).  It reads the records at the
+ * start of the workspace: block 0 the player values' (agent * 47 + i), block
+ * 1 conv1's map values' (the multihot record, agent * 1650 + byte); the
+ * backward fills the same ones.
  *
  * Not yet the whole target design of issue 6 (one graph for the whole encode).
  */

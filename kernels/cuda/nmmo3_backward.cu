@@ -22,7 +22,6 @@
  * and the workspace size.  Intermediates of bf16 requests are bf16 (what a
  * chain of bf16 kernels stores); the gradients are fp32.
  */
-#include <inttypes.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -70,12 +69,12 @@ template <typename T> __global__ void relu_grad_kernel(T *hidden_to_dpre, const 
 }
 
 /* dy2[a*2 + p][c] = dfeat[a][c*2 + p]: conv2's output gradient as pixel rows. */
-template <typename T> __global__ void dy2_rows_kernel(const T *dfeat, size_t ld_feat, T *dy2, size_t agents)
+template <typename T> __global__ void dy2_rows_kernel(const T *dfeat, T *dy2, size_t agents)
 {
     GRID_LOOP(i, agents * C2_P * CH)
     {
         const size_t r = i / CH, c = i - r * CH, a = r / C2_P, p = r - a * C2_P;
-        dy2[i] = dfeat[a * ld_feat + c * C2_P + p];
+        dy2[i] = dfeat[a * FEAT + c * C2_P + p];
     }
 }
 
@@ -120,11 +119,12 @@ struct map_layout {
 
 /*
  * Every map byte and player byte of the batch checked before anything is
- * written: the first bad map value lowers rec[0] to agent * 1650 + byte (the
- * multihot record), the first bad player value rec[1] to agent * 47 + i.
+ * written, into the forward's records (gk_cuda_nmmo3_status reads them): the
+ * first bad player value lowers player_rec to agent * 47 + i, the first bad
+ * map value map_rec to agent * 1650 + byte (the multihot record).
  */
 __global__ void obs_validate_kernel(const uint8_t *obs, size_t agents, map_layout m,
-                                    unsigned long long *map_rec, unsigned long long *player_rec)
+                                    unsigned long long *player_rec, unsigned long long *map_rec)
 {
     constexpr int MAP = 11 * 15 * 10, CHECKED = MAP + GK_NMMO3_PLAYER_COUNT;
     GRID_LOOP(i, agents * CHECKED)
@@ -278,7 +278,7 @@ int layout_make(const gk_nmmo3_weights *w, const gk_tensor *obs, int64_t chunk, 
         rc = gk_cuda_embedding_backward_workspace_bytes(&idx, &demb, &tab, sm_count, &emb, err);
     if (rc != GK_OK)
         return rc;
-    size_t at = 2 * (size_t)GK_CUDA_OBS_RECORD_BYTES; /* batch_validate's records */
+    size_t at = GK_CUDA_NMMO3_RECORDS * (size_t)GK_CUDA_OBS_RECORD_BYTES; /* batch_validate's */
     l->fwd_at = at;
     at += align256(fwd);
     l->chunk = chunk;
@@ -405,42 +405,25 @@ map_layout map_layout_make()
 /*
  * Checks every observation value of the batch and waits for the verdict (one
  * stream synchronisation), so that a bad value fails the call with the CPU
- * kernel's message before any gradient is written: a map value first, as the
- * CPU checks the whole map first, then a player value.
+ * kernel's message before any gradient is written.  The records are laid out
+ * as the forward's (GK_CUDA_NMMO3_RECORDS blocks: the player values', then
+ * conv1's map values'), so the forward's status call names the offender.
  */
 int batch_validate(const gk_tensor *obs, const gk_cuda_exec *ex, gk_err *err)
 {
     uint8_t *ws = (uint8_t *)ex->workspace;
     const size_t agents = (size_t)obs->shape[0];
-    const char *op = "nmmo3 backward";
-    cudaError_t ce = cudaMemsetAsync(ws, 0xff, 2 * (size_t)GK_CUDA_OBS_RECORD_BYTES, ex->stream);
+    cudaError_t ce = cudaMemsetAsync(ws, 0xff, GK_CUDA_NMMO3_RECORDS * (size_t)GK_CUDA_OBS_RECORD_BYTES,
+                                     ex->stream);
     if (ce != cudaSuccess)
-        return gk_fail(err, GK_EDEVICE, "%s (cuda): resetting the error records: %s", op,
+        return gk_fail(err, GK_EDEVICE, "nmmo3 backward (cuda): resetting the error records: %s",
                        cudaGetErrorString(ce));
     const size_t n = agents * (11 * 15 * 10 + GK_NMMO3_PLAYER_COUNT);
     obs_validate_kernel<<<grid_for(n, ex->sm_count), THREADS, 0, ex->stream>>>(
         (const uint8_t *)obs->data, agents, map_layout_make(), (unsigned long long *)ws,
         (unsigned long long *)(ws + GK_CUDA_OBS_RECORD_BYTES));
-    int rc = obs_launch_check(op, err);
-    gk_cuda_exec e_map = *ex, e_player = *ex;
-    e_map.workspace_bytes = e_player.workspace_bytes = GK_CUDA_OBS_RECORD_BYTES;
-    e_player.workspace = ws + GK_CUDA_OBS_RECORD_BYTES;
-    if (rc == GK_OK)
-        rc = gk_cuda_multihot_status(&gk_nmmo3_layout, obs, &e_map, err);
-    unsigned long long pos = OBS_RECORD_CLEAN;
-    if (rc != GK_OK || (rc = obs_record_read(&e_player, &pos, op, err)) != GK_OK ||
-        pos == OBS_RECORD_CLEAN)
-        return rc;
-    const int64_t agent = (int64_t)(pos / GK_NMMO3_PLAYER_COUNT);
-    const int i = (int)(pos % GK_NMMO3_PLAYER_COUNT);
-    uint8_t v = 0;
-    const uint8_t *src = (const uint8_t *)obs->data + agent * GK_NMMO3_OBS_BYTES + GK_NMMO3_PLAYER_OFFSET + i;
-    if ((rc = obs_device_read(ex, &v, src, 1, op, err)) != GK_OK)
-        return rc;
-    return gk_fail(err, GK_ERANGE,
-                   "observation of agent %" PRId64 ", player value %d (byte %d): "
-                   "value %u >= the embedding's %d rows",
-                   agent, i, GK_NMMO3_PLAYER_OFFSET + i, v, GK_NMMO3_EMBED_VOCAB);
+    int rc = obs_launch_check("nmmo3 backward", err);
+    return rc == GK_OK ? gk_cuda_nmmo3_status(obs, ex, err) : rc; /* it waits for the kernel */
 }
 
 /* One chunk of agents [a0, a0 + n): forward, then every gradient added in. */
@@ -476,8 +459,7 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
     if (rc != GK_OK)
         return rc;
 
-    const T *dfeat = dy;
-    size_t ld_feat = FEAT;
+    const T *dfeat = dy; /* rows of FEAT: d(features) */
     if (projecting) {
         T *dpre = hidden;
         T *df = (T *)(ws + l.dfeat);
@@ -497,7 +479,7 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
     /* conv2 (no ReLU): its output gradient is the first 256 features. */
     T *dy2 = (T *)(ws + l.dy2), *col = (T *)(ws + l.col), *dc1 = (T *)(ws + l.dc1);
     const size_t r2 = (size_t)n * C2_P, r1 = (size_t)n * C1_P;
-    dy2_rows_kernel<T><<<grid_for(r2 * CH, ex->sm_count), THREADS, 0, s>>>(dfeat, ld_feat, dy2, (size_t)n);
+    dy2_rows_kernel<T><<<grid_for(r2 * CH, ex->sm_count), THREADS, 0, s>>>(dfeat, dy2, (size_t)n);
     conv2_unfold_kernel<T><<<grid_for(r2 * C2_K, ex->sm_count), THREADS, 0, s>>>(c1, col, (size_t)n);
     if ((rc = launch_check(err)) ||
         (rc = gemm(gm, true, false, CH, C2_K, (int64_t)r2, dy2, CH, col, C2_K, g->conv2_w.data,
@@ -525,7 +507,7 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
     if ((ce = cudaMemcpy2DAsync(idx, GK_NMMO3_PLAYER_COUNT, o + GK_NMMO3_PLAYER_OFFSET,
                                 GK_NMMO3_OBS_BYTES, GK_NMMO3_PLAYER_COUNT, (size_t)n,
                                 cudaMemcpyDeviceToDevice, s)) != cudaSuccess ||
-        (ce = cudaMemcpy2DAsync(demb, EMB_N * es, dfeat + EMB_AT, ld_feat * es, EMB_N * es,
+        (ce = cudaMemcpy2DAsync(demb, EMB_N * es, dfeat + EMB_AT, FEAT * es, EMB_N * es,
                                 (size_t)n, cudaMemcpyDeviceToDevice, s)) != cudaSuccess)
         return gk_fail(err, GK_EDEVICE, "nmmo3 backward (cuda): gathering the player rows: %s",
                        cudaGetErrorString(ce));
