@@ -28,6 +28,7 @@
 #include "gk.h"
 #include "gk_bf16.h"
 #include "gk_cuda.h"
+#include "th_cuda.h"
 
 enum prec { PREC_F32, PREC_TF32, PREC_BF16 };
 static const char *const prec_name[] = {"fp32", "tf32", "bf16"};
@@ -104,22 +105,15 @@ static void buf_free(buf *b)
 
 static cudaStream_t g_stream;
 
-/*
- * The kernels run on a non-blocking stream, which does not wait for the legacy
- * stream: a plain cudaMemcpy from pageable memory may return before its bytes
- * land and a plain cudaMemset is asynchronous.  Test data therefore moves on
- * the kernels' own stream, and uploads wait for their bytes.
- */
+/* Test data moves on the kernels' stream (th_cuda.h says why). */
 static cudaError_t upload(void *dst, const void *src, size_t bytes)
 {
-    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream);
-    return e != cudaSuccess ? e : cudaStreamSynchronize(g_stream);
+    return th_cuda_copy_in(g_stream, dst, src, bytes);
 }
 
 static cudaError_t fill_bytes(void *dst, int value, size_t bytes)
 {
-    cudaError_t e = cudaMemsetAsync(dst, value, bytes, g_stream);
-    return e != cudaSuccess ? e : cudaStreamSynchronize(g_stream);
+    return th_cuda_fill(g_stream, dst, value, bytes);
 }
 
 /* Fills with random values representable in the dtype and uploads them. */
@@ -491,11 +485,8 @@ static void test_errors(void **state)
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("test_gpu_conv: no CUDA device, skipped\n");
+    if (th_cuda_absent())
         return 77;
-    }
     const char *env = getenv("GPUCD_TEST_SEED");
     g_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
     g_rng = g_seed * 0x9e3779b97f4a7c15ull | 1;

@@ -52,27 +52,21 @@
 #include "gk_cuda.h"
 #include "gk_cuda_lce.h"
 #include "lce_harness.h"
+#include "th_cuda.h"
 
 static int g_sms;
 static cudaStream_t g_stream;
 static gk_cuda_blas *g_blas; /* bound to g_stream, as the daemon binds one to each slot */
 
-/*
- * The kernels run on a non-blocking stream, which does not wait for the legacy
- * stream: a plain cudaMemcpy from pageable memory may return before its bytes
- * land and a plain cudaMemset is asynchronous.  Test data therefore moves on
- * the kernels' own stream, and uploads wait for their bytes.
- */
+/* Test data moves on the kernels' stream (th_cuda.h says why). */
 static cudaError_t upload(void *dst, const void *src, size_t bytes)
 {
-    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream);
-    return e != cudaSuccess ? e : cudaStreamSynchronize(g_stream);
+    return th_cuda_copy_in(g_stream, dst, src, bytes);
 }
 
 static cudaError_t fill_bytes(void *dst, int value, size_t bytes)
 {
-    cudaError_t e = cudaMemsetAsync(dst, value, bytes, g_stream);
-    return e != cudaSuccess ? e : cudaStreamSynchronize(g_stream);
+    return th_cuda_fill(g_stream, dst, value, bytes);
 }
 static uint64_t g_rng;
 
@@ -714,11 +708,8 @@ static void test_errors(void **state)
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("test_gpu_lce: no CUDA device, skipped\n");
+    if (th_cuda_absent())
         return 77;
-    }
     g_rng = harness_seed() ^ 0x6c6365u;
     gk_err err = {{0}};
     if (cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess ||

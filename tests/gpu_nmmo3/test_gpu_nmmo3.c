@@ -37,13 +37,20 @@ static int g_sms;
 static void *g_ws;
 static const size_t WORKSPACE = (size_t)1 << 30;
 
-static void upload(void *dst, const void *src, size_t bytes) { th_cuda_upload(g_stream, dst, src, bytes); }
-static void download(void *dst, const void *src, size_t bytes) { th_cuda_download(g_stream, dst, src, bytes); }
+static void upload(void *dst, const void *src, size_t bytes)
+{
+    TH_CUDA_OK(th_cuda_copy_in(g_stream, dst, src, bytes));
+}
+
+static void download(void *dst, const void *src, size_t bytes)
+{
+    TH_CUDA_OK(th_cuda_copy_out(g_stream, dst, src, bytes));
+}
 
 static void *dev_from(const void *host, size_t bytes)
 {
     void *d = NULL;
-    CUDA_OK(cudaMalloc(&d, bytes));
+    TH_CUDA_OK(cudaMalloc(&d, bytes));
     upload(d, host, bytes);
     return d;
 }
@@ -119,7 +126,7 @@ static void problem_make(problem *p, gk_dtype dt, int64_t rows, int proj)
         p->hw[i] = host_random(p->n[i], dt, 0.1f);
         p->dw[i] = dev_from(p->hw[i], p->n[i] * es);
         p->want[i] = th_xmalloc(p->n[i] * 4);
-        CUDA_OK(cudaMalloc((void **)&p->dg[i], p->n[i] * 4));
+        TH_CUDA_OK(cudaMalloc((void **)&p->dg[i], p->n[i] * 4));
     }
     p->hobs = th_xmalloc((size_t)rows * 1707);
     th_fill_nmmo3_obs(p->hobs, (size_t)rows);
@@ -149,7 +156,7 @@ static void problem_free(problem *p)
 static int problem_run(problem *p, size_t ws_bytes, gk_cuda_blas *blas, gk_err *err)
 {
     for (int i = 0; i < NW; i++) {
-        CUDA_OK(cudaMemsetAsync(p->dg[i], 0xff, p->n[i] * 4, g_stream));
+        TH_CUDA_OK(cudaMemsetAsync(p->dg[i], 0xff, p->n[i] * 4, g_stream));
     }
     gk_nmmo3_weights w = set_of(p, p->dw, 0), g = set_of(p, (void **)p->dg, 1);
     gk_tensor o = gk_tensor_make(p->dobs, GK_U8, 2, (int64_t[]){p->rows, 1707});
@@ -158,7 +165,7 @@ static int problem_run(problem *p, size_t ws_bytes, gk_cuda_blas *blas, gk_err *
     gk_cuda_exec ex = {.stream = g_stream, .workspace = g_ws, .workspace_bytes = ws_bytes,
                        .sm_count = g_sms, .blas = blas};
     int rc = gk_cuda_nmmo3_backward(&w, &o, &d, &g, &ex, err);
-    CUDA_OK(cudaStreamSynchronize(g_stream));
+    TH_CUDA_OK(cudaStreamSynchronize(g_stream));
     return rc;
 }
 

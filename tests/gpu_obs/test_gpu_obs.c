@@ -43,22 +43,15 @@ static const size_t WORKSPACE = (size_t)64 << 20;
 
 static cudaStream_t g_stream;
 
-/*
- * The kernels run on a non-blocking stream, which does not wait for the legacy
- * stream: a plain cudaMemcpy from pageable memory may return before its bytes
- * land and a plain cudaMemset is asynchronous.  Test data therefore moves on
- * the kernels' own stream, and uploads wait for their bytes.
- */
+/* Test data moves on the kernels' stream (th_cuda.h says why). */
 static cudaError_t upload(void *dst, const void *src, size_t bytes)
 {
-    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream);
-    return e != cudaSuccess ? e : cudaStreamSynchronize(g_stream);
+    return th_cuda_copy_in(g_stream, dst, src, bytes);
 }
 
 static cudaError_t fill_bytes(void *dst, int value, size_t bytes)
 {
-    cudaError_t e = cudaMemsetAsync(dst, value, bytes, g_stream);
-    return e != cudaSuccess ? e : cudaStreamSynchronize(g_stream);
+    return th_cuda_fill(g_stream, dst, value, bytes);
 }
 static void *g_ws;
 static int g_sms;
@@ -83,8 +76,8 @@ typedef struct dbuf {
 static dbuf dbuf_new(size_t bytes, size_t off)
 {
     dbuf b = {NULL, NULL, bytes, off};
-    CUDA_OK(cudaMalloc((void **)&b.base, off + bytes + GUARD));
-    CUDA_OK(fill_bytes(b.base, 0xff, off + bytes + GUARD));
+    TH_CUDA_OK(cudaMalloc((void **)&b.base, off + bytes + GUARD));
+    TH_CUDA_OK(fill_bytes(b.base, 0xff, off + bytes + GUARD));
     b.data = b.base + off;
     return b;
 }
@@ -92,15 +85,15 @@ static dbuf dbuf_new(size_t bytes, size_t off)
 static dbuf dbuf_from(const void *host, size_t bytes)
 {
     dbuf b = dbuf_new(bytes, 0);
-    CUDA_OK(upload(b.data, host, bytes));
+    TH_CUDA_OK(upload(b.data, host, bytes));
     return b;
 }
 
-static void dbuf_poison(dbuf *b) { CUDA_OK(fill_bytes(b->base, 0xff, b->off + b->bytes + GUARD)); }
+static void dbuf_poison(dbuf *b) { TH_CUDA_OK(fill_bytes(b->base, 0xff, b->off + b->bytes + GUARD)); }
 
 static void dbuf_get(const dbuf *b, void *host)
 {
-    CUDA_OK(cudaMemcpy(host, b->data, b->bytes, cudaMemcpyDeviceToHost));
+    TH_CUDA_OK(cudaMemcpy(host, b->data, b->bytes, cudaMemcpyDeviceToHost));
 }
 
 /* The bytes before and after the buffer are still the poison. */
@@ -108,8 +101,8 @@ static void dbuf_check_guard(const dbuf *b, const char *what)
 {
     size_t n = b->off + GUARD;
     uint8_t *h = th_xmalloc(n);
-    CUDA_OK(cudaMemcpy(h, b->base, b->off, cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemcpy(h + b->off, b->data + b->bytes, GUARD, cudaMemcpyDeviceToHost));
+    TH_CUDA_OK(cudaMemcpy(h, b->base, b->off, cudaMemcpyDeviceToHost));
+    TH_CUDA_OK(cudaMemcpy(h + b->off, b->data + b->bytes, GUARD, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < n; i++)
         if (h[i] != 0xff)
             fail_msg("%s: byte %zu outside the output was written", what, i);
@@ -128,7 +121,7 @@ static void bytes_equal(const void *got, const void *want, size_t n, size_t esiz
     fail_msg("%s: element %zu differs from the CPU", what, i / esize);
 }
 
-static void sync_ok(void) { CUDA_OK(cudaStreamSynchronize(g_stream)); }
+static void sync_ok(void) { TH_CUDA_OK(cudaStreamSynchronize(g_stream)); }
 
 static void random_floats(void *p, gk_dtype dt, size_t n)
 {
@@ -389,7 +382,7 @@ static void emb_forward_case(gk_dtype idt, gk_dtype tdt, int ndim, const int64_t
         idx_set(idx, idt, p + 1, idx_bad_value(idt, vocab));
     gk_err cpu_err;
     assert_int_equal(gk_cpu_embedding_forward(&hi, &ht, &ho, &cpu_err), GK_ERANGE);
-    CUDA_OK(upload(di.data, idx, ibytes));
+    TH_CUDA_OK(upload(di.data, idx, ibytes));
     dbuf_poison(&dout);
     if (gk_cuda_embedding_forward(&ti, &tt, &to, &ex, &err))
         fail_msg("%s: %s", what, err.msg);
@@ -512,7 +505,7 @@ static void emb_backward_case(gk_dtype idt, gk_dtype gdt, int64_t rows, int64_t 
     idx_set(idx, idt, p, idx_bad_value(idt, vocab));
     gk_err cpu_err;
     assert_int_equal(gk_cpu_embedding_backward(&hi, &hg, &hd, &cpu_err), GK_ERANGE);
-    CUDA_OK(upload(di.data, idx, ibytes));
+    TH_CUDA_OK(upload(di.data, idx, ibytes));
     dbuf_poison(&dd);
     gk_cuda_exec ex = exec_make(g_sms, WORKSPACE);
     if (gk_cuda_embedding_backward(&ti, &tg, &td, &ex, &err))

@@ -57,23 +57,30 @@ static int g_small; /* GPUCD_TEST_SMALL set: small batches only (for compute-san
 
 static uint64_t rnd(uint64_t n) { return th_rand_u64() % n; }
 
-static void upload(void *dst, const void *src, size_t bytes) { th_cuda_upload(g_stream, dst, src, bytes); }
-static void download(void *dst, const void *src, size_t bytes) { th_cuda_download(g_stream, dst, src, bytes); }
+static void upload(void *dst, const void *src, size_t bytes)
+{
+    TH_CUDA_OK(th_cuda_copy_in(g_stream, dst, src, bytes));
+}
+
+static void download(void *dst, const void *src, size_t bytes)
+{
+    TH_CUDA_OK(th_cuda_copy_out(g_stream, dst, src, bytes));
+}
 
 /* A device buffer of `bytes` poisoned with 0xff (NaN in f32 and bf16), GUARD poisoned bytes after. */
 static void *dev_poisoned(size_t bytes)
 {
     void *p = NULL;
-    CUDA_OK(cudaMalloc(&p, bytes + GUARD));
-    CUDA_OK(cudaMemsetAsync(p, 0xff, bytes + GUARD, g_stream));
-    CUDA_OK(cudaStreamSynchronize(g_stream));
+    TH_CUDA_OK(cudaMalloc(&p, bytes + GUARD));
+    TH_CUDA_OK(cudaMemsetAsync(p, 0xff, bytes + GUARD, g_stream));
+    TH_CUDA_OK(cudaStreamSynchronize(g_stream));
     return p;
 }
 
 static void poison(void *p, size_t bytes)
 {
-    CUDA_OK(cudaMemsetAsync(p, 0xff, bytes + GUARD, g_stream));
-    CUDA_OK(cudaStreamSynchronize(g_stream));
+    TH_CUDA_OK(cudaMemsetAsync(p, 0xff, bytes + GUARD, g_stream));
+    TH_CUDA_OK(cudaStreamSynchronize(g_stream));
 }
 
 static void guard_check(const void *p, size_t bytes, const char *what)
@@ -88,7 +95,7 @@ static void guard_check(const void *p, size_t bytes, const char *what)
 static void *dev_from(const void *host, size_t bytes)
 {
     void *p = NULL;
-    CUDA_OK(cudaMalloc(&p, bytes ? bytes : 1));
+    TH_CUDA_OK(cudaMalloc(&p, bytes ? bytes : 1));
     upload(p, host, bytes);
     return p;
 }
@@ -162,7 +169,7 @@ static conv1_setup conv1_setup_make(gk_dtype dt, int64_t batch)
     gk_err err;
     if (gk_cuda_nmmo3_conv1_workspace_bytes(&s.tw, &s.ws_bytes, &err))
         fail_msg("conv1 workspace: %s", err.msg);
-    CUDA_OK(cudaMalloc(&s.dws, s.ws_bytes));
+    TH_CUDA_OK(cudaMalloc(&s.dws, s.ws_bytes));
     return s;
 }
 
@@ -192,7 +199,7 @@ static void conv1_run(conv1_setup *s, const gk_tensor *obs, void *out, int sms, 
     if (variant < 0 ? gk_cuda_nmmo3_conv1(&s->tw, &s->tb, obs, &tc, &ex, &err)
                     : conv1_obs_enqueue(&s->tw, &s->tb, obs, out, NULL, variant, &ex, &err))
         fail_msg("%s: %s", what, err.msg);
-    CUDA_OK(cudaStreamSynchronize(g_stream));
+    TH_CUDA_OK(cudaStreamSynchronize(g_stream));
     if (gk_cuda_nmmo3_conv1_status(obs, &ex, &err))
         fail_msg("%s: status: %s", what, err.msg);
     download(host, out, bytes);
@@ -248,7 +255,7 @@ static void conv1_variant_case(conv1_setup *sp, int variant)
             fail_msg("%s: the 1-SM grid differs", what);
     }
     uint8_t *odd = NULL;
-    CUDA_OK(cudaMalloc((void **)&odd, (size_t)batch * OBS + 1));
+    TH_CUDA_OK(cudaMalloc((void **)&odd, (size_t)batch * OBS + 1));
     upload(odd + 1, s.obs, (size_t)batch * OBS);
     gk_tensor todd = gk_tensor_make(odd + 1, GK_U8, 2, TH_SHAPE(batch, OBS));
     conv1_run(&s, &todd, dout, g_sms, variant, again, what);
@@ -322,7 +329,7 @@ static void test_conv1_obs_bad(void **state)
                            : conv1_obs_enqueue(&s.tw, &s.tb, &s.tobs, dout, NULL,
                                                CONV1_OBS_WEIGHTS_A, &ex, &err))
                 fail_msg("conv1 with a bad value: enqueue: %s", err.msg);
-            CUDA_OK(cudaStreamSynchronize(g_stream));
+            TH_CUDA_OK(cudaStreamSynchronize(g_stream));
             const int rc = gk_cuda_nmmo3_conv1_status(&s.tobs, &ex, &err);
             printf("conv1 %s, bad value %d: %s\n", gk_dtype_name(s.dt), c, err.msg);
             assert_int_equal(rc, GK_ERANGE);
@@ -432,13 +439,13 @@ static int fwd_gpu(fwd_setup *s, const uint8_t *obs, int mode, void *feat, void 
                                               s->hidden ? &th : NULL, g_sms, &ws_bytes, err))
         fail_msg("forward workspace: %s", err->msg);
     void *ws = NULL;
-    CUDA_OK(cudaMalloc(&ws, ws_bytes));
+    TH_CUDA_OK(cudaMalloc(&ws, ws_bytes));
     gk_cuda_exec ex = exec_make(g_sms, ws, ws_bytes);
     ex.blas = blas ? g_blas : NULL;
     if (only ? gk_cuda_nmmo3_forward(&s->dw, &tobs, NULL, &th, &ex, err)
              : gk_cuda_nmmo3_forward_keep(&s->dw, &tobs, &tf, s->hidden ? &th : NULL, &tc, &ex, err))
         fail_msg("forward: %s", err->msg);
-    CUDA_OK(cudaStreamSynchronize(g_stream));
+    TH_CUDA_OK(cudaStreamSynchronize(g_stream));
     const int rc = gk_cuda_nmmo3_status(&tobs, &ex, err);
     if (rc == GK_OK && s->hidden) {
         download(hid, dh, hbytes);
@@ -501,7 +508,7 @@ static void fwd_case(gk_dtype dt, int64_t B, int64_t hidden)
     conv1_setup cs = {.dt = dt, .batch = B, .tw = s.dw.conv1_w, .tb = s.dw.conv1_b};
     if (gk_cuda_nmmo3_conv1_workspace_bytes(&cs.tw, &cs.ws_bytes, &err))
         fail_msg("%s", err.msg);
-    CUDA_OK(cudaMalloc(&cs.dws, cs.ws_bytes));
+    TH_CUDA_OK(cudaMalloc(&cs.dws, cs.ws_bytes));
     cs.dobs = dev_from(s.obs, (size_t)B * OBS);
     cs.tobs = gk_tensor_make(cs.dobs, GK_U8, 2, TH_SHAPE(B, OBS));
     void *dc = dev_poisoned(nc * es);

@@ -1,6 +1,10 @@
 /*
- * th_cuda.h - for the GPU tests: a CUDA call that fails fails the test
- * (cmocka's fail_msg, naming the call and the error).  Include after cmocka.h.
+ * th_cuda.h - for the GPU tests.  Include after cmocka.h.
+ *
+ * The kernels run on a non-blocking stream, which does not wait for the
+ * legacy stream: a plain cudaMemcpy from pageable memory may return before
+ * its bytes land and a plain cudaMemset is asynchronous.  Test data therefore
+ * moves on the kernels' own stream, and each move waits for its bytes.
  */
 #ifndef TH_CUDA_H
 #define TH_CUDA_H
@@ -8,7 +12,8 @@
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 
-#define CUDA_OK(call)                                                                              \
+/* A CUDA call that fails fails the test, naming the call and the error. */
+#define TH_CUDA_OK(call)                                                                           \
     do {                                                                                           \
         cudaError_t e_ = (call);                                                                   \
         if (e_ != cudaSuccess)                                                                     \
@@ -29,20 +34,22 @@ static inline int th_cuda_absent(void)
     return 1;
 }
 
-/*
- * The kernels run on a non-blocking stream, which does not wait for the
- * legacy stream: test data moves on theirs, and each move waits for its bytes.
- */
-static inline void th_cuda_upload(cudaStream_t s, void *dst, const void *src, size_t bytes)
+static inline cudaError_t th_cuda_copy_in(cudaStream_t s, void *dst, const void *src, size_t bytes)
 {
-    CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
-    CUDA_OK(cudaStreamSynchronize(s));
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s);
+    return e != cudaSuccess ? e : cudaStreamSynchronize(s);
 }
 
-static inline void th_cuda_download(cudaStream_t s, void *dst, const void *src, size_t bytes)
+static inline cudaError_t th_cuda_copy_out(cudaStream_t s, void *dst, const void *src, size_t bytes)
 {
-    CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
-    CUDA_OK(cudaStreamSynchronize(s));
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s);
+    return e != cudaSuccess ? e : cudaStreamSynchronize(s);
+}
+
+static inline cudaError_t th_cuda_fill(cudaStream_t s, void *dst, int value, size_t bytes)
+{
+    cudaError_t e = cudaMemsetAsync(dst, value, bytes, s);
+    return e != cudaSuccess ? e : cudaStreamSynchronize(s);
 }
 
 #endif
