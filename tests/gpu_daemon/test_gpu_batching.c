@@ -28,6 +28,7 @@
 
 #include "gk_bf16.h"
 #include "harness.h"
+#include "th_cuda.h"
 
 enum { CALLERS = 12, ROUNDS = 3, HID = 64 };
 
@@ -169,13 +170,8 @@ int main(int argc, char **argv)
 {
     /* The CUDA backend unless GPUCD_TEST_BACKEND names another (cpu: the same checks here). */
     setenv("GPUCD_TEST_BACKEND", "cuda", 0);
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (strcmp(getenv("GPUCD_TEST_BACKEND"), "cuda") == 0 && (e != cudaSuccess || n == 0)) {
-        printf("SKIPPED: no CUDA device (%s)\n",
-               e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
+    if (strcmp(getenv("GPUCD_TEST_BACKEND"), "cuda") == 0 && th_cuda_absent())
         return 77;
-    }
     th_init(argc, argv);
     static const char *const extra[] = {"--batch-window-us", "3000", "--max-batch", "8192",
                                         "--workspace-mb", "1024", "--resident-mb", "256", NULL};
