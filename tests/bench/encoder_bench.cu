@@ -12,7 +12,9 @@
  * 1152 x 128 x 2 + projection 1817 x 512) a row; backward: its recompute
  * (one forward) plus dW and dX of the projection and conv2 and dW of conv1.
  *
- * Usage: encoder_bench [--quick]   (--quick: B = 1024 and 32768, fewer calls)
+ * Usage: encoder_bench [--quick | --once]
+ *   --quick: B = 1024 and 32768, fewer calls
+ *   --once:  bf16 B = 32768, one warm-up and one timed call (for a profiler)
  */
 #include <cuda_runtime.h>
 
@@ -126,6 +128,11 @@ static void weights_free(weights *s)
 int main(int argc, char **argv)
 {
     const bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    const bool once = argc > 1 && strcmp(argv[1], "--once") == 0;
+    if (argc > 2 || (argc == 2 && !quick && !once)) {
+        fprintf(stderr, "usage: encoder_bench [--quick | --once]\n");
+        return 2;
+    }
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     int sms = 0;
@@ -149,9 +156,11 @@ int main(int argc, char **argv)
     const double fwd_flop_row = 2.0 * (1475.0 * 128 * 12 + 1152.0 * 128 * 2 + 1817.0 * HIDDEN);
     const double bwd_flop_row =
         fwd_flop_row + 2.0 * (2 * 1817.0 * HIDDEN + 2 * 1152.0 * 128 * 2 + 1475.0 * 128 * 12);
-    const std::vector<int64_t> sizes = quick ? std::vector<int64_t>{1024, 32768}
-                                             : std::vector<int64_t>{1024, 2048, 8192, 32768};
-    const gk_dtype dts[2] = {GK_BF16, GK_F32};
+    const std::vector<int64_t> sizes = once    ? std::vector<int64_t>{32768}
+                                       : quick ? std::vector<int64_t>{1024, 32768}
+                                               : std::vector<int64_t>{1024, 2048, 8192, 32768};
+    const std::vector<gk_dtype> dts = once ? std::vector<gk_dtype>{GK_BF16}
+                                           : std::vector<gk_dtype>{GK_BF16, GK_F32};
     for (gk_dtype dt : dts) {
         weights s = weights_make(dt);
         for (int64_t B : sizes) {
@@ -170,7 +179,7 @@ int main(int argc, char **argv)
             size_t bwd_ws = 0;
             CKGK(gk_cuda_nmmo3_backward_workspace_bytes(&s.w, &to, &td, &s.g, sms, ws_bytes,
                                                         &bwd_ws, &err));
-            const int warm = 3, iters = quick ? 5 : (B >= 32768 ? 9 : 21);
+            const int warm = once ? 1 : 3, iters = once ? 1 : quick ? 5 : (B >= 32768 ? 9 : 21);
             std::vector<double> fwd, bwd;
             for (int it = 0; it < warm + iters; it++) {
                 float ms = 0;
