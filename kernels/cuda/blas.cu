@@ -32,6 +32,10 @@ extern "C" int gk_cuda_blas_open(cudaStream_t stream, gk_cuda_blas **out, gk_err
         st = cublasSetWorkspace(b->handle, b->workspace, GK_CUDA_BLAS_WORKSPACE_BYTES);
     }
     if (st == CUBLAS_STATUS_SUCCESS) {
+        what = "cublasLtCreate";
+        st = cublasLtCreate(&b->lt);
+    }
+    if (st == CUBLAS_STATUS_SUCCESS) {
         what = "cublasSetMathMode";
         /* Default math: fp32 GEMMs stay true fp32 (CUBLAS_COMPUTE_32F) unless a call
          * asks for tf32 through its compute type (CUBLAS_COMPUTE_32F_FAST_TF32). */
@@ -51,6 +55,8 @@ extern "C" void gk_cuda_blas_close(gk_cuda_blas *b)
         return;
     if (b->handle != NULL)
         cublasDestroy(b->handle);
+    if (b->lt != NULL)
+        cublasLtDestroy(b->lt);
     cudaFree(b->workspace);
     free(b);
 }

@@ -319,16 +319,14 @@ extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_te
                                                                        (float *)w2r);
         if ((rc = obs_launch_check("nmmo3 forward", err)) != GK_OK)
             return rc;
-        /* (B x 1152 at rows 1536 apart, offset 384 ow) . w2r^T -> fp32 (B, ow, 128), column-major view */
-        const float one = 1.0f, zero = 0.0f;
+        /* (B x 1152 at rows 1536 apart, offset 384 ow) . w2r^T -> fp32 (B, ow, 128), column-major
+         * view; a fixed algorithm, so that a row's bits do not depend on B (merged batches). */
         const int K2 = GK_NMMO3_CONV_CH * 9;
-        cublasStatus_t st = cublasGemmStridedBatchedEx(
-            ex->blas->handle, CUBLAS_OP_T, CUBLAS_OP_N, GK_NMMO3_CONV_CH, (int)B, K2, &one, w2r, cdt,
-            K2, 0, c1_whc, cdt, 12 * GK_NMMO3_CONV_CH, 3 * GK_NMMO3_CONV_CH, &zero, c2.data,
-            CUDA_R_32F, CONV2_OUT, GK_NMMO3_CONV_CH, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        if (st != CUBLAS_STATUS_SUCCESS)
-            return gk_fail(err, GK_EDEVICE, "nmmo3 forward (cuda): conv2 GEMM: %s",
-                           gk_cuda_blas_status_name(st));
+        const gk_cuda_gemm g2 = {CUBLAS_OP_T, CUBLAS_OP_N, GK_NMMO3_CONV_CH, (int)B, K2, cdt,
+                                 w2r, K2, 0, c1_whc, 12 * GK_NMMO3_CONV_CH, 3 * GK_NMMO3_CONV_CH,
+                                 (float *)c2.data, CONV2_OUT, GK_NMMO3_CONV_CH, 2};
+        if ((rc = gk_cuda_gemm_fixed(ex->blas, &g2, "nmmo3 forward (cuda): conv2", err)))
+            return rc;
     } else {
         gk_tensor c1 = view(c1_nchw, dt, 4, c1_shape);
         if ((rc = gk_cuda_conv2d_forward(&conv2_params, &c1, &w->conv2_w, &w->conv2_b, &c2, &e_conv,
@@ -388,14 +386,10 @@ extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_te
             return rc;
         pw = pad;
     }
-    const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t st = cublasGemmEx(ex->blas->handle, CUBLAS_OP_T, CUBLAS_OP_N, (int)H, (int)B,
-                                     (int)ld, &one, pw, cdt, (int)ld, feat, cdt, (int)ld, &zero,
-                                     acc, CUDA_R_32F, (int)H, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT);
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return gk_fail(err, GK_EDEVICE, "nmmo3 forward (cuda): projection GEMM: %s",
-                       gk_cuda_blas_status_name(st));
+    const gk_cuda_gemm gp = {CUBLAS_OP_T, CUBLAS_OP_N, (int)H, (int)B, (int)ld, cdt,
+                             pw, (int64_t)ld, 0, feat, (int64_t)ld, 0, acc, H, 0, 1};
+    if ((rc = gk_cuda_gemm_fixed(ex->blas, &gp, "nmmo3 forward (cuda): projection", err)))
+        return rc;
     const int pairs = H % 2 == 0 && (uintptr_t)acc % 8 == 0 &&
                       (uintptr_t)hidden->data % (2 * gk_dtype_size(dt)) == 0;
     if (dt == GK_BF16)

@@ -1,0 +1,192 @@
+/*
+ * gemm_fixed.cu - GEMMs whose result for one column does not depend on how
+ * many columns there are.
+ *
+ * Why: the encoder's conv2 and projection GEMMs run over the batch's rows (n
+ * here), and dynamic batching merges the rows of many requests into one call.
+ * Each caller must get exactly the bytes it would get alone (issue 6), but
+ * cuBLAS picks its algorithm per shape and may split the sum over k for a
+ * small n (split-K, stream-K), which changes the order of the additions and
+ * so the low bits: measured on the H200, every f32 request of
+ * test_gpu_batching differed from its run alone with cublasGemmEx.
+ *
+ * So the algorithm is chosen once per shape without n, by cuBLASLt's
+ * heuristic for a fixed representative n and restricted to algorithms that
+ * never split k (reduction scheme NONE), and that same algorithm then runs
+ * for every n: one kernel, each column's dot products in one fixed order.
+ * The choice is cached in the handle (each execution slot has its own; the
+ * heuristic is deterministic, so every slot picks the same).  Descriptors
+ * live on the stack (the *Init calls): nothing is allocated per call.
+ */
+#include <string.h>
+
+#include "blas.cuh"
+
+namespace {
+
+/* The n the heuristic sees: a large batch, where split-K would never pay anyway. */
+constexpr int REPRESENTATIVE_N = 8192;
+
+/* Largest power of two <= 16 that divides every byte offset the kernel may start a row at. */
+uint32_t alignment_of(int64_t ld, int64_t stride, int batch, size_t elem)
+{
+    uint64_t bits = (uint64_t)ld * elem;
+    if (batch > 1)
+        bits |= (uint64_t)stride * elem;
+    uint32_t a = 16;
+    while (a > 1 && bits % a != 0)
+        a /= 2;
+    return a;
+}
+
+size_t type_size(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; }
+
+/* A layout of rows x cols, column-major with leading dimension ld, batched as g says. */
+cublasStatus_t layout_init(cublasLtMatrixLayoutOpaque_t *l, cudaDataType_t type, int64_t rows,
+                           int64_t cols, int64_t ld, int batch, int64_t stride)
+{
+    cublasLtMatrixLayout_t h = (cublasLtMatrixLayout_t)l;
+    cublasStatus_t st = cublasLtMatrixLayoutInit(h, type, (uint64_t)rows, (uint64_t)cols, ld);
+    if (st == CUBLAS_STATUS_SUCCESS && batch > 1) {
+        int32_t count = batch;
+        st = cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                              sizeof count);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                  &stride, sizeof stride);
+    }
+    return st;
+}
+
+/* The descriptors of g with n columns of C. */
+struct gemm_descs {
+    cublasLtMatmulDescOpaque_t op;
+    cublasLtMatrixLayoutOpaque_t a, b, c;
+};
+
+cublasStatus_t descs_init(gemm_descs *d, const gk_cuda_gemm *g, int n)
+{
+    cublasLtMatmulDesc_t op = (cublasLtMatmulDesc_t)&d->op;
+    cublasStatus_t st = cublasLtMatmulDescInit(op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &g->trans_a,
+                                            sizeof g->trans_a);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &g->trans_b,
+                                            sizeof g->trans_b);
+    const int ta = g->trans_a != CUBLAS_OP_N, tb = g->trans_b != CUBLAS_OP_N;
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = layout_init(&d->a, g->type, ta ? g->k : g->m, ta ? g->m : g->k, g->lda, g->batch,
+                         g->stride_a);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = layout_init(&d->b, g->type, tb ? n : g->k, tb ? g->k : n, g->ldb, g->batch,
+                         g->stride_b);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = layout_init(&d->c, CUDA_R_32F, g->m, n, g->ldc, g->batch, g->stride_c);
+    return st;
+}
+
+/* g without what may change between calls of one shape: n and the pointers. */
+gk_cuda_gemm shape_key(const gk_cuda_gemm *g)
+{
+    gk_cuda_gemm k;
+    memset(&k, 0, sizeof k); /* padding too: keys are compared with memcmp */
+    k.trans_a = g->trans_a, k.trans_b = g->trans_b;
+    k.m = g->m, k.k = g->k, k.type = g->type, k.batch = g->batch;
+    k.lda = g->lda, k.stride_a = g->stride_a;
+    k.ldb = g->ldb, k.stride_b = g->stride_b;
+    k.ldc = g->ldc, k.stride_c = g->stride_c;
+    return k;
+}
+
+cublasStatus_t algo_choose(gk_cuda_blas *bl, const gk_cuda_gemm *g, cublasLtMatmulAlgo_t *algo)
+{
+    gemm_descs d;
+    cublasStatus_t st = descs_init(&d, g, REPRESENTATIVE_N);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return st;
+    cublasLtMatmulPreferenceOpaque_t po;
+    cublasLtMatmulPreference_t pref = (cublasLtMatmulPreference_t)&po;
+    const uint64_t ws = GK_CUDA_BLAS_WORKSPACE_BYTES;
+    const uint32_t no_split = CUBLASLT_REDUCTION_SCHEME_NONE;
+    const size_t es = type_size(g->type);
+    const uint32_t align_a = alignment_of(g->lda, g->stride_a, g->batch, es);
+    const uint32_t align_b = alignment_of(g->ldb, g->stride_b, g->batch, es);
+    const uint32_t align_c = alignment_of(g->ldc, g->stride_c, g->batch, 4);
+    st = cublasLtMatmulPreferenceInit(pref);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &ws, sizeof ws);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                  &no_split, sizeof no_split);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                  &align_a, sizeof align_a);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                  &align_b, sizeof align_b);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                  &align_c, sizeof align_c);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                  &align_c, sizeof align_c);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return st;
+    cublasLtMatmulHeuristicResult_t found;
+    int returned = 0;
+    st = cublasLtMatmulAlgoGetHeuristic(bl->lt, (cublasLtMatmulDesc_t)&d.op,
+                                        (cublasLtMatrixLayout_t)&d.a, (cublasLtMatrixLayout_t)&d.b,
+                                        (cublasLtMatrixLayout_t)&d.c, (cublasLtMatrixLayout_t)&d.c,
+                                        pref, 1, &found, &returned);
+    if (st == CUBLAS_STATUS_SUCCESS && returned < 1)
+        st = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (st == CUBLAS_STATUS_SUCCESS)
+        *algo = found.algo;
+    return st;
+}
+
+/* The cached algorithm of g's shape, choosing it on first use. */
+cublasStatus_t algo_for(gk_cuda_blas *bl, const gk_cuda_gemm *g, const cublasLtMatmulAlgo_t **out)
+{
+    const gk_cuda_gemm key = shape_key(g);
+    for (int i = 0; i < bl->nalgos; i++) {
+        if (memcmp(&bl->algos[i].key, &key, sizeof key) == 0) {
+            *out = &bl->algos[i].algo;
+            return CUBLAS_STATUS_SUCCESS;
+        }
+    }
+    cublasLtMatmulAlgo_t algo;
+    cublasStatus_t st = algo_choose(bl, g, &algo);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return st;
+    int at = bl->nalgos < GK_CUDA_GEMM_ALGOS ? bl->nalgos++ : bl->next_evicted++ % GK_CUDA_GEMM_ALGOS;
+    bl->algos[at].key = key;
+    bl->algos[at].algo = algo;
+    *out = &bl->algos[at].algo;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+} // namespace
+
+int gk_cuda_gemm_fixed(gk_cuda_blas *bl, const gk_cuda_gemm *g, const char *who, gk_err *err)
+{
+    const cublasLtMatmulAlgo_t *algo = NULL;
+    cublasStatus_t st = algo_for(bl, g, &algo);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return gk_fail(err, GK_EDEVICE, "%s: no cuBLASLt algorithm without split-K for %d x %d x %d: %s",
+                       who, g->m, g->n, g->k, gk_cuda_blas_status_name(st));
+    gemm_descs d;
+    st = descs_init(&d, g, g->n);
+    const float one = 1.0f, zero = 0.0f;
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmul(bl->lt, (cublasLtMatmulDesc_t)&d.op, &one, g->a,
+                            (cublasLtMatrixLayout_t)&d.a, g->b, (cublasLtMatrixLayout_t)&d.b, &zero,
+                            g->c, (cublasLtMatrixLayout_t)&d.c, g->c, (cublasLtMatrixLayout_t)&d.c,
+                            algo, bl->workspace, GK_CUDA_BLAS_WORKSPACE_BYTES, bl->stream);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return gk_fail(err, GK_EDEVICE, "%s: GEMM %d x %d x %d: %s", who, g->m, g->n, g->k,
+                       gk_cuda_blas_status_name(st));
+    return GK_OK;
+}
