@@ -11,6 +11,10 @@
  * the same request at once, three rounds, and each must get its reference
  * back exactly; the daemon's counters must show fewer launches than requests
  * (the requests were merged).  f32 and bf16.
+ *
+ * Also: a request large enough for the CUDA backend's pipeline (its rows in
+ * chunks, copies overlapping the kernels) gives the same bytes as its rows
+ * sent as many small requests.
  * Exits 77 (skipped) without a CUDA device; GPUCD_TEST_BACKEND=cpu runs the
  * same checks against the CPU backend.
  */
@@ -83,14 +87,15 @@ static uint64_t stat_of(gpucd_client *c, const char *key)
     return v;
 }
 
-static void batched_rows_match_alone(gpucd_dtype dt)
+static const int64_t weight_shapes[7][4] = {{128, 59, 5, 5}, {128}, {128, 128, 3, 3}, {128},
+                                            {128, 32},        {HID, 1817}, {HID}};
+static const int weight_ndim[7] = {4, 1, 4, 1, 2, 2, 1};
+
+/* Fresh random encoder weights of dtype dt, resident and owned by owner. */
+static void weights_put(gpucd_client *owner, gpucd_dtype dt, gpucd_tensor w[7])
 {
-    static const int64_t shapes[7][4] = {{128, 59, 5, 5}, {128}, {128, 128, 3, 3}, {128},
-                                         {128, 32},        {HID, 1817}, {HID}};
-    static const int nd[7] = {4, 1, 4, 1, 2, 2, 1};
-    const size_t es = dt == GPUCD_BF16 ? 2 : 4;
-    gpucd_client *owner = th_connect(daemon_.ipc_url);
-    gpucd_tensor w[7];
+    const int64_t(*shapes)[4] = weight_shapes;
+    const int *nd = weight_ndim;
     for (int i = 0; i < 7; i++) {
         gpucd_tensor h = gpucd_tensor_host(NULL, dt, nd[i], shapes[i]);
         size_t n = (size_t)gpucd_tensor_numel(&h);
@@ -114,6 +119,14 @@ static void batched_rows_match_alone(gpucd_dtype dt)
         free(h.data);
         w[i] = gpucd_tensor_resident(id, dt, nd[i], shapes[i]);
     }
+}
+
+static void batched_rows_match_alone(gpucd_dtype dt)
+{
+    const size_t es = dt == GPUCD_BF16 ? 2 : 4;
+    gpucd_client *owner = th_connect(daemon_.ipc_url);
+    gpucd_tensor w[7];
+    weights_put(owner, dt, w);
     gpucd_nmmo3_weights nw = {&w[0], &w[1], &w[2], &w[3], &w[4], &w[5], &w[6]};
     uint64_t batches0 = stat_of(owner, "\"batches\":");
 
@@ -163,6 +176,84 @@ static void batched_rows_match_alone(gpucd_dtype dt)
     gpucd_close(owner); /* its resident weights go with it */
 }
 
+/*
+ * One request of ROWS_LARGE rows against the same rows in requests of
+ * ROWS_SMALL (too few for the pipeline): byte for byte.  ROWS_LARGE is not a
+ * multiple of the chunks, so they differ in size.
+ */
+enum { ROWS_LARGE = 5003, ROWS_SMALL = 700 };
+
+static void pipelined_rows_match_small(gpucd_dtype dt)
+{
+    const size_t es = dt == GPUCD_BF16 ? 2 : 4;
+    gpucd_client *c = th_connect(daemon_.ipc_url);
+    gpucd_tensor w[7];
+    weights_put(c, dt, w);
+    gpucd_nmmo3_weights nw = {&w[0], &w[1], &w[2], &w[3], &w[4], &w[5], &w[6]};
+    const size_t hid_at = ((size_t)ROWS_LARGE * 1707 + 63) / 64 * 64;
+    const size_t row_bytes = (size_t)HID * es, hid_bytes = (size_t)ROWS_LARGE * row_bytes;
+    gpucd_region *r;
+    assert_int_equal(gpucd_region_create(c, hid_at + hid_bytes, &r), 0);
+    uint8_t *base = gpucd_region_data(r);
+    th_fill_nmmo3_obs(base, ROWS_LARGE);
+
+    gpucd_tensor obs = gpucd_tensor_region(r, 0, GPUCD_U8, 2, TH_SHAPE(ROWS_LARGE, 1707));
+    gpucd_tensor hid = gpucd_tensor_region(r, hid_at, dt, 2, TH_SHAPE(ROWS_LARGE, HID));
+    memset(base + hid_at, 0xff, hid_bytes);
+    assert_int_equal(gpucd_nmmo3_encode(c, &nw, &obs, NULL, &hid, NULL), 0);
+    uint8_t *whole = th_xmalloc(hid_bytes);
+    memcpy(whole, base + hid_at, hid_bytes);
+
+    memset(base + hid_at, 0xff, hid_bytes);
+    for (int64_t r0 = 0; r0 < ROWS_LARGE; r0 += ROWS_SMALL) {
+        const int64_t n = ROWS_LARGE - r0 < ROWS_SMALL ? ROWS_LARGE - r0 : ROWS_SMALL;
+        gpucd_tensor o = gpucd_tensor_region(r, (uint64_t)r0 * 1707, GPUCD_U8, 2, TH_SHAPE(n, 1707));
+        gpucd_tensor h = gpucd_tensor_region(r, hid_at + (uint64_t)r0 * row_bytes, dt, 2,
+                                             TH_SHAPE(n, HID));
+        assert_int_equal(gpucd_nmmo3_encode(c, &nw, &o, NULL, &h, NULL), 0);
+    }
+    int64_t differ = 0;
+    for (int64_t i = 0; i < ROWS_LARGE; i++)
+        differ += memcmp(whole + i * row_bytes, base + hid_at + i * row_bytes, row_bytes) != 0;
+    printf("%s: %d rows in one request against requests of %d: %lld rows differ\n",
+           dt == GPUCD_BF16 ? "bf16" : "f32", ROWS_LARGE, ROWS_SMALL, (long long)differ);
+    assert_int_equal(differ, 0);
+    free(whole);
+    gpucd_region_destroy(r);
+    gpucd_close(c);
+}
+
+/* A bad value in a later chunk of a pipelined request: refused, naming the agent by its row. */
+static void test_pipelined_bad_value_named(void **state)
+{
+    gpucd_client *c = th_connect(daemon_.ipc_url);
+    gpucd_tensor w[7];
+    weights_put(c, GPUCD_BF16, w);
+    gpucd_nmmo3_weights nw = {&w[0], &w[1], &w[2], &w[3], &w[4], &w[5], &w[6]};
+    const size_t hid_at = ((size_t)ROWS_LARGE * 1707 + 63) / 64 * 64;
+    gpucd_region *r;
+    assert_int_equal(gpucd_region_create(c, hid_at + (size_t)ROWS_LARGE * HID * 2, &r), 0);
+    uint8_t *base = gpucd_region_data(r);
+    th_fill_nmmo3_obs(base, ROWS_LARGE);
+    const int64_t bad_agent = ROWS_LARGE - 3;
+    base[bad_agent * 1707 + 1650 + 5] = 200; /* a player value past the embedding's 128 rows */
+    gpucd_tensor obs = gpucd_tensor_region(r, 0, GPUCD_U8, 2, TH_SHAPE(ROWS_LARGE, 1707));
+    gpucd_tensor hid = gpucd_tensor_region(r, hid_at, GPUCD_BF16, 2, TH_SHAPE(ROWS_LARGE, HID));
+    assert_int_not_equal(gpucd_nmmo3_encode(c, &nw, &obs, NULL, &hid, NULL), 0);
+    char want[64];
+    snprintf(want, sizeof want, "agent %lld, player value 5", (long long)bad_agent);
+    printf("error: %s\n", gpucd_errmsg(c));
+    assert_non_null(strstr(gpucd_errmsg(c), want));
+    /* The daemon serves the next request as usual. */
+    base[bad_agent * 1707 + 1650 + 5] = 1;
+    assert_int_equal(gpucd_nmmo3_encode(c, &nw, &obs, NULL, &hid, NULL), 0);
+    gpucd_region_destroy(r);
+    gpucd_close(c);
+}
+
+static void test_pipelined_rows_match_small_f32(void **state) { pipelined_rows_match_small(GPUCD_F32); }
+static void test_pipelined_rows_match_small_bf16(void **state) { pipelined_rows_match_small(GPUCD_BF16); }
+
 static void test_batched_rows_match_alone_f32(void **state) { batched_rows_match_alone(GPUCD_F32); }
 static void test_batched_rows_match_alone_bf16(void **state) { batched_rows_match_alone(GPUCD_BF16); }
 
@@ -179,6 +270,9 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_rows_match_alone_f32),
         cmocka_unit_test(test_batched_rows_match_alone_bf16),
+        cmocka_unit_test(test_pipelined_rows_match_small_f32),
+        cmocka_unit_test(test_pipelined_rows_match_small_bf16),
+        cmocka_unit_test(test_pipelined_bad_value_named),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     return th_daemon_stop(&daemon_) == 0 ? rc : 1;
