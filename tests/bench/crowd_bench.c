@@ -37,8 +37,14 @@ typedef struct opts {
 } opts;
 
 /* What a worker reports to the parent through its pipe. */
+/* The reply timings' sums over the measured requests: where the time went. */
+enum { SPLIT_QUEUE, SPLIT_WAIT, SPLIT_COPY_IN, SPLIT_COMPUTE, SPLIT_COPY_OUT, SPLIT_TOTAL, SPLIT_N };
+static const char *const split_names[SPLIT_N] = {"queue", "batch wait", "copy in", "compute",
+                                                 "copy out", "daemon total"};
+
 typedef struct worker_result {
-    uint64_t requests, errors, batch_wait_us_sum;
+    uint64_t requests, errors;
+    uint64_t split_us[SPLIT_N];
     uint32_t nsamples; /* followed by nsamples uint32 round trips, us */
 } worker_result;
 
@@ -154,7 +160,10 @@ static int worker_run(const opts *o, int in_fd, int out_fd, int index)
             continue;
         }
         res.requests++;
-        res.batch_wait_us_sum += tm.batch_wait_us;
+        const uint64_t split[SPLIT_N] = {tm.queue_us,   tm.batch_wait_us, tm.copy_in_us,
+                                         tm.compute_us, tm.copy_out_us,   tm.total_us};
+        for (int k = 0; k < SPLIT_N; k++)
+            res.split_us[k] += split[k];
         if (res.nsamples < MAX_SAMPLES)
             samples[res.nsamples++] = (uint32_t)(done - start);
     }
@@ -233,7 +242,7 @@ int main(int argc, char **argv)
     int *fds = from_worker;
     uint32_t *all = malloc(sizeof *all * (size_t)MAX_SAMPLES * 4);
     size_t nall = 0, cap = (size_t)MAX_SAMPLES * 4;
-    uint64_t requests = 0, errors = 0, wait_sum = 0;
+    uint64_t requests = 0, errors = 0, split_us[SPLIT_N] = {0};
     int failed = all == NULL || rv < 0;
     for (int i = 0; i < o.workers; i++) {
         worker_result res;
@@ -248,7 +257,9 @@ int main(int argc, char **argv)
             all[nall++] = s[k];
         free(s);
         close(fds[i]);
-        requests += res.requests, errors += res.errors, wait_sum += res.batch_wait_us_sum;
+        requests += res.requests, errors += res.errors;
+        for (int k = 0; k < SPLIT_N; k++)
+            split_us[k] += res.split_us[k];
     }
     for (int i = 0; i < o.workers; i++) {
         int st;
@@ -262,11 +273,13 @@ int main(int argc, char **argv)
     }
     qsort(all, nall, sizeof *all, cmp_u32);
     printf("workers %d batch %lld: %.0f rows/s, %.0f requests/s, p50 %u us, p99 %u us, max %u us, "
-           "mean batch wait %.0f us, errors %llu\n",
+           "errors %llu; means:",
            o.workers, (long long)o.batch, (double)requests * (double)o.batch / o.seconds,
            (double)requests / o.seconds, all[nall / 2], all[(size_t)((double)nall * 0.99)],
-           all[nall - 1], requests ? (double)wait_sum / (double)requests : 0.0,
-           (unsigned long long)errors);
+           all[nall - 1], (unsigned long long)errors);
+    for (int k = 0; k < SPLIT_N; k++)
+        printf(" %s %.0f us%s", split_names[k],
+               requests ? (double)split_us[k] / (double)requests : 0.0, k + 1 < SPLIT_N ? "," : "\n");
     free(all);
     return errors != 0;
 }

@@ -4,7 +4,7 @@
 # shared-memory region and the projected hidden (512, bf16) back, weights
 # resident.  Run ON the GPU machine from the repository root, after a build
 # (default build folder build-gpu; argument 1 overrides it).  Environment:
-# WINDOW_US, PROCS, SIZES, BACKEND (below).
+# WINDOW_US, PROCS, MAX_BATCHES, SIZES, BACKEND (below).
 #
 #  1. one client, B = 1024 and B = 32768: latency percentiles and the split
 #     that gpucdctl bench reports (socket round trip, queue, copy in, compute,
@@ -12,7 +12,8 @@
 #  2. 64 client processes sharing one set of resident weights, each sending
 #     B = 64 batches back to back (closed loop; tests/bench/crowd_bench.c),
 #     against a daemon with batching off and then with --batch-window-us
-#     $WINDOW_US: the summed throughput and percentiles over every request.
+#     $WINDOW_US and each --max-batch of $MAX_BATCHES: the summed throughput
+#     and percentiles over every request.
 #
 # Each gpucdctl checks one request against the CPU kernels before timing and
 # every reply after; a failed run fails the script.  The summary goes to
@@ -24,6 +25,7 @@ mkdir -p "$out"
 work=$(mktemp -d /tmp/gpucd-e2e-XXXXXX)
 WINDOW_US=${WINDOW_US:-1000}
 PROCS=${PROCS:-64}
+MAX_BATCHES=${MAX_BATCHES:-1024 2048 4096 8192} # --max-batch values of the batching-on runs
 SIZES=${SIZES:-1024 32768}  # the one-client batch sizes
 BACKEND=${BACKEND:-cuda}    # cpu: to try the script itself on a machine without a GPU
 sock="ipc://$(mktemp -u /tmp/gpucd-e2e-XXXXXX).sock"
@@ -100,7 +102,11 @@ echo "== $PROCS processes x B = 64 sharing the weights, batching off, then on (w
 daemon_start
 crowd off
 daemon_stop
-daemon_start --batch-window-us "$WINDOW_US" --max-batch 8192
-crowd on
-daemon_stop
+# A batch closes when its window ends or when it holds --max-batch rows: the
+# smaller max-batch values let batches run on several execution slots at once.
+for mb in $MAX_BATCHES; do
+    daemon_start --batch-window-us "$WINDOW_US" --max-batch "$mb"
+    crowd "on max-batch $mb"
+    daemon_stop
+done
 tar -C "$work" -czf "$out/e2e.tar.gz" .
