@@ -14,11 +14,15 @@
  * ring (5 stages in bf16, 3 in f32, whose stages are three times larger);
  * the tile's observation bytes (16 agents, contiguous) arrive by cp.async in
  * the group of an earlier tap.  Persistent blocks (SMs x occupancy) walk
- * tiles of 16 agents (192 rows), fp32 accumulators; two kernel variants
- * (conv1_obs.cuh): the one-hot as the mma A operand (8 warps of 48 rows x 64
- * channels) or the weights as A (16 warps of 24 rows x 64 channels, the
- * default).  The output goes to NCHW and/or to the window order the nmmo3
- * forward's conv2 GEMM reads.
+ * tiles of 16 agents (192 rows), fp32 accumulators.  Three kernel variants
+ * (conv1_obs.cuh): mma.sync with the one-hot as the A operand (8 warps of 48
+ * rows x 64 channels) or the weights as A (16 warps of 24 rows x 64
+ * channels), and the default, wgmma (sm_90a): three consumer warpgroups of 64
+ * rows issue wgmma m64n128k16 with the one-hot A from registers and the tap's
+ * weights as B in shared memory, fed by a producer warpgroup (bulk copies of
+ * the weights and bytes, the masks built a tile ahead); see its kernel.  The
+ * output goes to NCHW and/or to the window order the nmmo3 forward's conv2
+ * GEMM reads.
  *
  * bf16 weights: bf16 products, fp32 accumulation, one rounding at the store.
  * f32 weights (tf32 is not allowed): each weight is split exactly into three
@@ -104,21 +108,31 @@ __device__ __forceinline__ uint32_t bits_to_bf16x2(uint32_t y)
 }
 
 /*
- * Weights (128, 59, 5, 5) -> [tap][oc][NSPLIT x 64] bf16: per tap and output
- * channel the 59 input channels, zero-padded to 64; with NSPLIT = 3 (f32)
- * the three bf16 terms of each weight one after the other (64 apart).
+ * Weights (128, 59, 5, 5) -> bf16 a tap, output channel and input channel,
+ * zero channels 59..63; with NSPLIT = 3 (f32) each weight as three exact bf16
+ * terms.  The mma.sync kernels' layout: [tap][oc][NSPLIT x 64] (the terms 64
+ * apart); the wgmma kernel's (SW): [tap][term][oc][64], the 16-byte chunks of
+ * each 128-byte oc row XOR-swizzled by oc % 8 as wgmma's 128-byte swizzle
+ * reads them, so that one linear bulk copy fills a stage.  Block 0 also resets
+ * the error record: stream order puts that before the convolution kernel.
  */
-template <class T, int NSPLIT>
+template <class T, int NSPLIT, bool SW>
 __global__ void __launch_bounds__(THREADS) conv1_pack_kernel(const T *__restrict__ w,
-                                                             uint16_t *__restrict__ pack)
+                                                             uint16_t *__restrict__ pack,
+                                                             unsigned long long *rec)
 {
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        *rec = OBS_RECORD_CLEAN;
     const int total = TAPS * OC * KC;
     for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
         const int tap = e / (OC * KC), rest = e - tap * (OC * KC);
         const int n = rest / KC, c = rest - n * KC;
-        uint16_t *dst = pack + ((size_t)tap * OC + n) * (NSPLIT * KC) + c;
+        auto at = [&](int s) -> size_t {
+            return SW ? (((size_t)tap * NSPLIT + s) * OC + n) * KC + (((c >> 3) ^ (n & 7)) << 3) + (c & 7)
+                      : ((size_t)tap * OC + n) * (NSPLIT * KC) + s * KC + c;
+        };
         if constexpr (NSPLIT == 1) {
-            *dst = c < IN_CH ? (uint16_t)w[((size_t)n * IN_CH + c) * TAPS + tap] : (uint16_t)0;
+            pack[at(0)] = c < IN_CH ? (uint16_t)w[((size_t)n * IN_CH + c) * TAPS + tap] : (uint16_t)0;
         } else {
             const float v = c < IN_CH ? elem_to_float(w[((size_t)n * IN_CH + c) * TAPS + tap]) : 0.0f;
             /* Each remainder is exact in fp32: hi + mid + lo = v to 2^-24 relative or better. */
@@ -126,9 +140,9 @@ __global__ void __launch_bounds__(THREADS) conv1_pack_kernel(const T *__restrict
             const float r1 = v - __bfloat162float(hi);
             const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
             const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
-            dst[0] = __bfloat16_as_ushort(hi);
-            dst[KC] = __bfloat16_as_ushort(mid);
-            dst[2 * KC] = __bfloat16_as_ushort(lo);
+            pack[at(0)] = __bfloat16_as_ushort(hi);
+            pack[at(1)] = __bfloat16_as_ushort(mid);
+            pack[at(2)] = __bfloat16_as_ushort(lo);
         }
     }
 }
@@ -404,6 +418,310 @@ conv1_obs_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ p
     cp_async_wait_group<0>();
 }
 
+/* ---- the wgmma kernel (sm_90a) ------------------------------------------------------- */
+
+/*
+ * Warp-specialised: three consumer warpgroups of 64 rows each (the tile's 192)
+ * issue wgmma m64n128k16 with the one-hot A fragments made in registers from
+ * the masks and the tap's weights as the B operand in shared memory (128-byte
+ * swizzle, filled by one bulk copy a stage); the fourth warpgroup produces:
+ * its warp 0 streams the weights through a ring of stages, its warps 1-3 copy
+ * each tile's observation bytes (a bulk copy; byte loads when obs is not
+ * 16-byte aligned) and build the tile's masks into one of two buffers, a tile
+ * ahead of the consumers.  mbarriers hand stages and mask buffers over.
+ */
+constexpr int WG_CONSUMERS = 3;                     /* warpgroups of 64 rows */
+constexpr int WG_THREADS = 128 * (WG_CONSUMERS + 1);
+constexpr int WG_CONSUMER_WARPS = 4 * WG_CONSUMERS; /* 12 */
+constexpr int WG_BUILDERS = 96;                     /* producer warps 1-3 */
+constexpr int WG_SUB_BYTES = OC * KC * 2;           /* one bf16 weight tile, 128 x 64: 16 KiB */
+
+template <int NSPLIT> struct wgeom {
+    static constexpr int STAGES = NSPLIT == 1 ? 8 : 3;
+    static constexpr int STAGE_BYTES = NSPLIT * WG_SUB_BYTES; /* a multiple of 1024: swizzle atoms */
+    static constexpr int MASK_AT = STAGES * STAGE_BYTES;
+    static constexpr int MASK_WORDS = AGENTS * MAP_PIX;
+    static constexpr int RAW_AT = MASK_AT + 2 * MASK_WORDS * 8;
+    static constexpr int BAR_AT = RAW_AT + AGENTS * GK_NMMO3_OBS_BYTES;
+    static constexpr int BARS = 2 * STAGES + 5; /* full/empty a stage, raw full, mask full/empty x 2 */
+    static constexpr int SMEM = BAR_AT + BARS * 8 + 1024; /* + aligning the base to 1024 */
+};
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+/* Waits until the barrier's phase of this parity has completed. */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+/* Arrives and expects `bytes` of bulk copies to complete on the barrier. */
+__device__ __forceinline__ void mbar_arrive_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+/* Global -> shared bulk copy (16-byte aligned, a multiple of 16 bytes), completing on bar. */
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void named_sync(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+/*
+ * Shared-memory matrix descriptor of a K-major 128 x 64 bf16 tile at addr (1024-aligned,
+ * plus 32 bytes per k16 step), 128-byte swizzle: 8-row groups 1024 bytes apart.
+ */
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr)
+{
+    return (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 |
+           (uint64_t)1 << 62;
+}
+
+/* D (64 x 128, fp32) (+)= A (64 x 16 bf16, registers) . B (smem descriptor, 128 x 16, K-major). */
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc,
+                                                 int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %69, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc));
+}
+
+/* Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma. */
+__device__ __forceinline__ void acc_fence(float (&d)[64])
+{
+#pragma unroll
+    for (int i = 0; i < 64; i++)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <class T, int NSPLIT>
+__global__ void __launch_bounds__(WG_THREADS, 1)
+conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ pack,
+                       const T *__restrict__ bias, T *__restrict__ nchw, T *__restrict__ whc,
+                       int batch, int tiles, int aligned, unsigned long long *rec)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using G = wgeom<NSPLIT>;
+    extern __shared__ unsigned char smem_in[];
+    const uint32_t in_at = smem_u32(smem_in), pad = (1024 - (in_at & 1023)) & 1023;
+    unsigned char *smem = smem_in + pad;
+    const uint32_t sbase = in_at + pad;
+    unsigned long long *masks = reinterpret_cast<unsigned long long *>(smem + G::MASK_AT);
+    uint8_t *raw = smem + G::RAW_AT;
+    const uint32_t bars = sbase + G::BAR_AT;
+    const uint32_t raw_full = bars + 8 * (2 * G::STAGES);
+    auto w_full = [&](int s) { return bars + 8 * s; };
+    auto w_empty = [&](int s) { return bars + 8 * (G::STAGES + s); };
+    auto mask_full = [&](int b) { return raw_full + 8 * (1 + b); };
+    auto mask_empty = [&](int b) { return raw_full + 8 * (3 + b); };
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (tid == 0) {
+        for (int s = 0; s < G::STAGES; s++) {
+            mbar_init(w_full(s), 1);
+            mbar_init(w_empty(s), WG_CONSUMER_WARPS);
+        }
+        mbar_init(raw_full, 1);
+        for (int b = 0; b < 2; b++) {
+            mbar_init(mask_full(b), WG_BUILDERS);
+            mbar_init(mask_empty(b), WG_CONSUMER_WARPS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp == WG_CONSUMER_WARPS) {
+        /* The weights: every tap of every tile of this block, a stage each, in order. */
+        if (lane != 0)
+            return;
+        int stage = 0;
+        uint32_t phase = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x)
+            for (int tap = 0; tap < TAPS; tap++) {
+                mbar_wait(w_empty(stage), phase ^ 1);
+                mbar_arrive_tx(w_full(stage), G::STAGE_BYTES);
+                bulk_copy(sbase + stage * G::STAGE_BYTES,
+                          reinterpret_cast<const unsigned char *>(pack) + (size_t)tap * G::STAGE_BYTES,
+                          G::STAGE_BYTES, w_full(stage));
+                if (++stage == G::STAGES)
+                    stage = 0, phase ^= 1;
+            }
+        return;
+    }
+
+    if (warp > WG_CONSUMER_WARPS) {
+        /* The masks, a tile ahead: raw bytes in, one 64-bit mask per (agent, input pixel) out. */
+        const int bt = tid - (WG_CONSUMER_WARPS + 1) * 32;
+        auto issue_bytes = [&](int t) {
+            const int b0 = t * AGENTS, bytes = min(AGENTS, batch - b0) * GK_NMMO3_OBS_BYTES;
+            const int bulk = aligned ? bytes & ~15 : 0;
+            if (bulk > 0) {
+                mbar_arrive_tx(raw_full, (uint32_t)bulk);
+                bulk_copy(sbase + G::RAW_AT, obs + (size_t)b0 * GK_NMMO3_OBS_BYTES, (uint32_t)bulk,
+                          raw_full);
+            } else {
+                mbar_arrive(raw_full);
+            }
+        };
+        if (bt == 0 && (int)blockIdx.x < tiles)
+            issue_bytes(blockIdx.x);
+        int it = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, it++) {
+            const int b0 = tile * AGENTS, bytes = min(AGENTS, batch - b0) * GK_NMMO3_OBS_BYTES;
+            const int bulk = aligned ? bytes & ~15 : 0;
+            mbar_wait(raw_full, it & 1);
+            if (bulk < bytes) { /* the bytes no bulk copy brought: all of them when unaligned */
+                const uint8_t *src = obs + (size_t)b0 * GK_NMMO3_OBS_BYTES;
+                for (int k = bulk + bt; k < bytes; k += WG_BUILDERS)
+                    raw[k] = src[k];
+                named_sync(1, WG_BUILDERS);
+            }
+            const int buf = it & 1;
+            mbar_wait(mask_empty(buf), ((it >> 1) & 1) ^ 1);
+            unsigned long long *mk = masks + buf * G::MASK_WORDS;
+            for (int i = bt; i < G::MASK_WORDS; i += WG_BUILDERS) {
+                const int a = i / MAP_PIX, p = i - a * MAP_PIX;
+                unsigned long long m = 0;
+                if (b0 + a < batch) {
+                    const uint8_t *src = raw + a * GK_NMMO3_OBS_BYTES + p * NFEAT;
+#pragma unroll
+                    for (int f = 0; f < NFEAT; f++) {
+                        const int v = src[f];
+                        if (v < feat_slots(f))
+                            m |= 1ull << (feat_offset(f) + v);
+                        else
+                            obs_record_offender(rec, (unsigned long long)(b0 + a) * MAP_BYTES +
+                                                         (unsigned)(p * NFEAT + f));
+                    }
+                }
+                mk[i] = m;
+            }
+            named_sync(1, WG_BUILDERS); /* every builder is done with the bytes */
+            if (bt == 0 && tile + (int)gridDim.x < tiles) {
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                issue_bytes(tile + gridDim.x);
+            }
+            mbar_arrive(mask_full(buf));
+        }
+        return;
+    }
+
+    /* Consumers: warpgroup wg, rows 64 wg + 16 (warp % 4) + g and + 8 of the tile. */
+    const int g = lane >> 2, q = lane & 3;
+    int mrow[2], prow[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = (warp >> 2) * 64 + (warp & 3) * 16 + h * 8 + g, a = r / PIXELS, o = r - a * PIXELS;
+        mrow[h] = a * MAP_PIX + (o >> 2) * 3 * MAP_W + (o & 3) * 3;
+        prow[h] = r;
+    }
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++)
+        acc[i] = 0.0f;
+    int stage = 0, it = 0;
+    uint32_t phase = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, it++) {
+        const int buf = it & 1;
+        mbar_wait(mask_full(buf), (it >> 1) & 1);
+        const unsigned long long *mk = masks + buf * G::MASK_WORDS;
+        for (int tap = 0; tap < TAPS; tap++) {
+            const int kh = tap / 5, toff = kh * MAP_W + (tap - kh * 5);
+            const unsigned long long m0 = mk[mrow[0] + toff], m1 = mk[mrow[1] + toff];
+            /* A fragment of k16 step kk: rows g, g + 8 at k = 16 kk + 2q (+1), and + 8 (+9). */
+            uint32_t a[4][4];
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                const int sh = 16 * kk + 2 * q;
+                const uint32_t y0 = (uint32_t)(m0 >> sh), y1 = (uint32_t)(m1 >> sh);
+                a[kk][0] = bits_to_bf16x2(y0);
+                a[kk][1] = bits_to_bf16x2(y1);
+                a[kk][2] = bits_to_bf16x2(y0 >> 8);
+                a[kk][3] = bits_to_bf16x2(y1 >> 8);
+            }
+            mbar_wait(w_full(stage), phase);
+            const uint32_t st = sbase + stage * G::STAGE_BYTES;
+            acc_fence(acc);
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                for (int s = 0; s < NSPLIT; s++)
+                    wgmma_m64n128k16(acc, a[kk], sw128_desc(st + s * WG_SUB_BYTES + kk * 32),
+                                     (tap | kk | s) != 0);
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+            acc_fence(acc);
+            __syncwarp();
+            if (lane == 0)
+                mbar_arrive(w_empty(stage));
+            if (++stage == G::STAGES)
+                stage = 0, phase ^= 1;
+        }
+        __syncwarp();
+        if (lane == 0)
+            mbar_arrive(mask_empty(buf));
+
+        /*
+         * Epilogue: bias, ReLU, one rounding; acc[4 j + 2 h + e] is row prow[h], channel
+         * 8 j + 2q + e.  nchw (b, oc, oh, ow) = b * 1536 + oc * 12 + pixel, whc (b, ow, oh,
+         * oc) = b * 1536 + (ow * 3 + oh) * 128 + oc.
+         */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int a = prow[h] / PIXELS, agent = tile * AGENTS + a, pix = prow[h] - a * PIXELS;
+            if (agent >= batch)
+                continue;
+            T *o = nchw + (size_t)agent * C1_ELEMS + pix;
+            T *t = whc + (size_t)agent * C1_ELEMS + ((pix & 3) * 3 + (pix >> 2)) * OC;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const int n = 8 * j + 2 * q;
+                const float v0 = fmaxf(acc[4 * j + 2 * h] + bias_at(bias, n), 0.0f);
+                const float v1 = fmaxf(acc[4 * j + 2 * h + 1] + bias_at(bias, n + 1), 0.0f);
+                if (nchw != nullptr) {
+                    o[n * PIXELS] = elem_from_float<T>(v0);
+                    o[(n + 1) * PIXELS] = elem_from_float<T>(v1);
+                }
+                if (whc != nullptr)
+                    store_pair(t + n, v0, v1);
+            }
+        }
+    }
+#else
+    __trap(); /* a build without sm_90a (GPUCD_CUDA_ARCH): wgmma does not exist there */
+#endif
+}
+
 int check(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, const gk_tensor *c1,
           gk_err *err)
 {
@@ -442,34 +760,77 @@ size_t pack_bytes(gk_dtype dt)
     return dt == GK_BF16 ? geom<1>::PACK_BYTES : geom<3>::PACK_BYTES;
 }
 
+/* Packs the weights (and resets the record) for a kernel of layout SW. */
+template <class T, int NSPLIT, bool SW>
+int pack_enqueue(const gk_tensor *w, const gk_cuda_exec *ex, gk_err *err)
+{
+    unsigned long long *rec = (unsigned long long *)ex->workspace;
+    uint16_t *pack = (uint16_t *)((uint8_t *)ex->workspace + GK_CUDA_OBS_RECORD_BYTES);
+    conv1_pack_kernel<T, NSPLIT, SW><<<(TAPS * OC * KC + THREADS - 1) / THREADS, THREADS, 0, ex->stream>>>(
+        (const T *)w->data, pack, rec);
+    return obs_launch_check("nmmo3 conv1", err);
+}
+
+/* Raises the kernel's shared-memory limit once and checks that a block fits. */
+template <class K> int smem_ready(K kernel, int threads, int smem, gk_err *err)
+{
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    int per_sm = 0;
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+    if (e != cudaSuccess || per_sm < 1)
+        return gk_fail(err, GK_EDEVICE, "nmmo3 conv1 (cuda): %d bytes of shared memory: %s", smem,
+                       e != cudaSuccess ? cudaGetErrorString(e) : "no block fits");
+    return per_sm;
+}
+
 template <class T, int NSPLIT, bool WA>
 int launch(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw, void *whc,
            const gk_cuda_exec *ex, gk_err *err)
 {
     using G = geom<NSPLIT>;
     auto kernel = conv1_obs_kernel<T, NSPLIT, WA>;
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, G::SMEM);
-    int per_sm = 0;
-    if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, WA ? WA_THREADS : THREADS,
-                                                          G::SMEM);
-    if (e != cudaSuccess || per_sm < 1)
-        return gk_fail(err, GK_EDEVICE, "nmmo3 conv1 (cuda): %d bytes of shared memory: %s",
-                       G::SMEM, e != cudaSuccess ? cudaGetErrorString(e) : "no block fits");
-    unsigned long long *rec = (unsigned long long *)ex->workspace;
-    uint16_t *pack = (uint16_t *)((uint8_t *)ex->workspace + GK_CUDA_OBS_RECORD_BYTES);
+    const int per_sm = smem_ready(kernel, WA ? WA_THREADS : THREADS, G::SMEM, err);
+    int rc;
+    if (per_sm < 0)
+        return per_sm;
+    if ((rc = pack_enqueue<T, NSPLIT, false>(w, ex, err)) != GK_OK)
+        return rc;
     const int batch = (int)obs->shape[0], tiles = (batch + AGENTS - 1) / AGENTS;
-    conv1_pack_kernel<T, NSPLIT><<<(TAPS * OC * KC + THREADS - 1) / THREADS, THREADS, 0, ex->stream>>>(
-        (const T *)w->data, pack);
     if (batch == 0)
-        return obs_launch_check("nmmo3 conv1", err);
+        return GK_OK;
     long long grid = (long long)ex->sm_count * per_sm;
     if (grid > tiles)
         grid = tiles;
     const int aligned = (uintptr_t)obs->data % 16 == 0;
     kernel<<<(unsigned)grid, WA ? WA_THREADS : THREADS, G::SMEM, ex->stream>>>(
-        (const uint8_t *)obs->data, pack, (const T *)b->data, (T *)nchw, (T *)whc, batch, tiles,
-        aligned, rec);
+        (const uint8_t *)obs->data,
+        (const uint16_t *)((uint8_t *)ex->workspace + GK_CUDA_OBS_RECORD_BYTES), (const T *)b->data,
+        (T *)nchw, (T *)whc, batch, tiles, aligned, (unsigned long long *)ex->workspace);
+    return obs_launch_check("nmmo3 conv1", err);
+}
+
+template <class T, int NSPLIT>
+int launch_wgmma(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw, void *whc,
+                 const gk_cuda_exec *ex, gk_err *err)
+{
+    using G = wgeom<NSPLIT>;
+    auto kernel = conv1_obs_wgmma_kernel<T, NSPLIT>;
+    const int per_sm = smem_ready(kernel, WG_THREADS, G::SMEM, err);
+    int rc;
+    if (per_sm < 0)
+        return per_sm;
+    if ((rc = pack_enqueue<T, NSPLIT, true>(w, ex, err)) != GK_OK)
+        return rc;
+    const int batch = (int)obs->shape[0], tiles = (batch + AGENTS - 1) / AGENTS;
+    if (batch == 0)
+        return GK_OK;
+    const int grid = tiles < ex->sm_count * per_sm ? tiles : ex->sm_count * per_sm;
+    const int aligned = (uintptr_t)obs->data % 16 == 0;
+    kernel<<<(unsigned)grid, WG_THREADS, G::SMEM, ex->stream>>>(
+        (const uint8_t *)obs->data,
+        (const uint16_t *)((uint8_t *)ex->workspace + GK_CUDA_OBS_RECORD_BYTES), (const T *)b->data,
+        (T *)nchw, (T *)whc, batch, tiles, aligned, (unsigned long long *)ex->workspace);
     return obs_launch_check("nmmo3 conv1", err);
 }
 
@@ -479,11 +840,13 @@ int conv1_obs_enqueue(const gk_tensor *w, const gk_tensor *b, const gk_tensor *o
                       void *whc, int variant, const gk_cuda_exec *ex, gk_err *err)
 {
     int rc;
-    if ((rc = obs_workspace_check(ex, pack_bytes(w->dtype), "nmmo3 conv1", err)) ||
-        (rc = obs_record_reset(ex, "nmmo3 conv1", err)))
+    if ((rc = obs_workspace_check(ex, pack_bytes(w->dtype), "nmmo3 conv1", err)))
         return rc;
     if ((uintptr_t)ex->workspace % 16 != 0)
         return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): the workspace must be 16-byte aligned");
+    if (variant == CONV1_OBS_WGMMA)
+        return w->dtype == GK_BF16 ? launch_wgmma<uint16_t, 1>(w, b, obs, nchw, whc, ex, err)
+                                   : launch_wgmma<float, 3>(w, b, obs, nchw, whc, ex, err);
     if (variant == CONV1_OBS_WEIGHTS_A)
         return w->dtype == GK_BF16 ? launch<uint16_t, 1, true>(w, b, obs, nchw, whc, ex, err)
                                    : launch<float, 3, true>(w, b, obs, nchw, whc, ex, err);

@@ -13,14 +13,23 @@ extern "C" {
 #endif
 
 /*
- * Which mma operand the one-hot is (both exact, bitwise reproducible):
- * ONEHOT_A, 8 warps of 48 rows x 64 channels (222 registers), the one-hot
- * fragments made from the masks in registers, the weights by ldmatrix;
- * WEIGHTS_A, 16 warps of 24 rows x 64 channels (at most 128 registers: twice
- * the warps to hide the mma latency, which limits ONEHOT_A at 8 warps an SM),
- * the weights as A by ldmatrix and the one-hot as B.
+ * The kernel variants (all exact in the same way, each bitwise reproducible;
+ * their bits may differ from each other's in the last place of fp32 sums):
+ * ONEHOT_A, mma.sync, 8 warps of 48 rows x 64 channels (222 registers), the
+ * one-hot fragments made from the masks in registers, the weights by
+ * ldmatrix; WEIGHTS_A, mma.sync, 16 warps of 24 rows x 64 channels (at most
+ * 128 registers), the weights as A by ldmatrix and the one-hot as B; WGMMA
+ * (sm_90a, the default), three warpgroups issue wgmma m64n128k16 with the
+ * one-hot as A from registers and the weights as B in shared memory, fed by
+ * bulk copies from a fourth, producer warpgroup that also builds the masks.
  */
-enum { CONV1_OBS_ONEHOT_A = 0, CONV1_OBS_WEIGHTS_A = 1, CONV1_OBS_DEFAULT = CONV1_OBS_WEIGHTS_A };
+enum {
+    CONV1_OBS_ONEHOT_A = 0,
+    CONV1_OBS_WEIGHTS_A = 1,
+    CONV1_OBS_WGMMA = 2,
+    CONV1_OBS_VARIANTS = 3,
+    CONV1_OBS_DEFAULT = CONV1_OBS_WGMMA
+};
 
 /*
  * c1 = relu(conv1(multihot(obs)) + b) into nchw, (B, 128, 3, 4), and/or whc,

@@ -321,40 +321,42 @@ static int nmmo3_bench(const gk_cuda_exec *ex0, int sms)
             c.ex_conv = *ex0;
             c.ex_conv.workspace = wconv ? dev_alloc(wconv) : NULL;
             c.ex_conv.workspace_bytes = wconv;
-            /* the other kernel variant, the default into window order, then the default into NCHW */
+            /* each kernel variant into NCHW, the default into window order, then the composed path */
+            double us_v[CONV1_OBS_VARIANTS];
+            void *fused[CONV1_OBS_VARIANTS];
             c.whc = 0;
-            c.variant = !CONV1_OBS_DEFAULT;
-            const double us_v = time_op(c1_fused_run, &c, ex0);
+            for (int v = 0; v < CONV1_OBS_VARIANTS; v++) {
+                c.variant = v;
+                us_v[v] = time_op(c1_fused_run, &c, ex0);
+                CK(cudaStreamSynchronize(g_stream));
+                if (gk_cuda_nmmo3_conv1_status(&c.obs, &c.ex_c1, &err) != 0)
+                    printf("conv1 status: %s\n", err.msg), bad++;
+                fused[v] = dev_alloc((size_t)(B * 1536) * es);
+                CK(cudaMemcpy(fused[v], c.c1.data, (size_t)(B * 1536) * es, cudaMemcpyDeviceToDevice));
+            }
             c.variant = CONV1_OBS_DEFAULT;
             c.whc = 1;
             const double us_w = time_op(c1_fused_run, &c, ex0);
-            c.whc = 0;
-            const double us_f = time_op(c1_fused_run, &c, ex0);
-            CK(cudaStreamSynchronize(g_stream));
-            if (gk_cuda_nmmo3_conv1_status(&c.obs, &c.ex_c1, &err) != 0)
-                printf("conv1 status: %s\n", err.msg), bad++;
-            void *fused = dev_alloc((size_t)(B * 1536) * es);
-            CK(cudaMemcpy(fused, c.c1.data, (size_t)(B * 1536) * es, cudaMemcpyDeviceToDevice));
             const double us_c = time_op(c1_composed_run, &c, ex0);
             CK(cudaStreamSynchronize(g_stream));
             if (gk_cuda_multihot_status(&gk_nmmo3_layout, &c.obs, &c.ex_mh, &err) != 0)
                 printf("multihot status: %s\n", err.msg), bad++;
-            const double diff = dev_rel_diff(fused, c.c1.data, (size_t)(B * 1536), dt);
-            char note[128];
-            snprintf(note, sizeof note, "%.2fx faster than multihot + conv; rel diff %.2g", us_c / us_f,
-                     diff);
             const double c1_bytes = (double)B * 1650 + (double)B * 1536 * es + 128.0 * 1475 * es;
-            roof_row(CONV1_OBS_DEFAULT == CONV1_OBS_ONEHOT_A ? "conv1 from the bytes (one-hot as A, default)"
-                                                             : "conv1 from the bytes (weights as A, default)",
-                     dn, B, us_f, CONV1_FLOP * B, c1_bytes, peak, note);
-            roof_row(CONV1_OBS_DEFAULT == CONV1_OBS_ONEHOT_A ? "conv1 from the bytes (weights as A)"
-                                                             : "conv1 from the bytes (one-hot as A)",
-                     dn, B, us_v, CONV1_FLOP * B, c1_bytes, peak, "other kernel variant");
+            static const char *const vname[CONV1_OBS_VARIANTS] = {
+                "conv1 from the bytes, mma.sync one-hot as A", "conv1 from the bytes, mma.sync weights as A",
+                "conv1 from the bytes, wgmma"};
+            for (int v = 0; v < CONV1_OBS_VARIANTS; v++) {
+                const double diff = dev_rel_diff(fused[v], c.c1.data, (size_t)(B * 1536), dt);
+                char note[160];
+                snprintf(note, sizeof note, "%s%.2fx faster than multihot + conv; rel diff %.2g",
+                         v == CONV1_OBS_DEFAULT ? "default; " : "", us_c / us_v[v], diff);
+                roof_row(vname[v], dn, B, us_v[v], CONV1_FLOP * B, c1_bytes, peak, note);
+                cudaFree(fused[v]);
+            }
             roof_row("conv1 from the bytes, default, window-order output", dn, B, us_w, CONV1_FLOP * B,
                      c1_bytes, peak, "as in the forward with a cuBLAS handle");
             roof_row("multihot + conv1 (composed)", dn, B, us_c, CONV1_FLOP * B,
                      c1_bytes + 2.0 * B * 59 * 165 * es, peak, "-");
-            cudaFree(fused);
             cudaFree(c.mh.data);
             cudaFree(c.ex_c1.workspace);
             cudaFree(c.ex_conv.workspace);

@@ -10,7 +10,7 @@
  * 512 sampled agents at 32768; the output is poisoned (NaN bytes) before the
  * run and no element may stay NaN at any B, the guard after it stays intact;
  * a repeat, a 1-SM grid and an unaligned copy of the bytes (the path without
- * cp.async) give the same bits; both kernel variants (conv1_obs.cuh), and the
+ * cp.async or bulk copy) give the same bits; every kernel variant (conv1_obs.cuh), and the
  * public call equals its default variant bitwise.  Bad map values (first agent, last agent,
  * the map column conv1 never reads, a random one, with a later offender that
  * must not be named) fail with GK_ERANGE and exactly the CPU multihot's
@@ -206,6 +206,13 @@ static void conv1_run(conv1_setup *s, const gk_tensor *obs, void *out, int sms, 
     guard_check(out, bytes, what);
 }
 
+static const char *variant_name(int variant)
+{
+    return variant == CONV1_OBS_WGMMA       ? "wgmma"
+           : variant == CONV1_OBS_WEIGHTS_A ? "mma.sync, weights as A"
+                                            : "mma.sync, one-hot as A";
+}
+
 static void conv1_variant_case(conv1_setup *sp, int variant)
 {
     conv1_setup s = *sp;
@@ -216,7 +223,7 @@ static void conv1_variant_case(conv1_setup *sp, int variant)
     void *got = th_xmalloc(bytes), *again = th_xmalloc(bytes);
     char what[96];
     snprintf(what, sizeof what, "conv1 %s B %lld %s", gk_dtype_name(dt), (long long)batch,
-             variant == CONV1_OBS_WEIGHTS_A ? "weights as A" : "one-hot as A");
+             variant_name(variant));
     conv1_run(&s, &s.tobs, dout, g_sms, variant, got, what);
 
     for (size_t i = 0; i < n; i++)
@@ -272,8 +279,8 @@ static void conv1_variant_case(conv1_setup *sp, int variant)
 static void conv1_case(gk_dtype dt, int64_t batch)
 {
     conv1_setup s = conv1_setup_make(dt, batch);
-    conv1_variant_case(&s, CONV1_OBS_ONEHOT_A);
-    conv1_variant_case(&s, CONV1_OBS_WEIGHTS_A);
+    for (int v = 0; v < CONV1_OBS_VARIANTS; v++)
+        conv1_variant_case(&s, v);
     conv1_setup_free(&s);
 }
 
@@ -324,10 +331,9 @@ static void test_conv1_obs_bad(void **state)
                              GK_ERANGE);
             upload(s.dobs, bad, (size_t)batch * OBS);
             poison(dout, bytes);
-            /* the public call (default kernel), then the other kernel variant */
-            if (c % 2 == 0 ? gk_cuda_nmmo3_conv1(&s.tw, &s.tb, &s.tobs, &tc, &ex, &err)
-                           : conv1_obs_enqueue(&s.tw, &s.tb, &s.tobs, dout, NULL,
-                                               CONV1_OBS_WEIGHTS_A, &ex, &err))
+            /* the public call (default kernel), then each kernel variant by name */
+            if (c == 0 ? gk_cuda_nmmo3_conv1(&s.tw, &s.tb, &s.tobs, &tc, &ex, &err)
+                       : conv1_obs_enqueue(&s.tw, &s.tb, &s.tobs, dout, NULL, c - 1, &ex, &err))
                 fail_msg("conv1 with a bad value: enqueue: %s", err.msg);
             TH_CUDA_OK(cudaStreamSynchronize(g_stream));
             const int rc = gk_cuda_nmmo3_conv1_status(&s.tobs, &ex, &err);
