@@ -292,10 +292,12 @@ extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_te
     int64_t c2_shape[4] = {B, GK_NMMO3_CONV_CH, 1, 2};
     const int blas = ex->blas != NULL;
     /*
-     * conv2 through cuBLAS in bf16 only: measured on the H200 (tests/bench/OBS_RESULTS.md),
-     * its fp32 GEMM of these shapes is slower than the convolution kernel's FFMA.
+     * conv2 through one fixed cuBLASLt algorithm in both dtypes (gemm_fixed.cu): the
+     * convolution kernel splits k by the batch's tile count, so a row's f32 bits depended on
+     * the batch size (measured: 4824 of 5003 rows differed between one request and requests of
+     * 700 rows), which merged batches and the daemon's chunked pipeline must not see.
      */
-    const int conv2_gemm = blas && dt == GK_BF16;
+    const int conv2_gemm = blas;
     /* conv1's output: NCHW where kept or read by the convolution kernel, the window layout for cuBLAS. */
     void *c1_nchw = gk_tensor_present(c1_out) ? c1_out->data : conv2_gemm ? NULL : ws + l.c1;
     void *c1_whc = conv2_gemm ? ws + l.c1 : NULL;
