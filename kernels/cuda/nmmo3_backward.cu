@@ -3,17 +3,18 @@
  *
  * The call is stateless like the CPU's: it recomputes the activations with
  * the forward (gk_cuda_nmmo3_forward_keep), then runs the chain backwards.
- * Every product is a dense GEMM on cuBLAS (ex->blas) with fp32 accumulation
- * and fp32 weight gradients; the glue is a handful of layout kernels:
+ * Dense products are cuBLAS GEMMs (ex->blas) with fp32 accumulation and fp32
+ * weight gradients; nothing is ever unfolded (no im2col/col2im):
  *
- *   dpre  = dout * (hidden > 0)                      (projection's ReLU)
- *   dWp   = dpre^T feat,  dfeat = dpre Wp,  dbp = column sums of dpre
- *   dy2   = dfeat[:, 0:256] as (agent, pixel) rows x 128 channels
- *   dW2   = dy2^T im2col(c1),  dcol = dy2 W2,  db2 = column sums of dy2
- *   dc1   = col2im(dcol) * (c1 > 0)                  (conv1's ReLU)
- *   dW1   = dc1^T X,  db1 = column sums of dc1, where X is conv1's input
- *           unfolded (one row per output pixel, 1475 columns), built from
- *           the observation bytes: 250 ones a row, exact in bf16
+ *   dpre   = dout * (hidden > 0)                     (projection's ReLU)
+ *   dWp    = dpre^T feat,  dbp = column sums of dpre
+ *   dfeat  = dpre Wp[:, :1760]                       (features with a gradient)
+ *   g2     = dfeat[:, :256]^T c1   (256 x 1536)      dW2 = g2 folded over the 2 output
+ *            pixels;  db2 = column sums of dfeat[:, :256], pairs added
+ *   dc1pre = dfeat[:, :256] wbig   (1536 a row)      wbig = conv2_w laid out so that the
+ *            product is conv1's output gradient in conv1's own layout
+ *   dW1, db1 = nmmo3_conv1_wgrad: one-hot of the bytes x dc1pre * (c1 > 0), on
+ *            tensor cores, the one-hot made in registers (nmmo3_conv1_wgrad.cu)
  *   dembed = embedding backward of dfeat[:, 256:1760] at the player bytes
  *
  * The batch is processed in chunks of agents sized to the workspace; each
@@ -29,6 +30,7 @@
 
 #include "blas.cuh"
 #include "gk_cuda_nmmo3.h"
+#include "nmmo3_conv1_wgrad.cuh"
 #include "obs_record.cuh"
 
 namespace {
@@ -39,12 +41,11 @@ constexpr int FEAT = GK_NMMO3_FEATURES;              /* 1817 */
 constexpr int C1_P = 12;                             /* conv1 output pixels, 3 x 4 */
 constexpr int C2_P = 2;                              /* conv2 output pixels, 1 x 2 */
 constexpr int C2_K = CH * 9;                         /* conv2 weights an output channel */
-constexpr int C1_K = 59 * 25;                        /* conv1 weights an output channel */
-constexpr int X_LD = 1480;                           /* C1_K rounded up to 16 bytes of bf16 */
-static_assert(X_LD % 8 == 0 && X_LD >= C1_K, "conv1 rows are written 8 columns at a time");
+constexpr int C1_N = CH * C1_P;                      /* 1536 values of conv1's output an agent */
 constexpr int EMB_AT = C2_P * CH;                    /* 256 */
 constexpr int EMB_N = GK_NMMO3_PLAYER_COUNT * GK_NMMO3_EMBED_DIM; /* 1504 */
-constexpr int SUM_ROWS = 1024;                       /* rows a column-sum block adds */
+constexpr int DFEAT_N = EMB_AT + EMB_N;              /* 1760 features that have a gradient */
+constexpr int SUM_ROWS = 256;                        /* rows a column-sum block adds */
 constexpr int64_t MIN_CHUNK = 64;
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
@@ -66,48 +67,6 @@ __device__ __forceinline__ void st(__nv_bfloat16 *p, size_t i, float v) { p[i] =
 template <typename T> __global__ void relu_grad_kernel(T *hidden_to_dpre, const T *dout, size_t n)
 {
     GRID_LOOP(i, n) { hidden_to_dpre[i] = ld(hidden_to_dpre, i) > 0.0f ? dout[i] : T(0.0f); }
-}
-
-/* dy2[a*2 + p][c] = dfeat[a][c*2 + p]: conv2's output gradient as pixel rows. */
-template <typename T> __global__ void dy2_rows_kernel(const T *dfeat, T *dy2, size_t agents)
-{
-    GRID_LOOP(i, agents * C2_P * CH)
-    {
-        const size_t r = i / CH, c = i - r * CH, a = r / C2_P, p = r - a * C2_P;
-        dy2[i] = dfeat[a * FEAT + c * C2_P + p];
-    }
-}
-
-/* col[a*2 + p][c*9 + kh*3 + kw] = c1[a][c][kh][p + kw]: conv2's input unfolded (3x4 -> 1x2, K3). */
-template <typename T> __global__ void conv2_unfold_kernel(const T *c1, T *col, size_t agents)
-{
-    GRID_LOOP(i, agents * C2_P * C2_K)
-    {
-        const size_t r = i / C2_K, k = i - r * C2_K, a = r / C2_P;
-        const int p = (int)(r - a * C2_P), c = (int)(k / 9), t = (int)(k % 9);
-        const int kh = t / 3, kw = t - kh * 3;
-        col[i] = c1[a * CH * C1_P + c * C1_P + kh * 4 + p + kw];
-    }
-}
-
-/*
- * dc1[a*12 + h*4 + w][c] = (c1 > 0) * sum over the conv2 pixels p that read
- * (h, w) (kw = w - p in 0..2) of dcol[a*2 + p][c*9 + h*3 + kw].
- */
-template <typename T> __global__ void conv2_fold_relu_kernel(const T *dcol, const T *c1, T *dc1, size_t agents)
-{
-    GRID_LOOP(i, agents * C1_P * CH)
-    {
-        const size_t r = i / CH, a = r / C1_P;
-        const int c = (int)(i - r * CH), px = (int)(r - a * C1_P), h = px / 4, w = px - h * 4;
-        float s = 0.0f;
-        for (int p = 0; p < C2_P; p++) {
-            const int kw = w - p;
-            if (kw >= 0 && kw < 3)
-                s += ld(dcol, (a * C2_P + p) * C2_K + (size_t)c * 9 + h * 3 + kw);
-        }
-        st(dc1, i, ld(c1, a * CH * C1_P + (size_t)c * C1_P + px) > 0.0f ? s : 0.0f);
-    }
 }
 
 /* Where each map feature's one-hot group starts and how many values it has; each channel's feature. */
@@ -142,85 +101,74 @@ __global__ void obs_validate_kernel(const uint8_t *obs, size_t agents, map_layou
 }
 
 /*
- * X[a*12 + oh*4 + ow][c*25 + kh*5 + kw] = 1 where the multihot of agent a has
- * channel c set at (oh*3 + kh, ow*3 + kw), else 0; columns 1475..X_LD-1 are 0.
- * Every element is written, 8 consecutive ones a thread (one 16-byte store
- * for bf16), so the 1.2 GB of a B = 32768 batch go out as fully coalesced
- * stores and need no clearing first.  Values were validated before
- * (batch_validate); one out of range would only make its column 0.
+ * wbig[oc*2 + p][ic*12 + h*4 + w] = conv2_w[oc][ic][h][w - p] where 0 <= w - p < 3,
+ * else 0: conv2's weights as the matrix that maps its output gradient (the
+ * first 256 features, oc*2 + p) straight to conv1's output gradient in
+ * conv1's own layout (B, 128, 3, 4), so that no im2col/col2im is needed.
  */
-template <typename T> struct vec8;
-template <> struct vec8<float> {
-    float4 lo, hi;
-};
-template <> struct vec8<__nv_bfloat16> {
-    uint4 v;
-};
-
-__device__ __forceinline__ void vec8_store(float *p, const float (&x)[8])
+template <typename T> __global__ void wbig_kernel(const T *w2, T *wbig)
 {
-    vec8<float> v;
-    v.lo = make_float4(x[0], x[1], x[2], x[3]);
-    v.hi = make_float4(x[4], x[5], x[6], x[7]);
-    *(vec8<float> *)p = v;
-}
-
-__device__ __forceinline__ void vec8_store(__nv_bfloat16 *p, const float (&x)[8])
-{
-    uint32_t w[4];
-    for (int i = 0; i < 4; i++) /* 0 and 1 are exact in bf16: 0x0000 and 0x3f80 */
-        w[i] = (x[2 * i] != 0.0f ? 0x3f80u : 0u) | (x[2 * i + 1] != 0.0f ? 0x3f800000u : 0u);
-    vec8<__nv_bfloat16> v;
-    v.v = make_uint4(w[0], w[1], w[2], w[3]);
-    *(vec8<__nv_bfloat16> *)p = v;
-}
-
-template <typename T> __global__ void conv1_unfold_kernel(const uint8_t *obs, T *x, size_t agents, map_layout m)
-{
-    constexpr int GROUPS = X_LD / 8;
-    GRID_LOOP(i, agents * C1_P * GROUPS)
+    GRID_LOOP(i, (size_t)EMB_AT * C1_N)
     {
-        const size_t r = i / GROUPS, a = r / C1_P;
-        const int k0 = (int)(i - r * GROUPS) * 8, px = (int)(r - a * C1_P);
-        const int oh = px / 4, ow = px - oh * 4;
-        const uint8_t *o = obs + a * GK_NMMO3_OBS_BYTES;
-        float v[8];
-        for (int j = 0; j < 8; j++) {
-            const int k = k0 + j, c = k / 25, t = k - c * 25, kh = t / 5, kw = t - kh * 5;
-            v[j] = 0.0f;
-            if (k < C1_K) {
-                const int f = m.feature_of[c];
-                const int at = ((oh * 3 + kh) * 15 + ow * 3 + kw) * 10 + f;
-                v[j] = o[at] == c - m.offsets[f] ? 1.0f : 0.0f;
-            }
-        }
-        vec8_store(x + r * X_LD + k0, v);
+        const int row = (int)(i / C1_N), col = (int)(i - (size_t)row * C1_N);
+        const int oc = row / C2_P, p = row - oc * C2_P;
+        const int ic = col / C1_P, px = col - ic * C1_P, h = px / 4, kw = px % 4 - p;
+        st(wbig, i, kw >= 0 && kw < 3 ? ld(w2, (size_t)oc * C2_K + ic * 9 + h * 3 + kw) : 0.0f);
     }
 }
 
 /*
- * Column sums of a rows x cols matrix, first pass: block b adds rows
- * [b*SUM_ROWS, ...) of each column in row order into part[b][col].
+ * conv2's weight gradient from g[oc*2 + p][ic*12 + h*4 + w] = sum over agents
+ * of dfeat[a][oc*2 + p] * c1[a][ic][h][w]: dw2[oc][ic][h][kw] (+)= g[oc*2][.., kw] +
+ * g[oc*2 + 1][.., kw + 1].
  */
-template <typename T> __global__ void column_sums_kernel(const T *m, size_t rows, int cols, float *part)
+__global__ void conv2_wgrad_fold_kernel(const float *g, float *dw2, int accumulate)
 {
-    const size_t r0 = (size_t)blockIdx.x * SUM_ROWS;
-    const size_t r1 = r0 + SUM_ROWS < rows ? r0 + SUM_ROWS : rows;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        float s = 0.0f;
-        for (size_t r = r0; r < r1; r++)
-            s += ld(m, r * cols + c);
-        part[(size_t)blockIdx.x * cols + c] = s;
+    GRID_LOOP(i, (size_t)CH * C2_K)
+    {
+        const int oc = (int)(i / C2_K), k = (int)(i - (size_t)oc * C2_K);
+        const int ic = k / 9, t = k - ic * 9, h = t / 3, kw = t - h * 3;
+        const size_t at = (size_t)ic * C1_P + h * 4 + kw;
+        const float s = g[(size_t)(oc * C2_P) * C1_N + at] + g[(size_t)(oc * C2_P + 1) * C1_N + at + 1];
+        dw2[i] = accumulate ? dw2[i] + s : s;
     }
 }
 
-/* Second pass: out[col] (+)= the blocks' partial sums in block order. */
-__global__ void column_sums_finish_kernel(const float *part, int blocks, int cols, float *out, int accumulate)
+/*
+ * Column sums, first pass: block (x, y) adds rows [y*SUM_ROWS, ...) of columns
+ * [x*32, x*32 + 32) of m (row stride ld), 8 rows at a time in row order, and
+ * writes part[y][col]; the 8 lanes of a column are added in a fixed order.
+ */
+template <typename T>
+__global__ void column_sums_kernel(const T *m, size_t pitch, size_t rows, int cols, float *part)
 {
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
+    __shared__ float lanes[8][33];
+    const int col = blockIdx.x * 32 + threadIdx.x;
+    const size_t r0 = (size_t)blockIdx.y * SUM_ROWS;
+    const size_t r1 = r0 + SUM_ROWS < rows ? r0 + SUM_ROWS : rows;
+    float s = 0.0f;
+    if (col < cols)
+        for (size_t r = r0 + threadIdx.y; r < r1; r += 8)
+            s += ld(m, r * pitch + col);
+    lanes[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+        float t = 0.0f;
+        for (int y = 0; y < 8; y++)
+            t += lanes[y][threadIdx.x];
+        part[(size_t)blockIdx.y * cols + col] = t;
+    }
+}
+
+/* Second pass: out[c] (+)= the partial sums of columns c*group .. c*group + group - 1, block order. */
+__global__ void column_sums_finish_kernel(const float *part, int blocks, int cols, int group, float *out,
+                                          int accumulate)
+{
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols / group; c += gridDim.x * blockDim.x) {
         float s = 0.0f;
-        for (int b = 0; b < blocks; b++)
-            s += part[(size_t)b * cols + c];
+        for (int g = 0; g < group; g++)
+            for (int b = 0; b < blocks; b++)
+                s += part[(size_t)b * cols + c * group + g];
         out[c] = accumulate ? out[c] + s : s;
     }
 }
@@ -241,8 +189,8 @@ unsigned grid_for(size_t n, int sm_count)
 /* Places of one chunk's buffers in the workspace (after the forward's own part). */
 struct bwd_layout {
     int64_t chunk;
-    size_t fwd_at, fwd, feat, hidden, c1, dfeat, dy2, col, dc1, x, idx, demb, emb_ws, emb_ws_bytes,
-        dembed, part, total;
+    size_t fwd_at, fwd, feat, hidden, c1, dfeat, dc1pre, wbig, g2, wgrad1, idx, demb, emb_ws,
+        emb_ws_bytes, dembed, part, total;
 };
 
 /*
@@ -290,15 +238,15 @@ int layout_make(const gk_nmmo3_weights *w, const gk_tensor *obs, int64_t chunk, 
     l->c1 = at;
     at += align256(n * CH * C1_P * es);
     l->dfeat = at;
-    at += projecting ? align256(n * FEAT * es) : 0;
-    l->dy2 = at;
-    at += align256(n * C2_P * CH * es);
-    l->col = at; /* conv2's unfolded input, then its gradient */
-    at += align256(n * C2_P * C2_K * es);
-    l->dc1 = at;
-    at += align256(n * C1_P * CH * es);
-    l->x = at;
-    at += align256(n * C1_P * X_LD * es);
+    at += projecting ? align256(n * DFEAT_N * es) : 0;
+    l->dc1pre = at; /* conv1's output gradient before its ReLU */
+    at += align256(n * C1_N * es);
+    l->wbig = at;
+    at += align256((size_t)EMB_AT * C1_N * es);
+    l->g2 = at;
+    at += align256((size_t)EMB_AT * C1_N * sizeof(float));
+    l->wgrad1 = at;
+    at += align256(nmmo3_conv1_wgrad_workspace_bytes(chunk, sm_count));
     l->idx = at;
     at += align256(n * GK_NMMO3_PLAYER_COUNT);
     l->demb = at;
@@ -308,9 +256,9 @@ int layout_make(const gk_nmmo3_weights *w, const gk_tensor *obs, int64_t chunk, 
     at += align256(emb);
     l->dembed = at;
     at += align256(sizeof(float) * GK_NMMO3_EMBED_VOCAB * GK_NMMO3_EMBED_DIM);
-    l->part = at; /* column-sum partials: the most rows (conv1's) over SUM_ROWS, x the widest */
-    const size_t blocks = (n * C1_P + SUM_ROWS - 1) / SUM_ROWS;
-    const size_t cols = (size_t)(hid > CH ? hid : CH);
+    l->part = at; /* column-sum partials: the chunk's rows over SUM_ROWS, x the widest */
+    const size_t blocks = (n + SUM_ROWS - 1) / SUM_ROWS;
+    const size_t cols = (size_t)(hid > EMB_AT ? hid : EMB_AT);
     at += align256(sizeof(float) * (blocks > 0 ? blocks : 1) * cols);
     l->total = at;
     return GK_OK;
@@ -377,15 +325,20 @@ int launch_check(gk_err *err)
     return GK_OK;
 }
 
-/* db (+)= column sums of m (rows x cols), on the chunk's partial-sum space. */
+/*
+ * out (+)= column sums of m (rows x cols, row stride pitch), the sums of
+ * `group` adjacent columns added into one output, on the chunk's partials.
+ */
 template <typename T>
-int column_sums(const T *m, size_t rows, int cols, float *part, float *out, int accumulate,
-                cudaStream_t s, gk_err *err)
+int column_sums(const T *m, size_t pitch, size_t rows, int cols, int group, float *part, float *out,
+                int accumulate, cudaStream_t s, gk_err *err)
 {
     const unsigned blocks = (unsigned)((rows + SUM_ROWS - 1) / SUM_ROWS);
-    column_sums_kernel<T><<<blocks, cols < THREADS ? cols : THREADS, 0, s>>>(m, rows, cols, part);
-    column_sums_finish_kernel<<<(cols + THREADS - 1) / THREADS, THREADS, 0, s>>>(part, (int)blocks, cols,
-                                                                             out, accumulate);
+    column_sums_kernel<T><<<dim3((unsigned)(cols + 31) / 32, blocks), dim3(32, 8), 0, s>>>(m, pitch, rows,
+                                                                                         cols, part);
+    const int outs = cols / group;
+    column_sums_finish_kernel<<<(outs + THREADS - 1) / THREADS, THREADS, 0, s>>>(part, (int)blocks, cols,
+                                                                              group, out, accumulate);
     return launch_check(err);
 }
 
@@ -459,7 +412,9 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
     if (rc != GK_OK)
         return rc;
 
-    const T *dfeat = dy; /* rows of FEAT: d(features) */
+    /* d(features): the first DFEAT_N columns, those with a gradient. */
+    const T *dfeat = dy;
+    int64_t dld = FEAT;
     if (projecting) {
         T *dpre = hidden;
         T *df = (T *)(ws + l.dfeat);
@@ -468,36 +423,37 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
         if ((rc = launch_check(err)) ||
             (rc = gemm(gm, true, false, hid, FEAT, n, dpre, hid, feat, FEAT, g->proj_w.data,
                        CUDA_R_32F, FEAT, "d proj_w", err)) ||
-            (rc = gemm({gm.h, cdt, 0}, false, false, n, FEAT, hid, dpre, hid, w->proj_w.data, FEAT,
-                       df, cdt, FEAT, "d features", err)) ||
-            (rc = column_sums<T>(dpre, (size_t)n, (int)hid, part, (float *)g->proj_b.data, !first,
-                                 s, err)))
+            (rc = gemm({gm.h, cdt, 0}, false, false, n, DFEAT_N, hid, dpre, hid, w->proj_w.data, FEAT,
+                       df, cdt, DFEAT_N, "d features", err)) ||
+            (rc = column_sums<T>(dpre, (size_t)hid, (size_t)n, (int)hid, 1, part,
+                                 (float *)g->proj_b.data, !first, s, err)))
             return rc;
         dfeat = df;
+        dld = DFEAT_N;
     }
 
-    /* conv2 (no ReLU): its output gradient is the first 256 features. */
-    T *dy2 = (T *)(ws + l.dy2), *col = (T *)(ws + l.col), *dc1 = (T *)(ws + l.dc1);
-    const size_t r2 = (size_t)n * C2_P, r1 = (size_t)n * C1_P;
-    dy2_rows_kernel<T><<<grid_for(r2 * CH, ex->sm_count), THREADS, 0, s>>>(dfeat, dy2, (size_t)n);
-    conv2_unfold_kernel<T><<<grid_for(r2 * C2_K, ex->sm_count), THREADS, 0, s>>>(c1, col, (size_t)n);
-    if ((rc = launch_check(err)) ||
-        (rc = gemm(gm, true, false, CH, C2_K, (int64_t)r2, dy2, CH, col, C2_K, g->conv2_w.data,
-                   CUDA_R_32F, C2_K, "d conv2_w", err)) ||
-        (rc = column_sums<T>(dy2, r2, CH, part, (float *)g->conv2_b.data, !first, s, err)) ||
-        (rc = gemm({gm.h, cdt, 0}, false, false, (int64_t)r2, C2_K, CH, dy2, CH, w->conv2_w.data,
-                   C2_K, col, cdt, C2_K, "d conv2 input", err)))
+    /*
+     * conv2 (no ReLU), its output gradient the first 256 features (oc*2 + p):
+     * its weight gradient through g2 = dfeat[:, :256]^T c1 (256 x 1536), folded;
+     * its input gradient straight in conv1's layout, dfeat[:, :256] wbig.
+     */
+    T *dc1pre = (T *)(ws + l.dc1pre);
+    float *g2 = (float *)(ws + l.g2);
+    if ((rc = gemm({gm.h, cdt, 0}, true, false, EMB_AT, C1_N, n, dfeat, dld, c1, C1_N, g2, CUDA_R_32F,
+                   C1_N, "d conv2_w", err)))
         return rc;
-    conv2_fold_relu_kernel<T><<<grid_for(r1 * CH, ex->sm_count), THREADS, 0, s>>>(col, c1, dc1, (size_t)n);
-
-    /* conv1: its input unfolded from the bytes, one row an output pixel. */
-    T *x = (T *)(ws + l.x);
-    conv1_unfold_kernel<T><<<grid_for(r1 * (X_LD / 8), ex->sm_count), THREADS, 0, s>>>(
-        o, x, (size_t)n, map_layout_make());
+    conv2_wgrad_fold_kernel<<<grid_for((size_t)CH * C2_K, ex->sm_count), THREADS, 0, s>>>(
+        g2, (float *)g->conv2_w.data, !first);
     if ((rc = launch_check(err)) ||
-        (rc = gemm(gm, true, false, CH, C1_K, (int64_t)r1, dc1, CH, x, X_LD, g->conv1_w.data,
-                   CUDA_R_32F, C1_K, "d conv1_w", err)) ||
-        (rc = column_sums<T>(dc1, r1, CH, part, (float *)g->conv1_b.data, !first, s, err)))
+        (rc = column_sums<T>(dfeat, (size_t)dld, (size_t)n, EMB_AT, C2_P, part,
+                             (float *)g->conv2_b.data, !first, s, err)) ||
+        (rc = gemm({gm.h, cdt, 0}, false, false, n, C1_N, EMB_AT, dfeat, dld, ws + l.wbig, C1_N, dc1pre,
+                   cdt, C1_N, "d conv2 input", err)))
+        return rc;
+
+    /* conv1: weight and bias gradients from the bytes, its ReLU applied on the way. */
+    if ((rc = nmmo3_conv1_wgrad(dt, o, dc1pre, c1, n, (float *)g->conv1_w.data, (float *)g->conv1_b.data,
+                                !first, ws + l.wgrad1, ex->sm_count, s, err)) != GK_OK)
         return rc;
 
     /* The embedding: the player bytes and their feature gradients, made contiguous. */
@@ -507,7 +463,7 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
     if ((ce = cudaMemcpy2DAsync(idx, GK_NMMO3_PLAYER_COUNT, o + GK_NMMO3_PLAYER_OFFSET,
                                 GK_NMMO3_OBS_BYTES, GK_NMMO3_PLAYER_COUNT, (size_t)n,
                                 cudaMemcpyDeviceToDevice, s)) != cudaSuccess ||
-        (ce = cudaMemcpy2DAsync(demb, EMB_N * es, dfeat + EMB_AT, FEAT * es, EMB_N * es,
+        (ce = cudaMemcpy2DAsync(demb, EMB_N * es, dfeat + EMB_AT, (size_t)dld * es, EMB_N * es,
                                 (size_t)n, cudaMemcpyDeviceToDevice, s)) != cudaSuccess)
         return gk_fail(err, GK_EDEVICE, "nmmo3 backward (cuda): gathering the player rows: %s",
                        cudaGetErrorString(ce));
@@ -561,6 +517,16 @@ extern "C" int gk_cuda_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor
                         err)) != GK_OK)
         return rc;
     if ((rc = batch_validate(obs, ex, err)) != GK_OK)
+        return rc;
+    uint8_t *wbig = (uint8_t *)ex->workspace + l.wbig; /* every chunk's */
+    const size_t nbig = (size_t)EMB_AT * C1_N;
+    if (w->conv2_w.dtype == GK_BF16)
+        wbig_kernel<__nv_bfloat16><<<grid_for(nbig, ex->sm_count), THREADS, 0, ex->stream>>>(
+            (const __nv_bfloat16 *)w->conv2_w.data, (__nv_bfloat16 *)wbig);
+    else
+        wbig_kernel<float><<<grid_for(nbig, ex->sm_count), THREADS, 0, ex->stream>>>(
+            (const float *)w->conv2_w.data, (float *)wbig);
+    if ((rc = launch_check(err)) != GK_OK)
         return rc;
     const int64_t B = obs->shape[0];
     for (int64_t a0 = 0; a0 < B && rc == GK_OK; a0 += l.chunk) {

@@ -1,0 +1,414 @@
+/*
+ * nmmo3_conv1_wgrad.cu - conv1's weight and bias gradients of the NMMO3
+ * encoder from the observation bytes, without its unfolded input.
+ *
+ * dW1[oc][c][kh][kw] = sum over agents a and output pixels (oh, ow) of
+ * dc1[a][oc][oh][ow] * onehot(a, pixel (3oh + kh, 3ow + kw))[c], with dc1 =
+ * dc1pre * (c1 > 0).  Per tap this is a GEMM with M = 128 output channels,
+ * N = 64 channels (59 used; channel 59 is made a constant 1, so that its
+ * column is the bias gradient, sum of dc1), K = agents x 12 pixels.  The
+ * one-hot rows are the 64-bit masks of the input pixels (one bit a hot
+ * channel), made once per call from the bytes (masks_kernel); a thread makes
+ * its mma.sync B fragments in registers from them (two mask bits -> a pair
+ * of bf16 0/1), so the 1.2 GB unfolded input of a B = 32768 batch is never
+ * written nor read.
+ *
+ * Blocks: 5 per chunk of agents, one per kernel row kh, 10 warps each (5 kw
+ * x 2 halves of the 64 channels; a warp: all 128 output channels x 32
+ * channels of one tap, 128 fp32 accumulators a thread).  Per step of 8
+ * agents (96 rows, 6 k16 steps) the block stages dc1pre and c1 by cp.async,
+ * applies the ReLU mask while laying dc1 out as [oc][row] bf16 (f32: three
+ * exact bf16 terms hi + mid + lo, whose products with 0/1 are exact, so the
+ * f32 result is an fp32 sum as accurate as fp32 summation), while the next
+ * step's data is in flight.  Each block writes its partial sums; a second
+ * kernel adds the chunks in chunk order: the bits depend only on the
+ * request and the SM count, never on timing.
+ */
+#include <stdint.h>
+
+#include <cuda_bf16.h>
+
+#include "gk_cuda_nmmo3.h"
+#include "nmmo3_conv1_wgrad.cuh"
+
+namespace {
+
+constexpr int OC = GK_NMMO3_CONV_CH;          /* 128 */
+constexpr int PIX = 12;                       /* conv1 output pixels an agent */
+constexpr int C1N = OC * PIX;                 /* 1536 values of c1 an agent */
+constexpr int MAP_W = 15, MAP_PIX = 165, NFEAT = 10;
+constexpr int TAPS = 25, KW = 5, KCH = 64;    /* channels padded to 64 */
+constexpr int ONES_CH = 59;                   /* the constant channel: the bias gradient */
+constexpr int STEP = 8;                       /* agents a step */
+constexpr int ROWS = STEP * PIX;              /* 96 GEMM rows a step */
+constexpr int K16 = ROWS / 16;                /* 6 */
+constexpr int APITCH = ROWS + 8;              /* bf16 a dc1 row in shared memory: 208 bytes */
+constexpr int ROW_MASKS = 3 * MAP_W;          /* masks of the 3 input rows of one kh, an agent */
+constexpr int WARPS = KW * 2, THREADS = WARPS * 32;
+constexpr int KH_BLOCKS = 5;
+constexpr int PART = TAPS * OC * KCH;         /* partial sums of one chunk */
+static_assert(ROWS % 16 == 0, "whole k16 steps");
+static_assert((APITCH * 2) % 16 == 0 && ((APITCH * 2 / 16) & 1) == 1,
+              "ldmatrix rows 16-byte aligned, 8 consecutive rows on distinct bank groups");
+
+__device__ __forceinline__ int feat_slots(int f)
+{
+    const int s[NFEAT] = {4, 4, 17, 5, 3, 5, 5, 5, 7, 4};
+    return s[f];
+}
+__device__ __forceinline__ int feat_offset(int f)
+{
+    const int o[NFEAT] = {0, 4, 8, 25, 30, 33, 38, 43, 48, 55};
+    return o[f];
+}
+const int host_slots[NFEAT] = {4, 4, 17, 5, 3, 5, 5, 5, 7, 4};
+const int host_offsets[NFEAT] = {0, 4, 8, 25, 30, 33, 38, 43, 48, 55};
+
+template <int NSPLIT, typename T> struct geom {
+    static constexpr int PLANE = OC * APITCH * 2;            /* bytes of one bf16 term */
+    static constexpr int RAW = STEP * C1N * (int)sizeof(T);  /* bytes of one staged array */
+    static constexpr int RAW_D = NSPLIT * PLANE;
+    static constexpr int RAW_C = RAW_D + RAW;
+    static constexpr int MASKS = RAW_C + RAW;                 /* two buffers */
+    static constexpr int ROWOFS = MASKS + 2 * STEP * ROW_MASKS * 8;
+    static constexpr int SMEM = ROWOFS + ROWS * 4;
+    static_assert(RAW % 16 == 0 && PLANE % 16 == 0, "16-byte aligned regions");
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async8(void *dst, const void *src)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(dst)), "l"(src)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_all()
+{
+    asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+/* Two bits (bit 0: the lower k) as the packed bf16 pair of an mma fragment: 0 or 1.0 each. */
+__device__ __forceinline__ uint32_t bits_to_bf16x2(uint32_t y)
+{
+    return (y & 1u) * 0x3f80u + (y & 2u) * 0x1fc00000u;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ uint16_t bf16_bits(float x)
+{
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
+/*
+ * masks[a][pixel]: bit off_f + value of each of the pixel's 10 features, and
+ * bit ONES_CH.  Values were validated before; one out of range sets no bit.
+ */
+__global__ void masks_kernel(const uint8_t *__restrict__ obs, int64_t agents, uint64_t *__restrict__ masks)
+{
+    const int64_t n = agents * MAP_PIX;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t a = i / MAP_PIX;
+        const int p = (int)(i - a * MAP_PIX);
+        const uint8_t *o = obs + a * GK_NMMO3_OBS_BYTES + p * NFEAT;
+        uint64_t m = 1ull << ONES_CH;
+#pragma unroll
+        for (int f = 0; f < NFEAT; f++) {
+            const int v = o[f];
+            if (v < feat_slots(f))
+                m |= 1ull << (feat_offset(f) + v);
+        }
+        masks[i] = m;
+    }
+}
+
+/* Stages step `a` (na agents) of dc1pre, c1 and the masks of row kh into shared memory. */
+template <int NSPLIT, typename T>
+__device__ __forceinline__ void stage_issue(uint8_t *sm, const T *dpre, const T *c1, const uint64_t *masks,
+                                            int64_t a, int na, int kh, int buf)
+{
+    using G = geom<NSPLIT, T>;
+    const int vecs = na * C1N * (int)sizeof(T) / 16;
+    const uint8_t *gd = (const uint8_t *)(dpre + a * C1N), *gc = (const uint8_t *)(c1 + a * C1N);
+    for (int v = threadIdx.x; v < vecs; v += THREADS) {
+        cp_async16(sm + G::RAW_D + v * 16, gd + (size_t)v * 16);
+        cp_async16(sm + G::RAW_C + v * 16, gc + (size_t)v * 16);
+    }
+    uint64_t *ms = (uint64_t *)(sm + G::MASKS) + buf * STEP * ROW_MASKS;
+    for (int i = threadIdx.x; i < na * ROW_MASKS; i += THREADS) {
+        const int aa = i / ROW_MASKS, q = (i - aa * ROW_MASKS) / MAP_W, col = i - aa * ROW_MASKS - q * MAP_W;
+        cp_async8(ms + i, masks + (a + aa) * MAP_PIX + (3 * q + kh) * MAP_W + col);
+    }
+    cp_async_commit();
+}
+
+/*
+ * The staged step as the mma A operand: plane[p][oc][row] = term p of
+ * dc1pre * (c1 > 0), row = agent * 12 + pixel; agents past na are zero rows.
+ */
+__device__ __forceinline__ void stage_convert(uint8_t *sm, int na, const __nv_bfloat16 *)
+{
+    using G = geom<1, __nv_bfloat16>;
+    const uint4 *rd = (const uint4 *)(sm + G::RAW_D), *rc = (const uint4 *)(sm + G::RAW_C);
+    uint16_t *plane = (uint16_t *)sm;
+    for (int v = threadIdx.x; v < STEP * C1N / 8; v += THREADS) {
+        const int e = v * 8, aa = e / C1N, rem = e - aa * C1N;
+        int oc = rem / PIX, px = rem - oc * PIX;
+        uint32_t out[4] = {0, 0, 0, 0};
+        if (aa < na) {
+            const uint4 d = rd[v], c = rc[v];
+            const uint32_t dw[4] = {d.x, d.y, d.z, d.w}, cw[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint32_t lo = __uint_as_float(cw[i] << 16) > 0.0f ? 0x0000ffffu : 0u;
+                const uint32_t hi = __uint_as_float(cw[i] & 0xffff0000u) > 0.0f ? 0xffff0000u : 0u;
+                out[i] = dw[i] & (lo | hi);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) { /* pixel pairs never straddle a channel (12 is even) */
+            *(uint32_t *)(plane + oc * APITCH + aa * PIX + px) = out[i];
+            px += 2;
+            if (px == PIX)
+                px = 0, oc++;
+        }
+    }
+}
+
+__device__ __forceinline__ void stage_convert(uint8_t *sm, int na, const float *)
+{
+    using G = geom<3, float>;
+    const float4 *rd = (const float4 *)(sm + G::RAW_D), *rc = (const float4 *)(sm + G::RAW_C);
+    for (int v = threadIdx.x; v < STEP * C1N / 4; v += THREADS) {
+        const int e = v * 4, aa = e / C1N, rem = e - aa * C1N;
+        const int oc = rem / PIX, px = rem - oc * PIX; /* 4 pixels of one channel */
+        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (aa < na) {
+            const float4 d = rd[v], c = rc[v];
+            x[0] = c.x > 0.0f ? d.x : 0.0f;
+            x[1] = c.y > 0.0f ? d.y : 0.0f;
+            x[2] = c.z > 0.0f ? d.z : 0.0f;
+            x[3] = c.w > 0.0f ? d.w : 0.0f;
+        }
+        uint16_t t[3][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint16_t h = bf16_bits(x[i]);
+            const float r1 = x[i] - __uint_as_float((uint32_t)h << 16);
+            const uint16_t m = bf16_bits(r1);
+            const float r2 = r1 - __uint_as_float((uint32_t)m << 16);
+            t[0][i] = h, t[1][i] = m, t[2][i] = bf16_bits(r2);
+        }
+#pragma unroll
+        for (int p = 0; p < 3; p++) {
+            uint16_t *dst = (uint16_t *)(sm + p * G::PLANE) + oc * APITCH + aa * PIX + px;
+            ((uint32_t *)dst)[0] = t[p][0] | (uint32_t)t[p][1] << 16;
+            ((uint32_t *)dst)[1] = t[p][2] | (uint32_t)t[p][3] << 16;
+        }
+    }
+}
+
+template <int NSPLIT, typename T>
+__global__ void __launch_bounds__(THREADS, 1)
+    wgrad_kernel(const uint64_t *__restrict__ masks, const T *__restrict__ dpre, const T *__restrict__ c1,
+                 int64_t agents, int64_t per_block, float *__restrict__ part)
+{
+    using G = geom<NSPLIT, T>;
+    extern __shared__ __align__(16) uint8_t sm[];
+    const int kh = blockIdx.x % KH_BLOCKS;
+    const int64_t chunk = blockIdx.x / KH_BLOCKS;
+    const int64_t a0 = chunk * per_block;
+    const int64_t a1 = a0 + per_block < agents ? a0 + per_block : agents;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int kw = warp >> 1, half = warp & 1;
+    int *rowofs = (int *)(sm + G::ROWOFS);
+    for (int r = threadIdx.x; r < ROWS; r += THREADS) { /* row -> its agent's mask of (oh, 3ow) */
+        const int aa = r / PIX, px = r - aa * PIX;
+        rowofs[r] = aa * ROW_MASKS + (px / 4) * MAP_W + 3 * (px % 4);
+    }
+    float acc[8][4][4];
+#pragma unroll
+    for (int mt = 0; mt < 8; mt++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[mt][j][i] = 0.0f;
+
+    const int64_t steps = a1 > a0 ? (a1 - a0 + STEP - 1) / STEP : 0;
+    if (steps > 0)
+        stage_issue<NSPLIT, T>(sm, dpre, c1, masks, a0, (int)(a1 - a0 < STEP ? a1 - a0 : STEP), kh, 0);
+    /* ldmatrix: lanes 0-7 rows 0-7 at k 0, 8-15 rows 8-15 at k 0, 16-23 rows 0-7 at k 8, ... */
+    const uint32_t a_lane = smem_u32(sm) + ((lane & 15) * APITCH + (lane >> 4) * 8) * 2;
+    const int krow = 2 * (lane & 3), shift = lane >> 2;
+    for (int64_t s = 0; s < steps; s++) {
+        const int64_t a = a0 + s * STEP;
+        const int na = (int)(a1 - a < STEP ? a1 - a : STEP);
+        cp_async_wait_all();
+        __syncthreads(); /* step s landed; every warp is done with step s - 1 */
+        stage_convert(sm, na, (const T *)nullptr);
+        __syncthreads();
+        if (s + 1 < steps) {
+            const int64_t an = a + STEP;
+            stage_issue<NSPLIT, T>(sm, dpre, c1, masks, an, (int)(a1 - an < STEP ? a1 - an : STEP), kh,
+                                   (int)((s + 1) & 1));
+        }
+        const uint64_t *ms = (const uint64_t *)(sm + G::MASKS) + (s & 1) * STEP * ROW_MASKS + kw;
+#pragma unroll 1
+        for (int k = 0; k < K16; k++) {
+            const int r = k * 16 + krow;
+            const uint64_t m0 = ms[rowofs[r]], m1 = ms[rowofs[r + 1]];
+            const uint64_t m8 = ms[rowofs[r + 8]], m9 = ms[rowofs[r + 9]];
+            const uint32_t w0 = (uint32_t)(half ? m0 >> 32 : m0) >> shift;
+            const uint32_t w1 = (uint32_t)(half ? m1 >> 32 : m1) >> shift;
+            const uint32_t w8 = (uint32_t)(half ? m8 >> 32 : m8) >> shift;
+            const uint32_t w9 = (uint32_t)(half ? m9 >> 32 : m9) >> shift;
+            const uint32_t z01 = (w0 & 0x01010101u) | (w1 & 0x01010101u) << 1;
+            const uint32_t z89 = (w8 & 0x01010101u) | (w9 & 0x01010101u) << 1;
+            uint32_t b0[4], b1[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                b0[j] = bits_to_bf16x2(z01 >> (8 * j));
+                b1[j] = bits_to_bf16x2(z89 >> (8 * j));
+            }
+#pragma unroll
+            for (int p = 0; p < NSPLIT; p++) {
+#pragma unroll
+                for (int mt = 0; mt < 8; mt++) {
+                    uint32_t af[4];
+                    ldmatrix_x4(af, a_lane + (uint32_t)(p * G::PLANE + (mt * 16 * APITCH + k * 16) * 2));
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        mma_bf16(acc[mt][j], af, b0[j], b1[j]);
+                }
+            }
+        }
+    }
+    /* part[chunk][tap][oc][channel] */
+    float *out = part + chunk * PART + (size_t)(kh * KW + kw) * OC * KCH;
+#pragma unroll
+    for (int mt = 0; mt < 8; mt++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int oc = mt * 16 + (lane >> 2), ch = half * 32 + j * 8 + krow;
+            *(float2 *)(out + oc * KCH + ch) = make_float2(acc[mt][j][0], acc[mt][j][1]);
+            *(float2 *)(out + (oc + 8) * KCH + ch) = make_float2(acc[mt][j][2], acc[mt][j][3]);
+        }
+}
+
+/* dw1[oc][c*25 + t] (+)= the chunks' sums in chunk order; db1 from the ones channel of tap 0. */
+__global__ void reduce_kernel(const float *__restrict__ part, int chunks, float *__restrict__ dw1,
+                              float *__restrict__ db1, int accumulate)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= PART)
+        return;
+    const int c = i % KCH, oc = (i / KCH) % OC, t = i / (KCH * OC);
+    if (c > ONES_CH || (c == ONES_CH && t != 0))
+        return;
+    float s = 0.0f;
+    for (int k = 0; k < chunks; k++)
+        s += part[(size_t)k * PART + i];
+    float *dst = c == ONES_CH ? db1 + oc : dw1 + (size_t)oc * (ONES_CH * TAPS) + c * TAPS + t;
+    *dst = accumulate ? *dst + s : s;
+}
+
+/* Agents a block handles (a multiple of STEP) and the number of chunks. */
+void split_make(int64_t agents, int sm_count, int64_t *per_block, int64_t *chunks)
+{
+    const int64_t most = sm_count / KH_BLOCKS > 0 ? sm_count / KH_BLOCKS : 1;
+    int64_t per = (agents + most - 1) / most;
+    per = (per + STEP - 1) / STEP * STEP;
+    if (per < STEP)
+        per = STEP;
+    *per_block = per;
+    *chunks = agents > 0 ? (agents + per - 1) / per : 0;
+}
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+template <int NSPLIT, typename T>
+int wgrad_launch(const uint64_t *masks, const void *dpre, const void *c1, int64_t agents,
+                 int64_t per_block, int64_t chunks, float *part, cudaStream_t s, gk_err *err)
+{
+    using G = geom<NSPLIT, T>;
+    cudaError_t e = cudaFuncSetAttribute(wgrad_kernel<NSPLIT, T>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, G::SMEM);
+    if (e != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "nmmo3 conv1 wgrad (cuda): shared memory %d: %s", G::SMEM,
+                       cudaGetErrorString(e));
+    wgrad_kernel<NSPLIT, T><<<(unsigned)(chunks * KH_BLOCKS), THREADS, G::SMEM, s>>>(
+        masks, (const T *)dpre, (const T *)c1, agents, per_block, part);
+    return GK_OK;
+}
+
+} // namespace
+
+size_t nmmo3_conv1_wgrad_workspace_bytes(int64_t agents, int sm_count)
+{
+    /*
+     * Partials for the most chunks any batch of up to `agents` agents is split
+     * into (split_make's count is not monotonic in the agents; this bound is).
+     */
+    const int64_t most = sm_count / KH_BLOCKS > 0 ? sm_count / KH_BLOCKS : 1;
+    const int64_t steps = (agents + STEP - 1) / STEP;
+    const int64_t chunks = steps < most ? steps : most;
+    return align256((size_t)agents * MAP_PIX * 8) + align256((size_t)(chunks > 0 ? chunks : 1) * PART * 4);
+}
+
+int nmmo3_conv1_wgrad(gk_dtype dt, const uint8_t *obs, const void *dc1pre, const void *c1,
+                      int64_t agents, float *dw1, float *db1, int accumulate, void *ws,
+                      int sm_count, cudaStream_t s, gk_err *err)
+{
+    for (int f = 0; f < NFEAT; f++) /* the kernels' copy of the feature table */
+        if (gk_nmmo3_layout.slots[f] != host_slots[f] || gk_nmmo3_layout.offsets[f] != host_offsets[f])
+            return gk_fail(err, GK_EINVAL, "nmmo3 conv1 wgrad (cuda): feature table differs from gk_nmmo3_layout");
+    if (agents <= 0)
+        return GK_OK;
+    int64_t per, chunks;
+    split_make(agents, sm_count, &per, &chunks);
+    uint64_t *masks = (uint64_t *)ws;
+    float *part = (float *)((uint8_t *)ws + align256((size_t)agents * MAP_PIX * 8));
+    const int64_t n = agents * MAP_PIX;
+    const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * 8;
+    const int64_t blocks = (n + 255) / 256 < cap ? (n + 255) / 256 : cap;
+    masks_kernel<<<(unsigned)blocks, 256, 0, s>>>(obs, agents, masks);
+    int rc = dt == GK_BF16 ? wgrad_launch<1, __nv_bfloat16>(masks, dc1pre, c1, agents, per, chunks, part, s, err)
+                           : wgrad_launch<3, float>(masks, dc1pre, c1, agents, per, chunks, part, s, err);
+    if (rc != GK_OK)
+        return rc;
+    reduce_kernel<<<(PART + 255) / 256, 256, 0, s>>>(part, (int)chunks, dw1, db1, accumulate);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "nmmo3 conv1 wgrad (cuda): launch: %s", cudaGetErrorString(e));
+    return GK_OK;
+}
