@@ -444,7 +444,8 @@ template <int NSPLIT> struct wgeom {
     static constexpr int RAW_AT = MASK_AT + 2 * MASK_WORDS * 8;
     static constexpr int BAR_AT = RAW_AT + AGENTS * GK_NMMO3_OBS_BYTES;
     static constexpr int BARS = 2 * STAGES + 5; /* full/empty a stage, raw full, mask full/empty x 2 */
-    static constexpr int SMEM = BAR_AT + BARS * 8 + 1024; /* + aligning the base to 1024 */
+    static constexpr int BIAS_AT = BAR_AT + BARS * 8; /* the bias as fp32 */
+    static constexpr int SMEM = BIAS_AT + OC * 4 + 1024; /* + aligning the base to 1024 */
 };
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count)
@@ -644,6 +645,24 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
         mrow[h] = a * MAP_PIX + (o >> 2) * 3 * MAP_W + (o & 3) * 3;
         prow[h] = r;
     }
+    float *sbias = reinterpret_cast<float *>(smem + G::BIAS_AT);
+    if (tid < OC)
+        sbias[tid] = bias_at(bias, tid);
+    named_sync(2, 32 * WG_CONSUMER_WARPS);
+    /* A fragments of a tap, k16 step kk: rows g, g + 8 at k = 16 kk + 2q (+1), and + 8 (+9). */
+    auto fragments = [&](const unsigned long long *mk, int tap, uint32_t (&a)[4][4]) {
+        const int toff = (tap / 5) * MAP_W + tap % 5;
+        const unsigned long long m0 = mk[mrow[0] + toff], m1 = mk[mrow[1] + toff];
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            const int sh = 16 * kk + 2 * q;
+            const uint32_t y0 = (uint32_t)(m0 >> sh), y1 = (uint32_t)(m1 >> sh);
+            a[kk][0] = bits_to_bf16x2(y0);
+            a[kk][1] = bits_to_bf16x2(y1);
+            a[kk][2] = bits_to_bf16x2(y0 >> 8);
+            a[kk][3] = bits_to_bf16x2(y1 >> 8);
+        }
+    };
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; i++)
@@ -654,20 +673,16 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
         const int buf = it & 1;
         mbar_wait(mask_full(buf), (it >> 1) & 1);
         const unsigned long long *mk = masks + buf * G::MASK_WORDS;
-        for (int tap = 0; tap < TAPS; tap++) {
-            const int kh = tap / 5, toff = kh * MAP_W + (tap - kh * 5);
-            const unsigned long long m0 = mk[mrow[0] + toff], m1 = mk[mrow[1] + toff];
-            /* A fragment of k16 step kk: rows g, g + 8 at k = 16 kk + 2q (+1), and + 8 (+9). */
-            uint32_t a[4][4];
+        /*
+         * One tap's wgmma group stays in flight while the next tap's fragments are made (in
+         * the other register set) and its group issued; a stage is released when its group
+         * has completed.
+         */
+        uint32_t a[2][4][4];
+        fragments(mk, 0, a[0]);
+        int prev = 0;
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                const int sh = 16 * kk + 2 * q;
-                const uint32_t y0 = (uint32_t)(m0 >> sh), y1 = (uint32_t)(m1 >> sh);
-                a[kk][0] = bits_to_bf16x2(y0);
-                a[kk][1] = bits_to_bf16x2(y1);
-                a[kk][2] = bits_to_bf16x2(y0 >> 8);
-                a[kk][3] = bits_to_bf16x2(y1 >> 8);
-            }
+        for (int tap = 0; tap < TAPS; tap++) {
             mbar_wait(w_full(stage), phase);
             const uint32_t st = sbase + stage * G::STAGE_BYTES;
             acc_fence(acc);
@@ -676,20 +691,28 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
             for (int kk = 0; kk < 4; kk++)
 #pragma unroll
                 for (int s = 0; s < NSPLIT; s++)
-                    wgmma_m64n128k16(acc, a[kk], sw128_desc(st + s * WG_SUB_BYTES + kk * 32),
+                    wgmma_m64n128k16(acc, a[tap & 1][kk], sw128_desc(st + s * WG_SUB_BYTES + kk * 32),
                                      (tap | kk | s) != 0);
             asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-            acc_fence(acc);
-            __syncwarp();
-            if (lane == 0)
-                mbar_arrive(w_empty(stage));
+            if (tap > 0) {
+                asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+                __syncwarp();
+                if (lane == 0)
+                    mbar_arrive(w_empty(prev));
+            }
+            prev = stage;
             if (++stage == G::STAGES)
                 stage = 0, phase ^= 1;
+            if (tap + 1 < TAPS)
+                fragments(mk, tap + 1, a[(tap + 1) & 1]);
         }
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        acc_fence(acc);
         __syncwarp();
-        if (lane == 0)
+        if (lane == 0) {
+            mbar_arrive(w_empty(prev));
             mbar_arrive(mask_empty(buf));
+        }
 
         /*
          * Epilogue: bias, ReLU, one rounding; acc[4 j + 2 h + e] is row prow[h], channel
@@ -706,8 +729,8 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
 #pragma unroll
             for (int j = 0; j < 16; j++) {
                 const int n = 8 * j + 2 * q;
-                const float v0 = fmaxf(acc[4 * j + 2 * h] + bias_at(bias, n), 0.0f);
-                const float v1 = fmaxf(acc[4 * j + 2 * h + 1] + bias_at(bias, n + 1), 0.0f);
+                const float v0 = fmaxf(acc[4 * j + 2 * h] + sbias[n], 0.0f);
+                const float v1 = fmaxf(acc[4 * j + 2 * h + 1] + sbias[n + 1], 0.0f);
                 if (nchw != nullptr) {
                     o[n * PIXELS] = elem_from_float<T>(v0);
                     o[(n + 1) * PIXELS] = elem_from_float<T>(v1);

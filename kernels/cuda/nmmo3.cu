@@ -119,6 +119,134 @@ assemble_kernel(const uint8_t *__restrict__ obs, const T *__restrict__ c2,
     }
 }
 
+/* 16 bytes of T (4 f32 or 8 bf16, 16-byte aligned) as floats, and back with one rounding each. */
+__device__ __forceinline__ void load16(const float *p, float (&v)[4])
+{
+    const float4 x = *reinterpret_cast<const float4 *>(p);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+}
+__device__ __forceinline__ void load16(const __nv_bfloat16 *p, float (&v)[8])
+{
+    const uint4 x = *reinterpret_cast<const uint4 *>(p);
+    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        v[2 * i] = __uint_as_float(w[i] << 16);
+        v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+__device__ __forceinline__ void store16(float *p, const float (&v)[4])
+{
+    *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void store16(__nv_bfloat16 *p, const float (&v)[8])
+{
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+        w[i] = *reinterpret_cast<const uint32_t *>(&h);
+    }
+    *reinterpret_cast<uint4 *>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/*
+ * The features rows with padded rows (FEAT_LD) and a 16-byte aligned
+ * embedding: a thread makes 16 bytes of a row at a time (its columns never
+ * straddle two parts: 256, 1760 and FEAT_LD are multiples of 8) and stores
+ * them at once; the same values as assemble_kernel.
+ */
+template <typename T>
+__global__ void __launch_bounds__(THREADS)
+assemble16_kernel(const uint8_t *__restrict__ obs, const T *__restrict__ c2,
+                  const float *__restrict__ c2acc, const T *__restrict__ b2,
+                  const T *__restrict__ embed, T *__restrict__ feat, unsigned rows,
+                  unsigned long long *rec)
+{
+    constexpr unsigned VEC = 16 / sizeof(T), CH = FEAT_LD / VEC, HALF = VEC / 2;
+    const size_t total = (size_t)rows * CH;
+    for (size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x; i < total; i += (size_t)gridDim.x * THREADS) {
+        const unsigned b = (unsigned)(i / CH), c0 = (unsigned)(i - (size_t)b * CH) * VEC;
+        const uint8_t *o = obs + (size_t)b * GK_NMMO3_OBS_BYTES;
+        float v[VEC];
+        if (c0 < CONV2_OUT) {
+            if (c2acc != nullptr) {
+                /* columns c0 + 2e + ow = (oc c0 / 2 + e, ow) of the GEMM's (B, ow, oc), + bias */
+                const float *a = c2acc + (size_t)b * CONV2_OUT + c0 / 2;
+                float x0[HALF], x1[HALF];
+                if constexpr (HALF == 4) {
+                    const float4 p0 = *reinterpret_cast<const float4 *>(a);
+                    const float4 p1 = *reinterpret_cast<const float4 *>(a + GK_NMMO3_CONV_CH);
+                    x0[0] = p0.x, x0[1] = p0.y, x0[2] = p0.z, x0[3] = p0.w;
+                    x1[0] = p1.x, x1[1] = p1.y, x1[2] = p1.z, x1[3] = p1.w;
+                } else {
+                    const float2 p0 = *reinterpret_cast<const float2 *>(a);
+                    const float2 p1 = *reinterpret_cast<const float2 *>(a + GK_NMMO3_CONV_CH);
+                    x0[0] = p0.x, x0[1] = p0.y;
+                    x1[0] = p1.x, x1[1] = p1.y;
+                }
+#pragma unroll
+                for (unsigned e = 0; e < HALF; e++) {
+                    const float bias = to_f(b2[c0 / 2 + e]);
+                    v[2 * e] = x0[e] + bias;
+                    v[2 * e + 1] = x1[e] + bias;
+                }
+            } else {
+                load16(c2 + (size_t)b * CONV2_OUT + c0, v);
+            }
+        } else if (c0 < RAW_AT) {
+            const unsigned j = (c0 - CONV2_OUT) / GK_NMMO3_EMBED_DIM, d = (c0 - CONV2_OUT) % GK_NMMO3_EMBED_DIM;
+            const unsigned x = o[GK_NMMO3_PLAYER_OFFSET + j];
+            if (x < GK_NMMO3_EMBED_VOCAB) {
+                load16(embed + x * GK_NMMO3_EMBED_DIM + d, v);
+            } else {
+#pragma unroll
+                for (unsigned e = 0; e < VEC; e++)
+                    v[e] = 0.0f;
+                if (d == 0)
+                    obs_record_offender(rec, (unsigned long long)b * GK_NMMO3_PLAYER_COUNT + j);
+            }
+        } else {
+#pragma unroll
+            for (unsigned e = 0; e < VEC; e++) {
+                const unsigned c = c0 + e;
+                v[e] = c < RAW_AT + GK_NMMO3_PLAYER_COUNT ? (float)o[GK_NMMO3_PLAYER_OFFSET + (c - RAW_AT)]
+                       : c < GK_NMMO3_FEATURES
+                           ? (float)o[GK_NMMO3_REWARD_OFFSET + (c - RAW_AT - GK_NMMO3_PLAYER_COUNT)]
+                           : 0.0f;
+            }
+        }
+        store16(feat + (size_t)b * FEAT_LD + c0, v);
+    }
+}
+
+/*
+ * hidden = relu(acc + bias) 16 bytes of output at a time: cols a multiple of 8,
+ * acc and out 16-byte aligned; acc may be out itself (f32).
+ */
+template <typename T>
+__global__ void __launch_bounds__(THREADS)
+bias_relu16_kernel(const float *acc, const T *__restrict__ bias, T *out, size_t total,
+                   unsigned cols)
+{
+    constexpr unsigned VEC = 16 / sizeof(T);
+    for (size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x; i < total; i += (size_t)gridDim.x * THREADS) {
+        const size_t e0 = i * VEC;
+        const unsigned c = (unsigned)(e0 % cols);
+        float v[VEC];
+        const float4 x0 = *reinterpret_cast<const float4 *>(acc + e0);
+        v[0] = x0.x, v[1] = x0.y, v[2] = x0.z, v[3] = x0.w;
+        if constexpr (VEC == 8) {
+            const float4 x1 = *reinterpret_cast<const float4 *>(acc + e0 + 4);
+            v[4] = x1.x, v[5] = x1.y, v[6] = x1.z, v[7] = x1.w;
+        }
+#pragma unroll
+        for (unsigned e = 0; e < VEC; e++)
+            v[e] = fmaxf(v[e] + to_f(bias[c + e]), 0.0f);
+        store16(out + e0, v);
+    }
+}
+
 /*
  * hidden = relu(acc + bias), a block per row at a time, two adjacent columns a
  * thread when pairs (even row length, acc and out aligned for it); acc may be
@@ -347,14 +475,25 @@ extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_te
     const unsigned grid = rows < (unsigned)ex->sm_count * 8 ? (rows ? rows : 1) : (unsigned)ex->sm_count * 8;
     const uint8_t *o = (const uint8_t *)obs->data;
     const float *c2acc = conv2_gemm ? (const float *)c2.data : NULL;
-    if (dt == GK_BF16)
+    if (ld == FEAT_LD && (uintptr_t)w->embed.data % 16 == 0) {
+        const unsigned vg = grid_for((size_t)rows * FEAT_LD * gk_dtype_size(dt) / 16, ex->sm_count);
+        if (dt == GK_BF16)
+            assemble16_kernel<__nv_bfloat16><<<vg, THREADS, 0, ex->stream>>>(
+                o, (const __nv_bfloat16 *)c2.data, c2acc, (const __nv_bfloat16 *)w->conv2_b.data,
+                (const __nv_bfloat16 *)w->embed.data, (__nv_bfloat16 *)feat, rows, rec);
+        else
+            assemble16_kernel<float><<<vg, THREADS, 0, ex->stream>>>(
+                o, (const float *)c2.data, c2acc, (const float *)w->conv2_b.data,
+                (const float *)w->embed.data, (float *)feat, rows, rec);
+    } else if (dt == GK_BF16) {
         assemble_kernel<__nv_bfloat16><<<grid, THREADS, 0, ex->stream>>>(
             o, (const __nv_bfloat16 *)c2.data, c2acc, (const __nv_bfloat16 *)w->conv2_b.data,
             (const __nv_bfloat16 *)w->embed.data, (__nv_bfloat16 *)feat, rows, ld, rec);
-    else
+    } else {
         assemble_kernel<float><<<grid, THREADS, 0, ex->stream>>>(
             o, (const float *)c2.data, c2acc, (const float *)w->conv2_b.data,
             (const float *)w->embed.data, (float *)feat, rows, ld, rec);
+    }
     if ((rc = obs_launch_check("nmmo3 forward", err)) != GK_OK || !projecting)
         return rc;
     const int64_t H = w->proj_w.shape[0];
@@ -392,6 +531,18 @@ extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_te
                              pw, (int64_t)ld, 0, feat, (int64_t)ld, 0, acc, H, 0, 1};
     if ((rc = gk_cuda_gemm_fixed(ex->blas, &gp, "nmmo3 forward (cuda): projection", err)))
         return rc;
+    if (H % 8 == 0 && (uintptr_t)acc % 16 == 0 && (uintptr_t)hidden->data % 16 == 0) {
+        const size_t total = (size_t)B * H * gk_dtype_size(dt) / 16;
+        const unsigned vg = grid_for(total, ex->sm_count);
+        if (dt == GK_BF16)
+            bias_relu16_kernel<__nv_bfloat16><<<vg, THREADS, 0, ex->stream>>>(
+                acc, (const __nv_bfloat16 *)w->proj_b.data, (__nv_bfloat16 *)hidden->data, total,
+                (unsigned)H);
+        else
+            bias_relu16_kernel<float><<<vg, THREADS, 0, ex->stream>>>(
+                acc, (const float *)w->proj_b.data, (float *)hidden->data, total, (unsigned)H);
+        return obs_launch_check("nmmo3 forward", err);
+    }
     const int pairs = H % 2 == 0 && (uintptr_t)acc % 8 == 0 &&
                       (uintptr_t)hidden->data % (2 * gk_dtype_size(dt)) == 0;
     if (dt == GK_BF16)

@@ -20,8 +20,9 @@
  * REFERENCE.md section 4's (bf16 769 TFLOP/s, fp32 without tf32 50.4) and
  * the copy bandwidth measured here.
  *
- * Usage: obs_bench [--quick | --conv1]   (--quick: fewer iterations; --conv1:
- * only conv1 bf16 at B = 32768, a few calls, for a profiler)
+ * Usage: obs_bench [--quick | --conv1 | --forward]   (--quick: fewer
+ * iterations; --conv1: only conv1 bf16 at B = 32768, a few calls, for a
+ * profiler; --forward: the same for conv1 and the whole forward)
  * Prints Markdown tables; the last lines are the summary.
  */
 #include <cuda_runtime.h>
@@ -44,6 +45,7 @@
 
 static int g_warmup = 20, g_iters = 200;
 static int g_conv1_only; /* --conv1: conv1 bf16 at B = 32768 only, a few calls (for a profiler) */
+static int g_big_bf16;   /* --conv1 or --forward: bf16 at B = 32768 only */
 static cudaStream_t g_stream;
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 
@@ -285,7 +287,7 @@ static int nmmo3_bench(const gk_cuda_exec *ex0, int sms)
     printf("|---|---|---|---|---|---|---|---|\n");
     const int64_t batches[2] = {1024, 32768};
     const gk_dtype dts[2] = {GK_BF16, GK_F32};
-    for (int bi = g_conv1_only; bi < 2; bi++) {
+    for (int bi = g_big_bf16; bi < 2; bi++) {
         const int64_t B = batches[bi], L = GK_NMMO3_OBS_BYTES;
         uint8_t *h = (uint8_t *)malloc((size_t)(B * L));
         for (int64_t n = 0; n < B; n++)
@@ -296,7 +298,7 @@ static int nmmo3_bench(const gk_cuda_exec *ex0, int sms)
         CK(cudaMemcpy(obs, h, (size_t)(B * L), cudaMemcpyHostToDevice));
         free(h);
         const int64_t oshape[2] = {B, L};
-        for (int d = 0; d < 2 - g_conv1_only; d++) {
+        for (int d = 0; d < 2 - g_big_bf16; d++) {
             const gk_dtype dt = dts[d];
             const size_t es = gk_dtype_size(dt);
             const char *dn = gk_dtype_name(dt);
@@ -459,7 +461,9 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "--quick") == 0)
         g_warmup = 5, g_iters = 30;
     if (argc > 1 && strcmp(argv[1], "--conv1") == 0)
-        g_conv1_only = 1, g_warmup = 1, g_iters = 2;
+        g_conv1_only = 1, g_big_bf16 = 1, g_warmup = 1, g_iters = 2;
+    if (argc > 1 && strcmp(argv[1], "--forward") == 0)
+        g_big_bf16 = 1, g_warmup = 2, g_iters = 5;
     int dev = 0, sms = 0;
     CK(cudaSetDevice(dev));
     cudaDeviceProp prop;
@@ -501,7 +505,7 @@ int main(int argc, char **argv)
     const char *const seed_mh[2] = {"1811 us", "1002 us"}, *const seed_emb[2] = {"145 us", "73.6 us"};
     const int64_t L = GK_NMMO3_OBS_BYTES, P = GK_NMMO3_PLAYER_COUNT, V = 128, D = 32;
     int status_bad = 0;
-    for (int bi = 0; bi < 2 && !g_conv1_only; bi++) {
+    for (int bi = 0; bi < 2 && !g_big_bf16; bi++) {
         const int64_t B = batches[bi];
         /* Valid observations: map bytes within their slots. */
         uint8_t *h = (uint8_t *)malloc((size_t)(B * L));

@@ -16,7 +16,8 @@
  * must not be named) fail with GK_ERANGE and exactly the CPU multihot's
  * message; a clean run afterwards passes.
  * Whole forward, f32 and bf16, features only and with a projection (hidden
- * 128 and 512), B = 1, 37 and 300: features, hidden and the kept conv1
+ * 130, 128 and 512; 130 takes the bias + ReLU for rows not a multiple of 8),
+ * B = 1, 37 and 300: features, hidden and the kept conv1
  * output against gk_cpu_nmmo3_forward (tolerances as above; c1 bitwise equal
  * to gk_cuda_nmmo3_conv1's); bad map values at the first and last agent and a
  * bad player value, alone and behind a bad map value, fail with the CPU's
@@ -541,7 +542,7 @@ static void test_nmmo3_forward(void **state)
         for (size_t i = 0; i < (g_small ? 2 : sizeof batches / sizeof batches[0]); i++) {
             const gk_dtype dt = d ? GK_BF16 : GK_F32;
             fwd_case(dt, batches[i], 0);
-            fwd_case(dt, batches[i], i == 1 ? 128 : 512);
+            fwd_case(dt, batches[i], i == 0 ? 130 : i == 1 ? 128 : 512);
         }
 }
 
