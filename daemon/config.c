@@ -145,6 +145,10 @@ static const config_option config_options[] = {
      "worker at a time: lower latency for a core's time (default 50 with 8 or more CPUs, else "
      "0: never)",
      CONFIG_NUMBER(spin_us, 0, 1000000)},
+    {"cpu-latency-us", "US",
+     "while running, ask the kernel (/dev/cpu_dma_latency) to keep every CPU's wake-up latency "
+     "at most US: lower request latency for the whole machine's idle power (default: off)",
+     CONFIG_NUMBER(cpu_latency_us, 0, 1000000)},
     {"log-level", "LEVEL", "error, warn, info or debug (default info)",
      CONFIG_SETTER(set_log_level)},
     {"stats-listen", "URL",
@@ -253,6 +257,7 @@ void gcd_config_defaults(gcd_config *cfg)
     cfg->max_inflight = 64;
     cfg->max_batch = 32768;
     cfg->spin_us = GCD_SPIN_AUTO;
+    cfg->cpu_latency_us = GCD_CPU_LATENCY_OFF;
     cfg->log_level = GCD_LOG_INFO;
     snprintf(cfg->stats_listen, sizeof cfg->stats_listen, "http://127.0.0.1:9464");
 }

@@ -29,6 +29,8 @@ typedef struct gcd_config {
     uint64_t max_batch;       /* rows of one merged launch */
     uint64_t spin_us;         /* a worker polls this long for the next request before sleeping;
                                  GCD_SPIN_AUTO: by the CPU count (server.c) */
+    uint64_t cpu_latency_us;  /* PM QoS wake-up latency held while running (cpu_latency.h);
+                                 GCD_CPU_LATENCY_OFF: none */
     gcd_log_level log_level;
     char stats_listen[GCD_URL_MAX]; /* "none" disables the HTTP stats endpoint */
 } gcd_config;
@@ -50,6 +52,8 @@ void gcd_config_usage(FILE *out);
 
 /* spin_us unset: polling only where a spare core is likely. */
 #define GCD_SPIN_AUTO UINT64_MAX
+/* cpu_latency_us unset: the machine's power management is left alone. */
+#define GCD_CPU_LATENCY_OFF UINT64_MAX
 /* workspace_mb unset: the backend sizes it from the device's memory (backend_cuda.c). */
 #define GCD_WORKSPACE_AUTO UINT64_MAX
 

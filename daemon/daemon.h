@@ -6,6 +6,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "cpu_latency.h"
 #include "region.h"
 #include "resident.h"
 #include "stats.h"
@@ -19,6 +20,7 @@ typedef struct gcd_daemon {
     gcd_residents *residents;
     gcd_stats stats;
     struct gcd_batcher *batcher; /* NULL: every request runs alone */
+    gcd_cpu_latency cpu_latency; /* --cpu-latency-us, as held */
     atomic_int ready;    /* kernels warm, buffers allocated, not draining */
     atomic_int draining; /* refusing new work */
 } gcd_daemon;

@@ -4,6 +4,7 @@
  * signal exits at once.  A backend that loses its device makes the daemon
  * drain and exit 3, for a supervisor to restart it.
  */
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,6 +103,12 @@ int main(int argc, char **argv)
     }
     gcd_log_set_level(d->cfg.log_level);
     gcd_stats_init(&d->stats);
+    const int64_t latency = d->cfg.cpu_latency_us == GCD_CPU_LATENCY_OFF
+                                ? -1 : (int64_t)d->cfg.cpu_latency_us;
+    if (gcd_cpu_latency_hold(&d->cpu_latency, latency, err, sizeof err) != 0)
+        gcd_log_warn("%s; serving without it", err); /* slower wake-ups, the same results */
+    else if (latency >= 0)
+        gcd_log_info("cpu wake-up latency held at %" PRId64 " us", latency);
     signal(SIGPIPE, SIG_IGN);
     /* Up before the backend opens: /health/ready answers 503 during warm-up. */
     if (gcd_http_stats_start(&m.http, d, d->cfg.stats_listen, err, sizeof err) != 0) {
@@ -162,6 +169,7 @@ int main(int argc, char **argv)
     gcd_residents_fini(d->residents);
     gcd_regions_fini(d->regions);
     d->ops->close(d->backend);
+    gcd_cpu_latency_release(&d->cpu_latency);
     gcd_log_info("stopped");
     return m.exit_code;
 }

@@ -25,8 +25,9 @@ static void test_defaults_and_flags(void **state)
     const char *argv[] = {"gpucd", "--listen", "ipc:///tmp/a.sock", "--listen=tcp://127.0.0.1:9",
                           "--backend", "cpu", "--device", "3", "--workspace-mb", "64",
                           "--resident-mb=128", "--max-message-mb", "8", "--max-inflight", "5",
-                          "--log-level", "debug", "--stats-listen", "none", "--spin-us", "0"};
-    assert_int_equal(parse(&cfg, err, sizeof err, 21, argv), 0);
+                          "--log-level", "debug", "--stats-listen", "none", "--spin-us", "0",
+                          "--cpu-latency-us", "2"};
+    assert_int_equal(parse(&cfg, err, sizeof err, 23, argv), 0);
     assert_int_equal(cfg.nlisten, 2);
     assert_string_equal(cfg.listen[1], "tcp://127.0.0.1:9");
     assert_int_equal(cfg.backend, GCD_BACKEND_CPU);
@@ -38,6 +39,7 @@ static void test_defaults_and_flags(void **state)
     assert_int_equal(cfg.log_level, GCD_LOG_DEBUG);
     assert_string_equal(cfg.stats_listen, "none");
     assert_int_equal(cfg.spin_us, 0);
+    assert_int_equal(cfg.cpu_latency_us, 2);
 
     const char *none[] = {"gpucd"};
     assert_int_equal(parse(&cfg, err, sizeof err, 1, none), 0);
@@ -46,6 +48,7 @@ static void test_defaults_and_flags(void **state)
     /* Unset: chosen later from the CPU count and the device's memory. */
     assert_true(cfg.spin_us == GCD_SPIN_AUTO);
     assert_true(cfg.workspace_mb == GCD_WORKSPACE_AUTO);
+    assert_true(cfg.cpu_latency_us == GCD_CPU_LATENCY_OFF);
     assert_int_equal(gcd_config_finish(&cfg, err, sizeof err), 0);
     assert_int_equal(cfg.nlisten, 1);
     assert_memory_equal(cfg.listen[0], "ipc://", 6);
@@ -78,6 +81,8 @@ static void test_bad_flags(void **state)
     expect_error(3, (const char *[]){"gpucd", "--spin-us", "1000001"}, "0..1000000");
     expect_error(3, (const char *[]){"gpucd", "--spin-us", "-5"}, "--spin-us -5");
     expect_error(3, (const char *[]){"gpucd", "--workspace-mb", "0"}, "--workspace-mb 0");
+    expect_error(3, (const char *[]){"gpucd", "--cpu-latency-us", "-1"}, "0..1000000");
+    expect_error(3, (const char *[]){"gpucd", "--cpu-latency-us", "off"}, "--cpu-latency-us off");
     expect_error(3, (const char *[]){"gpucd", "--log-level", "loud"}, "error, warn, info");
     expect_error(3, (const char *[]){"gpucd", "--stats-listen", "ftp://x"}, "http://");
     expect_error(2, (const char *[]){"gpucd", "stray"}, "unexpected argument 'stray'");
