@@ -4,11 +4,12 @@
 # shared-memory region and the projected hidden (512, bf16) back, weights
 # resident.  Run ON the GPU machine from the repository root, after a build
 # (default build folder build-gpu; argument 1 overrides it).  Environment:
-# WINDOW_US, PROCS, MAX_BATCHES, SIZES, BACKEND (below).
+# WINDOW_US, PROCS, MAX_BATCHES, SIZES, LOW_LATENCY_FLAGS, BACKEND (below).
 #
 #  1. one client, B = 1024 and B = 32768: latency percentiles and the split
 #     that gpucdctl bench reports (socket round trip, queue, copy in, compute,
-#     copy out, the daemon's other time);
+#     copy out, the daemon's other time), with the daemon's defaults and with
+#     $LOW_LATENCY_FLAGS;
 #  2. 64 client processes sharing one set of resident weights, each sending
 #     B = 64 batches back to back (closed loop; tests/bench/crowd_bench.c),
 #     against a daemon with batching off and then with --batch-window-us
@@ -80,16 +81,25 @@ daemon_start --spin-us 0
 ping "$work/e2e_ping_nospin.csv"
 ping "$work/e2e_ping_nospin_slow.csv" --rate 1500
 daemon_stop
-echo "== ping, then nmmo3_encode bf16 hidden 512 from one client, obs in a region (default spin)"
-daemon_start
-ping "$work/e2e_ping.csv"
-ping "$work/e2e_ping_slow.csv" --rate 1500
-for b in $SIZES; do
-    encode "$work/e2e_b$b.csv" "$b" 1 --warmup-s 2 --window-s 2
-    csv_fields "$work/e2e_b$b.csv" batch requests_per_s p50_us p99_us client_transport_us \
-        server_queue_us copy_in_us compute_us copy_out_us server_other_us
+# The one-client figures with the daemon's defaults, then with the latency settings an operator
+# may choose: CPUs kept out of deep sleep while the daemon runs, and workers that poll long
+# enough to catch a closed-loop client's next request.
+LOW_LATENCY_FLAGS=${LOW_LATENCY_FLAGS:---cpu-latency-us 0 --spin-us 1000}
+for flags in "" "$LOW_LATENCY_FLAGS"; do
+    tag=${flags:+_lowlat}
+    echo "== ping, then nmmo3_encode bf16 hidden 512 from one client, obs in a region;" \
+        "daemon flags: ${flags:-defaults}"
+    # shellcheck disable=SC2086 # the flags are words
+    daemon_start $flags
+    ping "$work/e2e_ping$tag.csv"
+    ping "$work/e2e_ping_slow$tag.csv" --rate 1500
+    for b in $SIZES; do
+        encode "$work/e2e_b$b$tag.csv" "$b" 1 --warmup-s 2 --window-s 2
+        csv_fields "$work/e2e_b$b$tag.csv" batch requests_per_s p50_us p99_us \
+            client_transport_us server_queue_us copy_in_us compute_us copy_out_us server_other_us
+    done
+    daemon_stop
 done
-daemon_stop
 
 # $PROCS worker processes sharing one encoder (crowd_bench: one upload, resident weights used by
 # every worker, as RL workers of one learner do), each a closed loop of B = 64 requests.
