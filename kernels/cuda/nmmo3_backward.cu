@@ -6,8 +6,10 @@
  * Dense products are cuBLAS GEMMs (ex->blas) with fp32 accumulation and fp32
  * weight gradients; nothing is ever unfolded (no im2col/col2im):
  *
- *   dpre   = dout * (hidden > 0)                     (projection's ReLU)
- *   dWp    = dpre^T feat,  dbp = column sums of dpre
+ *   pre    = feat Wp^T (fp32; the recompute stops at the features, and the
+ *            projection runs on rows padded to 1824, which cuBLAS's fast kernels need)
+ *   dpre   = dout * (pre + bp > 0),  dbp = column sums of dpre (one pass)
+ *   dWp    = dpre^T feat
  *   dfeat  = dpre Wp[:, :1760]                       (features with a gradient)
  *   g2     = dfeat[:, :256]^T c1   (256 x 1536)      dW2 = g2 folded over the 2 output
  *            pixels;  db2 = column sums of dfeat[:, :256], pairs added
@@ -15,7 +17,8 @@
  *            product is conv1's output gradient in conv1's own layout
  *   dW1, db1 = nmmo3_conv1_wgrad: one-hot of the bytes x dc1pre * (c1 > 0), on
  *            tensor cores, the one-hot made in registers (nmmo3_conv1_wgrad.cu)
- *   dembed = embedding backward of dfeat[:, 256:1760] at the player bytes
+ *   dembed = one-hot of the player bytes^T x dfeat[:, 256:1760], on tensor cores
+ *            (nmmo3_embed_grad.cu)
  *
  * The batch is processed in chunks of agents sized to the workspace; each
  * chunk adds into the fp32 gradients in chunk order (GEMMs with beta = 1,
@@ -31,6 +34,7 @@
 #include "blas.cuh"
 #include "gk_cuda_nmmo3.h"
 #include "nmmo3_conv1_wgrad.cuh"
+#include "nmmo3_embed_grad.cuh"
 #include "obs_record.cuh"
 
 namespace {
@@ -46,6 +50,7 @@ constexpr int EMB_AT = C2_P * CH;                    /* 256 */
 constexpr int EMB_N = GK_NMMO3_PLAYER_COUNT * GK_NMMO3_EMBED_DIM; /* 1504 */
 constexpr int DFEAT_N = EMB_AT + EMB_N;              /* 1760 features that have a gradient */
 constexpr int SUM_ROWS = 256;                        /* rows a column-sum block adds */
+constexpr int FEAT_LD = 1824;                        /* FEAT rounded up to 16 bytes of bf16 */
 constexpr int64_t MIN_CHUNK = 64;
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
@@ -63,10 +68,72 @@ __device__ __forceinline__ void st(__nv_bfloat16 *p, size_t i, float v) { p[i] =
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                       \
          i += (size_t)gridDim.x * blockDim.x)
 
-/* dout through the projection's ReLU, in place over hidden. */
-template <typename T> __global__ void relu_grad_kernel(T *hidden_to_dpre, const T *dout, size_t n)
+/*
+ * The projection's ReLU and bias gradient in one pass: dpre = dout where
+ * pre + proj_b > 0 (the forward's hidden before its ReLU, in fp32: the same
+ * test as relu on the rounded hidden), else 0; block (x, y) also adds rows
+ * [y*SUM_ROWS, ...) of its 32 columns of dpre into part[y][col], 8 rows at a
+ * time in row order, the 8 lanes of a column in a fixed order.
+ */
+template <typename T>
+__global__ void proj_relu_grad_kernel(const float *pre, const T *bias, const T *dout, T *dpre, size_t rows,
+                                      int cols, float *part)
 {
-    GRID_LOOP(i, n) { hidden_to_dpre[i] = ld(hidden_to_dpre, i) > 0.0f ? dout[i] : T(0.0f); }
+    __shared__ float lanes[8][33];
+    const int col = blockIdx.x * 32 + threadIdx.x;
+    const size_t r0 = (size_t)blockIdx.y * SUM_ROWS;
+    const size_t r1 = r0 + SUM_ROWS < rows ? r0 + SUM_ROWS : rows;
+    float s = 0.0f;
+    if (col < cols) {
+        const float b = ld(bias, col);
+        for (size_t r = r0 + threadIdx.y; r < r1; r += 8) {
+            const size_t i = r * cols + col;
+            const float v = pre[i] + b > 0.0f ? ld(dout, i) : 0.0f;
+            st(dpre, i, v); /* exact: a value of dout or 0 */
+            s += v;
+        }
+    }
+    lanes[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+        float t = 0.0f;
+        for (int y = 0; y < 8; y++)
+            t += lanes[y][threadIdx.x];
+        part[(size_t)blockIdx.y * cols + col] = t;
+    }
+}
+
+/*
+ * dst (rows x FEAT_LD) = src (rows x FEAT) with zeros in the padding: rows
+ * 16-byte aligned for cuBLAS's fast kernels (rows of 1817 are not).  One
+ * 16-byte group of dst a thread.
+ */
+template <typename T> __global__ void pad_rows_kernel(const T *src, T *dst, unsigned rows)
+{
+    constexpr unsigned V = 16 / sizeof(T), GROUPS = FEAT_LD / V;
+    const unsigned n = rows * GROUPS;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const unsigned r = i / GROUPS, c0 = (i - r * GROUPS) * V;
+        union {
+            T v[V];
+            uint4 u;
+        } g;
+#pragma unroll
+        for (unsigned k = 0; k < V; k++)
+            g.v[k] = c0 + k < FEAT ? src[(size_t)r * FEAT + c0 + k] : T(0.0f);
+        *(uint4 *)(dst + (size_t)r * FEAT_LD + c0) = g.u;
+    }
+}
+
+/* dst (rows x FEAT) (+)= src (rows x FEAT_LD). */
+__global__ void unpad_rows_kernel(const float *src, float *dst, unsigned rows, int accumulate)
+{
+    const unsigned n = rows * FEAT;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const unsigned r = i / FEAT, c = i - r * FEAT;
+        const float v = src[(size_t)r * FEAT_LD + c];
+        dst[i] = accumulate ? dst[i] + v : v;
+    }
 }
 
 /* Where each map feature's one-hot group starts and how many values it has; each channel's feature. */
@@ -86,16 +153,20 @@ __global__ void obs_validate_kernel(const uint8_t *obs, size_t agents, map_layou
                                     unsigned long long *player_rec, unsigned long long *map_rec)
 {
     constexpr int MAP = 11 * 15 * 10, CHECKED = MAP + GK_NMMO3_PLAYER_COUNT;
-    GRID_LOOP(i, agents * CHECKED)
-    {
-        const size_t a = i / CHECKED;
-        const int j = (int)(i - a * CHECKED);
+    __shared__ int slots[10];
+    if (threadIdx.x < 10)
+        slots[threadIdx.x] = m.slots[threadIdx.x];
+    __syncthreads();
+    for (size_t a = blockIdx.x; a < agents; a += gridDim.x) { /* an agent a block: coalesced bytes */
         const uint8_t *o = obs + a * GK_NMMO3_OBS_BYTES;
-        if (j < MAP) {
-            if (o[j] >= m.slots[j % 10])
-                obs_record_offender(map_rec, (unsigned long long)a * MAP + (unsigned)j);
-        } else if (o[GK_NMMO3_PLAYER_OFFSET + j - MAP] >= GK_NMMO3_EMBED_VOCAB) {
-            obs_record_offender(player_rec, (unsigned long long)a * GK_NMMO3_PLAYER_COUNT + (unsigned)(j - MAP));
+        for (int j = threadIdx.x; j < CHECKED; j += blockDim.x) {
+            if (j < MAP) {
+                if (o[j] >= slots[j % 10])
+                    obs_record_offender(map_rec, (unsigned long long)a * MAP + (unsigned)j);
+            } else if (o[GK_NMMO3_PLAYER_OFFSET + j - MAP] >= GK_NMMO3_EMBED_VOCAB) {
+                obs_record_offender(player_rec,
+                                    (unsigned long long)a * GK_NMMO3_PLAYER_COUNT + (unsigned)(j - MAP));
+            }
         }
     }
 }
@@ -173,12 +244,6 @@ __global__ void column_sums_finish_kernel(const float *part, int blocks, int col
     }
 }
 
-__global__ void add_kernel(float *dst, const float *src, int n)
-{
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-        dst[i] += src[i];
-}
-
 unsigned grid_for(size_t n, int sm_count)
 {
     size_t g = (n + THREADS - 1) / THREADS;
@@ -189,8 +254,8 @@ unsigned grid_for(size_t n, int sm_count)
 /* Places of one chunk's buffers in the workspace (after the forward's own part). */
 struct bwd_layout {
     int64_t chunk;
-    size_t fwd_at, fwd, feat, hidden, c1, dfeat, dc1pre, wbig, g2, wgrad1, idx, demb, emb_ws,
-        emb_ws_bytes, dembed, part, total;
+    size_t fwd_at, fwd, feat, feat_pad, pre, dpre, wp_pad, dwp_pad, c1, dfeat, dc1pre, wbig, g2,
+        wgrad1, embg, part, total;
 };
 
 /*
@@ -200,6 +265,15 @@ struct bwd_layout {
  */
 void *planning_address(int k) { return (void *)((uintptr_t)k << 44); }
 
+/* The weights without the projection: the recompute's forward stops at the features. */
+gk_nmmo3_weights features_only(const gk_nmmo3_weights *w)
+{
+    gk_nmmo3_weights f = *w;
+    memset(&f.proj_w, 0, sizeof f.proj_w);
+    memset(&f.proj_b, 0, sizeof f.proj_b);
+    return f;
+}
+
 int layout_make(const gk_nmmo3_weights *w, const gk_tensor *obs, int64_t chunk, int sm_count,
                 bwd_layout *l, gk_err *err)
 {
@@ -208,22 +282,12 @@ int layout_make(const gk_nmmo3_weights *w, const gk_tensor *obs, int64_t chunk, 
     const int projecting = gk_tensor_present(&w->proj_w);
     const int64_t hid = projecting ? w->proj_w.shape[0] : 0;
     int64_t obs_shape[2] = {chunk, GK_NMMO3_OBS_BYTES};
-    int64_t feat_shape[2] = {chunk, FEAT}, hid_shape[2] = {chunk, hid};
+    int64_t feat_shape[2] = {chunk, FEAT};
     gk_tensor o = gk_tensor_make(obs->data, GK_U8, 2, obs_shape);
     gk_tensor f = gk_tensor_make(planning_address(1), dt, 2, feat_shape);
-    gk_tensor h = gk_tensor_make(planning_address(2), dt, 2, hid_shape);
+    const gk_nmmo3_weights wf = features_only(w);
     size_t fwd = 0;
-    int rc = gk_cuda_nmmo3_forward_workspace_bytes(w, &o, &f, projecting ? &h : NULL, sm_count,
-                                                   &fwd, err);
-    int64_t idx_shape[2] = {chunk, GK_NMMO3_PLAYER_COUNT};
-    int64_t demb_shape[3] = {chunk, GK_NMMO3_PLAYER_COUNT, GK_NMMO3_EMBED_DIM};
-    int64_t tab_shape[2] = {GK_NMMO3_EMBED_VOCAB, GK_NMMO3_EMBED_DIM};
-    gk_tensor idx = gk_tensor_make(planning_address(1), GK_U8, 2, idx_shape);
-    gk_tensor demb = gk_tensor_make(planning_address(2), dt, 3, demb_shape);
-    gk_tensor tab = gk_tensor_make(planning_address(3), GK_F32, 2, tab_shape);
-    size_t emb = 0;
-    if (rc == GK_OK)
-        rc = gk_cuda_embedding_backward_workspace_bytes(&idx, &demb, &tab, sm_count, &emb, err);
+    int rc = gk_cuda_nmmo3_forward_workspace_bytes(&wf, &o, &f, NULL, sm_count, &fwd, err);
     if (rc != GK_OK)
         return rc;
     size_t at = GK_CUDA_NMMO3_RECORDS * (size_t)GK_CUDA_OBS_RECORD_BYTES; /* batch_validate's */
@@ -233,8 +297,17 @@ int layout_make(const gk_nmmo3_weights *w, const gk_tensor *obs, int64_t chunk, 
     l->fwd = fwd;
     l->feat = at;
     at += align256(n * FEAT * es);
-    l->hidden = at;
+    /* The projection's: padded features, fp32 pre-activations, dpre, padded proj_w and its gradient. */
+    l->feat_pad = at;
+    at += projecting ? align256(n * FEAT_LD * es) : 0;
+    l->pre = at;
+    at += align256(n * (size_t)hid * sizeof(float));
+    l->dpre = at;
     at += align256(n * (size_t)hid * es);
+    l->wp_pad = at;
+    at += align256((size_t)hid * FEAT_LD * es);
+    l->dwp_pad = at;
+    at += align256((size_t)hid * FEAT_LD * sizeof(float));
     l->c1 = at;
     at += align256(n * CH * C1_P * es);
     l->dfeat = at;
@@ -247,15 +320,8 @@ int layout_make(const gk_nmmo3_weights *w, const gk_tensor *obs, int64_t chunk, 
     at += align256((size_t)EMB_AT * C1_N * sizeof(float));
     l->wgrad1 = at;
     at += align256(nmmo3_conv1_wgrad_workspace_bytes(chunk, sm_count));
-    l->idx = at;
-    at += align256(n * GK_NMMO3_PLAYER_COUNT);
-    l->demb = at;
-    at += align256(n * EMB_N * es);
-    l->emb_ws = at;
-    l->emb_ws_bytes = emb;
-    at += align256(emb);
-    l->dembed = at;
-    at += align256(sizeof(float) * GK_NMMO3_EMBED_VOCAB * GK_NMMO3_EMBED_DIM);
+    l->embg = at;
+    at += align256(nmmo3_embed_grad_workspace_bytes(chunk, sm_count));
     l->part = at; /* column-sum partials: the chunk's rows over SUM_ROWS, x the widest */
     const size_t blocks = (n + SUM_ROWS - 1) / SUM_ROWS;
     const size_t cols = (size_t)(hid > EMB_AT ? hid : EMB_AT);
@@ -371,8 +437,8 @@ int batch_validate(const gk_tensor *obs, const gk_cuda_exec *ex, gk_err *err)
     if (ce != cudaSuccess)
         return gk_fail(err, GK_EDEVICE, "nmmo3 backward (cuda): resetting the error records: %s",
                        cudaGetErrorString(ce));
-    const size_t n = agents * (11 * 15 * 10 + GK_NMMO3_PLAYER_COUNT);
-    obs_validate_kernel<<<grid_for(n, ex->sm_count), THREADS, 0, ex->stream>>>(
+    const size_t most = (size_t)(ex->sm_count > 0 ? ex->sm_count : 1) * 16;
+    obs_validate_kernel<<<(unsigned)(agents < most ? (agents > 0 ? agents : 1) : most), THREADS, 0, ex->stream>>>(
         (const uint8_t *)obs->data, agents, map_layout_make(), (unsigned long long *)ws,
         (unsigned long long *)(ws + GK_CUDA_OBS_RECORD_BYTES));
     int rc = obs_launch_check("nmmo3 backward", err);
@@ -395,38 +461,55 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
     const gemm_rm gm = {ex->blas->handle, cdt, !first};
     const uint8_t *o = (const uint8_t *)obs->data + a0 * GK_NMMO3_OBS_BYTES;
     const T *dy = (const T *)((const uint8_t *)dout->data + (size_t)(a0 * nout) * es);
-    T *feat = (T *)(ws + l.feat), *hidden = (T *)(ws + l.hidden), *c1 = (T *)(ws + l.c1);
+    T *feat = (T *)(ws + l.feat), *c1 = (T *)(ws + l.c1);
     float *part = (float *)(ws + l.part);
 
-    /* The activations (values already validated: the forward's own records are not read). */
+    /* The activations up to the features (values already validated: its records are not read). */
     int64_t obs_shape[2] = {n, GK_NMMO3_OBS_BYTES}, feat_shape[2] = {n, FEAT};
-    int64_t hid_shape[2] = {n, hid}, c1_shape[4] = {n, CH, 3, 4};
+    int64_t c1_shape[4] = {n, CH, 3, 4};
     gk_tensor to = gk_tensor_make((void *)o, GK_U8, 2, obs_shape);
     gk_tensor tf = gk_tensor_make(feat, dt, 2, feat_shape);
-    gk_tensor th = gk_tensor_make(hidden, dt, 2, hid_shape);
     gk_tensor tc = gk_tensor_make(c1, dt, 4, c1_shape);
     gk_cuda_exec ef = *ex;
     ef.workspace = ws + l.fwd_at;
     ef.workspace_bytes = l.fwd;
-    int rc = gk_cuda_nmmo3_forward_keep(w, &to, &tf, projecting ? &th : NULL, &tc, &ef, err);
+    const gk_nmmo3_weights wf = features_only(w);
+    int rc = gk_cuda_nmmo3_forward_keep(&wf, &to, &tf, NULL, &tc, &ef, err);
     if (rc != GK_OK)
         return rc;
 
-    /* d(features): the first DFEAT_N columns, those with a gradient. */
+    /*
+     * d(features): the first DFEAT_N columns, those with a gradient.  The
+     * projection runs on features and proj_w with padded rows (wp_pad, made
+     * once a call): pre = feat proj_w^T in fp32, then dpre and dbp in one pass.
+     */
     const T *dfeat = dy;
     int64_t dld = FEAT;
     if (projecting) {
-        T *dpre = hidden;
-        T *df = (T *)(ws + l.dfeat);
-        const size_t cnt = (size_t)(n * hid);
-        relu_grad_kernel<T><<<grid_for(cnt, ex->sm_count), THREADS, 0, s>>>(dpre, dy, cnt);
+        T *fp = (T *)(ws + l.feat_pad), *dpre = (T *)(ws + l.dpre), *df = (T *)(ws + l.dfeat);
+        float *pre = (float *)(ws + l.pre), *dwp = (float *)(ws + l.dwp_pad);
+        const void *wp = ws + l.wp_pad;
+        const unsigned un = (unsigned)n;
+        pad_rows_kernel<T><<<grid_for((size_t)n * FEAT_LD * es / 16, ex->sm_count), THREADS, 0, s>>>(feat, fp,
+                                                                                                  un);
         if ((rc = launch_check(err)) ||
-            (rc = gemm(gm, true, false, hid, FEAT, n, dpre, hid, feat, FEAT, g->proj_w.data,
-                       CUDA_R_32F, FEAT, "d proj_w", err)) ||
-            (rc = gemm({gm.h, cdt, 0}, false, false, n, DFEAT_N, hid, dpre, hid, w->proj_w.data, FEAT,
-                       df, cdt, DFEAT_N, "d features", err)) ||
-            (rc = column_sums<T>(dpre, (size_t)hid, (size_t)n, (int)hid, 1, part,
-                                 (float *)g->proj_b.data, !first, s, err)))
+            (rc = gemm({gm.h, cdt, 0}, false, true, n, hid, FEAT_LD, fp, FEAT_LD, wp, FEAT_LD, pre,
+                       CUDA_R_32F, hid, "projection", err)))
+            return rc;
+        const unsigned blocks = (unsigned)((n + SUM_ROWS - 1) / SUM_ROWS);
+        proj_relu_grad_kernel<T><<<dim3((unsigned)(hid + 31) / 32, blocks), dim3(32, 8), 0, s>>>(
+            pre, (const T *)w->proj_b.data, dy, dpre, (size_t)n, (int)hid, part);
+        column_sums_finish_kernel<<<(unsigned)(hid + THREADS - 1) / THREADS, THREADS, 0, s>>>(
+            part, (int)blocks, (int)hid, 1, (float *)g->proj_b.data, !first);
+        if ((rc = launch_check(err)) ||
+            (rc = gemm({gm.h, cdt, 0}, true, false, hid, FEAT_LD, n, dpre, hid, fp, FEAT_LD, dwp,
+                       CUDA_R_32F, FEAT_LD, "d proj_w", err)))
+            return rc;
+        unpad_rows_kernel<<<grid_for((size_t)hid * FEAT, ex->sm_count), THREADS, 0, s>>>(
+            dwp, (float *)g->proj_w.data, (unsigned)hid, !first);
+        if ((rc = launch_check(err)) ||
+            (rc = gemm({gm.h, cdt, 0}, false, false, n, DFEAT_N, hid, dpre, hid, wp, FEAT_LD, df, cdt,
+                       DFEAT_N, "d features", err)))
             return rc;
         dfeat = df;
         dld = DFEAT_N;
@@ -456,34 +539,9 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
                                 !first, ws + l.wgrad1, ex->sm_count, s, err)) != GK_OK)
         return rc;
 
-    /* The embedding: the player bytes and their feature gradients, made contiguous. */
-    uint8_t *idx = ws + l.idx;
-    T *demb = (T *)(ws + l.demb);
-    cudaError_t ce;
-    if ((ce = cudaMemcpy2DAsync(idx, GK_NMMO3_PLAYER_COUNT, o + GK_NMMO3_PLAYER_OFFSET,
-                                GK_NMMO3_OBS_BYTES, GK_NMMO3_PLAYER_COUNT, (size_t)n,
-                                cudaMemcpyDeviceToDevice, s)) != cudaSuccess ||
-        (ce = cudaMemcpy2DAsync(demb, EMB_N * es, dfeat + EMB_AT, (size_t)dld * es, EMB_N * es,
-                                (size_t)n, cudaMemcpyDeviceToDevice, s)) != cudaSuccess)
-        return gk_fail(err, GK_EDEVICE, "nmmo3 backward (cuda): gathering the player rows: %s",
-                       cudaGetErrorString(ce));
-    int64_t idx_shape[2] = {n, GK_NMMO3_PLAYER_COUNT};
-    int64_t demb_shape[3] = {n, GK_NMMO3_PLAYER_COUNT, GK_NMMO3_EMBED_DIM};
-    int64_t tab_shape[2] = {GK_NMMO3_EMBED_VOCAB, GK_NMMO3_EMBED_DIM};
-    gk_tensor ti = gk_tensor_make(idx, GK_U8, 2, idx_shape);
-    gk_tensor td = gk_tensor_make(demb, dt, 3, demb_shape);
-    float *table = first ? (float *)g->embed.data : (float *)(ws + l.dembed);
-    gk_tensor tt = gk_tensor_make(table, GK_F32, 2, tab_shape);
-    gk_cuda_exec ee = *ex;
-    ee.workspace = ws + l.emb_ws;
-    ee.workspace_bytes = l.emb_ws_bytes;
-    if ((rc = gk_cuda_embedding_backward(&ti, &td, &tt, &ee, err)) != GK_OK)
-        return rc;
-    if (!first) {
-        const int cnt = GK_NMMO3_EMBED_VOCAB * GK_NMMO3_EMBED_DIM;
-        add_kernel<<<(cnt + THREADS - 1) / THREADS, THREADS, 0, s>>>((float *)g->embed.data, table, cnt);
-    }
-    return launch_check(err);
+    /* The embedding table: its 1504 feature gradients a row read in place. */
+    return nmmo3_embed_grad(dt, o, dfeat, dld, n, (float *)g->embed.data, !first, ws + l.embg, ex->sm_count, s,
+                            err);
 }
 
 } // namespace
@@ -526,6 +584,17 @@ extern "C" int gk_cuda_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor
     else
         wbig_kernel<float><<<grid_for(nbig, ex->sm_count), THREADS, 0, ex->stream>>>(
             (const float *)w->conv2_w.data, (float *)wbig);
+    if (gk_tensor_present(&w->proj_w)) { /* proj_w with padded rows, every chunk's */
+        const unsigned hid = (unsigned)w->proj_w.shape[0];
+        uint8_t *wp = (uint8_t *)ex->workspace + l.wp_pad;
+        const unsigned pg = grid_for((size_t)hid * FEAT_LD * gk_dtype_size(w->proj_w.dtype) / 16, ex->sm_count);
+        if (w->proj_w.dtype == GK_BF16)
+            pad_rows_kernel<__nv_bfloat16><<<pg, THREADS, 0, ex->stream>>>(
+                (const __nv_bfloat16 *)w->proj_w.data, (__nv_bfloat16 *)wp, hid);
+        else
+            pad_rows_kernel<float><<<pg, THREADS, 0, ex->stream>>>((const float *)w->proj_w.data,
+                                                                  (float *)wp, hid);
+    }
     if ((rc = launch_check(err)) != GK_OK)
         return rc;
     const int64_t B = obs->shape[0];
