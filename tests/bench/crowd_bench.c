@@ -12,7 +12,12 @@
  * their round trips; the parent sums the throughput and takes percentiles
  * over every request of every worker.
  *
+ * With --ping 1 the workers send pings instead: the request rate the
+ * transport and the daemon's request path carry with no work behind them,
+ * which bounds what merged launches can gain.
+ *
  * Usage: crowd_bench URL [--workers N] [--batch B] [--hidden H] [--warmup-s S] [--seconds S]
+ *                        [--ping 0|1]
  * Prints one line: workers, rows/s, requests/s, p50/p99/max us, mean batch wait us, errors.
  */
 #include <errno.h>
@@ -34,6 +39,7 @@ typedef struct opts {
     int workers;
     int64_t batch, hidden;
     double warmup_s, seconds;
+    int ping; /* pings instead of encodes */
 } opts;
 
 /* What a worker reports to the parent through its pipe. */
@@ -148,9 +154,9 @@ static int worker_run(const opts *o, int in_fd, int out_fd, int index)
         hid[0] = hid[hid_n - 1] = 0x7fc0; /* NaN: an unwritten output fails the check */
         gpucd_timings tm;
         uint64_t start = now_us();
-        rv = gpucd_nmmo3_encode(c, &nw, &obs, NULL, &out, &tm);
+        rv = o->ping ? gpucd_ping(c, &tm) : gpucd_nmmo3_encode(c, &nw, &obs, NULL, &out, &tm);
         uint64_t done = now_us();
-        int ok = rv == 0 && hid[0] != 0x7fc0 && hid[hid_n - 1] != 0x7fc0;
+        int ok = rv == 0 && (o->ping || (hid[0] != 0x7fc0 && hid[hid_n - 1] != 0x7fc0));
         if (start < t_measure)
             continue;
         if (!ok) {
@@ -184,13 +190,13 @@ static int cmp_u32(const void *a, const void *b)
 static int usage(void)
 {
     fprintf(stderr, "usage: crowd_bench URL [--workers N] [--batch B] [--hidden H] "
-                    "[--warmup-s S] [--seconds S]\n");
+                    "[--warmup-s S] [--seconds S] [--ping 0|1]\n");
     return 2;
 }
 
 int main(int argc, char **argv)
 {
-    opts o = {NULL, 64, 64, 512, 2.0, 4.0};
+    opts o = {NULL, 64, 64, 512, 2.0, 4.0, 0};
     if (argc < 2)
         return usage();
     o.url = argv[1];
@@ -207,6 +213,8 @@ int main(int argc, char **argv)
             o.warmup_s = v;
         else if (strcmp(argv[i], "--seconds") == 0 && v > 0 && v <= 3600)
             o.seconds = v;
+        else if (strcmp(argv[i], "--ping") == 0 && (v == 0 || v == 1))
+            o.ping = (int)v;
         else
             return usage();
     }
@@ -272,9 +280,11 @@ int main(int argc, char **argv)
         return 1;
     }
     qsort(all, nall, sizeof *all, cmp_u32);
-    printf("workers %d batch %lld: %.0f rows/s, %.0f requests/s, p50 %u us, p99 %u us, max %u us, "
+    const int64_t rows = o.ping ? 0 : o.batch; /* a ping carries none */
+    printf("workers %d %s %lld: %.0f rows/s, %.0f requests/s, p50 %u us, p99 %u us, max %u us, "
            "errors %llu; means:",
-           o.workers, (long long)o.batch, (double)requests * (double)o.batch / o.seconds,
+           o.workers, o.ping ? "pings, rows" : "batch", (long long)rows,
+           (double)requests * (double)rows / o.seconds,
            (double)requests / o.seconds, all[nall / 2], all[(size_t)((double)nall * 0.99)],
            all[nall - 1], (unsigned long long)errors);
     for (int k = 0; k < SPLIT_N; k++)

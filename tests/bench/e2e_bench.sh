@@ -108,6 +108,10 @@ crowd() { # label
         --warmup-s 2 --seconds 4 | sed "s/^/$1: /"
 }
 
+echo "== $PROCS processes sending pings: the request rate of the transport and request path alone"
+daemon_start
+"$build/tests/bench/crowd_bench" "$sock" --workers "$PROCS" --ping 1 --warmup-s 1 --seconds 3
+daemon_stop
 echo "== $PROCS processes x B = 64 sharing the weights, batching off, then on (window $WINDOW_US us)"
 daemon_start
 crowd off
