@@ -1,13 +1,15 @@
 /*
  * nmmo3_backward.cu - the NMMO3 encoder backward on the GPU; see gk_cuda_nmmo3.h.
  *
- * The call is stateless like the CPU's: it recomputes the activations with
- * the forward (gk_cuda_nmmo3_forward_keep), then runs the chain backwards.
+ * The call is stateless like the CPU's: it recomputes the activations (conv1
+ * from the bytes with gk_cuda_nmmo3_conv1; conv2 as c2 = c1 wbig^T and the
+ * features, rows padded to 1824, only where a projection needs them), then
+ * runs the chain backwards.
  * Dense products are cuBLAS GEMMs (ex->blas) with fp32 accumulation and fp32
  * weight gradients; nothing is ever unfolded (no im2col/col2im):
  *
- *   pre    = feat Wp^T (fp32; the recompute stops at the features, and the
- *            projection runs on rows padded to 1824, which cuBLAS's fast kernels need)
+ *   pre    = feat Wp^T (fp32; features and Wp with rows padded to 1824, which
+ *            cuBLAS's fast kernels need)
  *   dpre   = dout * (pre + bp > 0),  dbp = column sums of dpre (one pass)
  *   dWp    = dpre^T feat
  *   dfeat  = dpre Wp[:, :1760]                       (features with a gradient)
@@ -75,32 +77,92 @@ __device__ __forceinline__ void st(__nv_bfloat16 *p, size_t i, float v) { p[i] =
  * [y*SUM_ROWS, ...) of its 32 columns of dpre into part[y][col], 8 rows at a
  * time in row order, the 8 lanes of a column in a fixed order.
  */
-template <typename T>
+/* VW adjacent values as floats, by one vector access where VW = 4 (aligned), else one at a time. */
+template <int VW> __device__ __forceinline__ void load_w(const float *p, float (&f)[VW])
+{
+    if constexpr (VW == 4) {
+        const float4 v = *(const float4 *)p;
+        f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+    } else {
+        for (int k = 0; k < VW; k++)
+            f[k] = p[k];
+    }
+}
+template <int VW> __device__ __forceinline__ void load_w(const __nv_bfloat16 *p, float (&f)[VW])
+{
+    if constexpr (VW == 4) {
+        const uint2 v = *(const uint2 *)p;
+        f[0] = __uint_as_float(v.x << 16), f[1] = __uint_as_float(v.x & 0xffff0000u);
+        f[2] = __uint_as_float(v.y << 16), f[3] = __uint_as_float(v.y & 0xffff0000u);
+    } else {
+        for (int k = 0; k < VW; k++)
+            f[k] = __bfloat162float(p[k]);
+    }
+}
+template <int VW> __device__ __forceinline__ void store_w(float *p, const float (&f)[VW])
+{
+    if constexpr (VW == 4)
+        *(float4 *)p = make_float4(f[0], f[1], f[2], f[3]);
+    else
+        for (int k = 0; k < VW; k++)
+            p[k] = f[k];
+}
+template <int VW> __device__ __forceinline__ void store_w(__nv_bfloat16 *p, const float (&f)[VW])
+{
+    if constexpr (VW == 4)
+        *(uint2 *)p = make_uint2(__float_as_uint(f[0]) >> 16 | (__float_as_uint(f[1]) & 0xffff0000u),
+                                 __float_as_uint(f[2]) >> 16 | (__float_as_uint(f[3]) & 0xffff0000u));
+    else
+        for (int k = 0; k < VW; k++)
+            p[k] = __float2bfloat16_rn(f[k]);
+}
+
+/*
+ * The projection's ReLU and bias gradient in one pass: dpre = dout where
+ * pre + proj_b > 0 (the forward's hidden before its ReLU, in fp32: the same
+ * test as relu on the rounded hidden), else 0 (exact in any dtype: a value of
+ * dout or 0).  A thread: VW adjacent columns (cols % VW == 0), rows
+ * threadIdx.y, +8, ... of the block's SUM_ROWS; the block's column sums of
+ * dpre go to part[blockIdx.y][col], the 8 row lanes added in a fixed order.
+ */
+template <typename T, int VW>
 __global__ void proj_relu_grad_kernel(const float *pre, const T *bias, const T *dout, T *dpre, size_t rows,
                                       int cols, float *part)
 {
-    __shared__ float lanes[8][33];
-    const int col = blockIdx.x * 32 + threadIdx.x;
+    __shared__ float lanes[8][32 * VW + 1];
+    const int col = (blockIdx.x * 32 + threadIdx.x) * VW;
     const size_t r0 = (size_t)blockIdx.y * SUM_ROWS;
     const size_t r1 = r0 + SUM_ROWS < rows ? r0 + SUM_ROWS : rows;
-    float s = 0.0f;
+    float s[VW];
+    for (int k = 0; k < VW; k++)
+        s[k] = 0.0f;
     if (col < cols) {
-        const float b = ld(bias, col);
+        float b[VW];
+        for (int k = 0; k < VW; k++)
+            b[k] = ld(bias, col + k);
+#pragma unroll 4
         for (size_t r = r0 + threadIdx.y; r < r1; r += 8) {
             const size_t i = r * cols + col;
-            const float v = pre[i] + b > 0.0f ? ld(dout, i) : 0.0f;
-            st(dpre, i, v); /* exact: a value of dout or 0 */
-            s += v;
+            float p[VW], d[VW];
+            load_w<VW>(pre + i, p);
+            load_w<VW>(dout + i, d);
+            for (int k = 0; k < VW; k++) {
+                d[k] = p[k] + b[k] > 0.0f ? d[k] : 0.0f;
+                s[k] += d[k];
+            }
+            store_w<VW>(dpre + i, d);
         }
     }
-    lanes[threadIdx.y][threadIdx.x] = s;
+    for (int k = 0; k < VW; k++)
+        lanes[threadIdx.y][threadIdx.x * VW + k] = s[k];
     __syncthreads();
-    if (threadIdx.y == 0 && col < cols) {
-        float t = 0.0f;
-        for (int y = 0; y < 8; y++)
-            t += lanes[y][threadIdx.x];
-        part[(size_t)blockIdx.y * cols + col] = t;
-    }
+    if (threadIdx.y == 0 && col < cols)
+        for (int k = 0; k < VW; k++) {
+            float t = 0.0f;
+            for (int y = 0; y < 8; y++)
+                t += lanes[y][threadIdx.x * VW + k];
+            part[(size_t)blockIdx.y * cols + col + k] = t;
+        }
 }
 
 /*
@@ -122,6 +184,53 @@ template <typename T> __global__ void pad_rows_kernel(const T *src, T *dst, unsi
         for (unsigned k = 0; k < V; k++)
             g.v[k] = c0 + k < FEAT ? src[(size_t)r * FEAT + c0 + k] : T(0.0f);
         *(uint4 *)(dst + (size_t)r * FEAT_LD + c0) = g.u;
+    }
+}
+
+/*
+ * The features of the recompute, rows of FEAT_LD (zeros past FEAT), 16 bytes
+ * a thread (no 16-byte group straddles two parts: 256, 1760 and FEAT_LD are
+ * multiples of 8): conv2 + its bias (from the fp32 GEMM, in feature order
+ * oc*2 + p, rounded once), the player bytes' embedding rows, the raw player
+ * and reward bytes, as the forward's assembly makes them.  Values validated.
+ */
+template <typename T>
+__global__ void assemble_kernel(const uint8_t *obs, const float *c2acc, const T *b2, const T *embed, T *feat,
+                                unsigned rows)
+{
+    constexpr unsigned V = 16 / sizeof(T), GROUPS = FEAT_LD / V;
+    const unsigned n = rows * GROUPS;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const unsigned r = i / GROUPS, c0 = (i - r * GROUPS) * V;
+        const uint8_t *o = obs + (size_t)r * GK_NMMO3_OBS_BYTES;
+        float v[V];
+        if (c0 < (unsigned)EMB_AT) {
+#pragma unroll
+            for (unsigned k = 0; k < V; k++)
+                v[k] = c2acc[(size_t)r * EMB_AT + c0 + k] + ld(b2, (c0 + k) / C2_P);
+        } else if (c0 < (unsigned)DFEAT_N) {
+            const unsigned j = (c0 - EMB_AT) / GK_NMMO3_EMBED_DIM, d = (c0 - EMB_AT) % GK_NMMO3_EMBED_DIM;
+            const T *e = embed + (size_t)o[GK_NMMO3_PLAYER_OFFSET + j] * GK_NMMO3_EMBED_DIM + d;
+#pragma unroll
+            for (unsigned k = 0; k < V; k++)
+                v[k] = ld(e, k);
+        } else {
+#pragma unroll
+            for (unsigned k = 0; k < V; k++) {
+                const unsigned c = c0 + k - DFEAT_N;
+                v[k] = c < (unsigned)GK_NMMO3_PLAYER_COUNT ? (float)o[GK_NMMO3_PLAYER_OFFSET + c]
+                       : c < (unsigned)(FEAT - DFEAT_N)    ? (float)o[GK_NMMO3_REWARD_OFFSET + c - GK_NMMO3_PLAYER_COUNT]
+                                                           : 0.0f;
+            }
+        }
+        union {
+            T t[V];
+            uint4 u;
+        } g;
+#pragma unroll
+        for (unsigned k = 0; k < V; k++)
+            g.t[k] = T(v[k]);
+        *(uint4 *)(feat + (size_t)r * FEAT_LD + c0) = g.u;
     }
 }
 
@@ -157,13 +266,22 @@ __global__ void obs_validate_kernel(const uint8_t *obs, size_t agents, map_layou
     if (threadIdx.x < 10)
         slots[threadIdx.x] = m.slots[threadIdx.x];
     __syncthreads();
+    constexpr int PER = (CHECKED + THREADS - 1) / THREADS; /* bytes a thread checks an agent */
     for (size_t a = blockIdx.x; a < agents; a += gridDim.x) { /* an agent a block: coalesced bytes */
         const uint8_t *o = obs + a * GK_NMMO3_OBS_BYTES;
-        for (int j = threadIdx.x; j < CHECKED; j += blockDim.x) {
+        uint8_t v[PER];
+#pragma unroll
+        for (int u = 0; u < PER; u++) { /* every load in flight before the first test */
+            const int j = threadIdx.x + u * THREADS;
+            v[u] = j < MAP ? o[j] : j < CHECKED ? o[GK_NMMO3_PLAYER_OFFSET + j - MAP] : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            const int j = threadIdx.x + u * THREADS;
             if (j < MAP) {
-                if (o[j] >= slots[j % 10])
+                if (v[u] >= slots[j % 10])
                     obs_record_offender(map_rec, (unsigned long long)a * MAP + (unsigned)j);
-            } else if (o[GK_NMMO3_PLAYER_OFFSET + j - MAP] >= GK_NMMO3_EMBED_VOCAB) {
+            } else if (j < CHECKED && v[u] >= GK_NMMO3_EMBED_VOCAB) {
                 obs_record_offender(player_rec,
                                     (unsigned long long)a * GK_NMMO3_PLAYER_COUNT + (unsigned)(j - MAP));
             }
@@ -251,52 +369,30 @@ unsigned grid_for(size_t n, int sm_count)
     return (unsigned)(g < 1 ? 1 : g > cap ? cap : g);
 }
 
-/* Places of one chunk's buffers in the workspace (after the forward's own part). */
+/* Places of one chunk's buffers in the workspace. */
 struct bwd_layout {
     int64_t chunk;
-    size_t fwd_at, fwd, feat, feat_pad, pre, dpre, wp_pad, dwp_pad, c1, dfeat, dc1pre, wbig, g2,
+    size_t conv1_at, conv1, c2acc, feat_pad, pre, dpre, wp_pad, dwp_pad, c1, dfeat, dc1pre, wbig, g2,
         wgrad1, embg, part, total;
 };
 
-/*
- * Planning asks the other calls for their workspace with tensors that do not
- * exist yet: each gets its own address range, 2^44 bytes apart, so that the
- * calls' overlap checks see distinct tensors.  Never dereferenced.
- */
-void *planning_address(int k) { return (void *)((uintptr_t)k << 44); }
-
-/* The weights without the projection: the recompute's forward stops at the features. */
-gk_nmmo3_weights features_only(const gk_nmmo3_weights *w)
-{
-    gk_nmmo3_weights f = *w;
-    memset(&f.proj_w, 0, sizeof f.proj_w);
-    memset(&f.proj_b, 0, sizeof f.proj_b);
-    return f;
-}
-
-int layout_make(const gk_nmmo3_weights *w, const gk_tensor *obs, int64_t chunk, int sm_count,
-                bwd_layout *l, gk_err *err)
+int layout_make(const gk_nmmo3_weights *w, int64_t chunk, int sm_count, bwd_layout *l, gk_err *err)
 {
     const gk_dtype dt = w->conv1_w.dtype;
     const size_t es = gk_dtype_size(dt), n = (size_t)chunk;
     const int projecting = gk_tensor_present(&w->proj_w);
     const int64_t hid = projecting ? w->proj_w.shape[0] : 0;
-    int64_t obs_shape[2] = {chunk, GK_NMMO3_OBS_BYTES};
-    int64_t feat_shape[2] = {chunk, FEAT};
-    gk_tensor o = gk_tensor_make(obs->data, GK_U8, 2, obs_shape);
-    gk_tensor f = gk_tensor_make(planning_address(1), dt, 2, feat_shape);
-    const gk_nmmo3_weights wf = features_only(w);
-    size_t fwd = 0;
-    int rc = gk_cuda_nmmo3_forward_workspace_bytes(&wf, &o, &f, NULL, sm_count, &fwd, err);
+    size_t conv1 = 0;
+    int rc = gk_cuda_nmmo3_conv1_workspace_bytes(&w->conv1_w, &conv1, err);
     if (rc != GK_OK)
         return rc;
-    size_t at = GK_CUDA_NMMO3_RECORDS * (size_t)GK_CUDA_OBS_RECORD_BYTES; /* batch_validate's */
-    l->fwd_at = at;
-    at += align256(fwd);
+    size_t at = align256(GK_CUDA_NMMO3_RECORDS * (size_t)GK_CUDA_OBS_RECORD_BYTES); /* batch_validate's */
     l->chunk = chunk;
-    l->fwd = fwd;
-    l->feat = at;
-    at += align256(n * FEAT * es);
+    l->conv1_at = at;
+    l->conv1 = conv1;
+    at += align256(conv1);
+    l->c2acc = at; /* conv2's fp32 output, for the features (projection only) */
+    at += projecting ? align256(n * EMB_AT * sizeof(float)) : 0;
     /* The projection's: padded features, fp32 pre-activations, dpre, padded proj_w and its gradient. */
     l->feat_pad = at;
     at += projecting ? align256(n * FEAT_LD * es) : 0;
@@ -335,14 +431,14 @@ int plan_make(const gk_nmmo3_weights *w, const gk_tensor *obs, int sm_count, siz
               bwd_layout *l, gk_err *err)
 {
     const int64_t B = obs->shape[0];
-    int rc = layout_make(w, obs, B, sm_count, l, err);
+    int rc = layout_make(w, B, sm_count, l, err);
     if (rc != GK_OK || l->total <= budget)
         return rc;
     int64_t lo = 1, hi = (B - 1) / MIN_CHUNK; /* chunks of lo..hi x MIN_CHUNK agents */
     int64_t best = 0;
     while (lo <= hi) {
         const int64_t mid = lo + (hi - lo) / 2;
-        if ((rc = layout_make(w, obs, mid * MIN_CHUNK, sm_count, l, err)) != GK_OK)
+        if ((rc = layout_make(w, mid * MIN_CHUNK, sm_count, l, err)) != GK_OK)
             return rc;
         if (l->total <= budget) {
             best = mid;
@@ -352,7 +448,7 @@ int plan_make(const gk_nmmo3_weights *w, const gk_tensor *obs, int sm_count, siz
         }
     }
     const int64_t least = B < MIN_CHUNK ? B : MIN_CHUNK;
-    if ((rc = layout_make(w, obs, best > 0 ? best * MIN_CHUNK : least, sm_count, l, err)) != GK_OK)
+    if ((rc = layout_make(w, best > 0 ? best * MIN_CHUNK : least, sm_count, l, err)) != GK_OK)
         return rc;
     if (l->total > budget)
         return gk_fail(err, GK_ENOMEM,
@@ -445,7 +541,7 @@ int batch_validate(const gk_tensor *obs, const gk_cuda_exec *ex, gk_err *err)
     return rc == GK_OK ? gk_cuda_nmmo3_status(obs, ex, err) : rc; /* it waits for the kernel */
 }
 
-/* One chunk of agents [a0, a0 + n): forward, then every gradient added in. */
+/* One chunk of agents [a0, a0 + n): the recompute, then every gradient added in. */
 template <typename T>
 int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *dout,
                    const gk_nmmo3_weights *g, int64_t a0, int64_t n, const bwd_layout &l,
@@ -461,22 +557,34 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
     const gemm_rm gm = {ex->blas->handle, cdt, !first};
     const uint8_t *o = (const uint8_t *)obs->data + a0 * GK_NMMO3_OBS_BYTES;
     const T *dy = (const T *)((const uint8_t *)dout->data + (size_t)(a0 * nout) * es);
-    T *feat = (T *)(ws + l.feat), *c1 = (T *)(ws + l.c1);
+    T *c1 = (T *)(ws + l.c1);
     float *part = (float *)(ws + l.part);
 
-    /* The activations up to the features (values already validated: its records are not read). */
-    int64_t obs_shape[2] = {n, GK_NMMO3_OBS_BYTES}, feat_shape[2] = {n, FEAT};
-    int64_t c1_shape[4] = {n, CH, 3, 4};
+    /*
+     * The recompute (values already validated: conv1's record is not read):
+     * conv1 from the bytes; with a projection also conv2 as the dense product
+     * c1 wbig^T (fp32) and the features with padded rows, which the
+     * projection's GEMMs read (cuBLAS's fast kernels need 16-byte rows).
+     */
+    int64_t obs_shape[2] = {n, GK_NMMO3_OBS_BYTES}, c1_shape[4] = {n, CH, 3, 4};
     gk_tensor to = gk_tensor_make((void *)o, GK_U8, 2, obs_shape);
-    gk_tensor tf = gk_tensor_make(feat, dt, 2, feat_shape);
     gk_tensor tc = gk_tensor_make(c1, dt, 4, c1_shape);
-    gk_cuda_exec ef = *ex;
-    ef.workspace = ws + l.fwd_at;
-    ef.workspace_bytes = l.fwd;
-    const gk_nmmo3_weights wf = features_only(w);
-    int rc = gk_cuda_nmmo3_forward_keep(&wf, &to, &tf, NULL, &tc, &ef, err);
+    gk_cuda_exec e1 = *ex;
+    e1.workspace = ws + l.conv1_at;
+    e1.workspace_bytes = l.conv1;
+    int rc = gk_cuda_nmmo3_conv1(&w->conv1_w, &w->conv1_b, &to, &tc, &e1, err);
     if (rc != GK_OK)
         return rc;
+    if (projecting) {
+        float *c2acc = (float *)(ws + l.c2acc);
+        if ((rc = gemm({gm.h, cdt, 0}, false, true, n, EMB_AT, C1_N, c1, C1_N, ws + l.wbig, C1_N, c2acc,
+                       CUDA_R_32F, EMB_AT, "conv2", err)))
+            return rc;
+        assemble_kernel<T><<<grid_for((size_t)n * FEAT_LD * es / 16, ex->sm_count), THREADS, 0, s>>>(
+            o, c2acc, (const T *)w->conv2_b.data, (const T *)w->embed.data, (T *)(ws + l.feat_pad), (unsigned)n);
+        if ((rc = launch_check(err)))
+            return rc;
+    }
 
     /*
      * d(features): the first DFEAT_N columns, those with a gradient.  The
@@ -489,16 +597,16 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
         T *fp = (T *)(ws + l.feat_pad), *dpre = (T *)(ws + l.dpre), *df = (T *)(ws + l.dfeat);
         float *pre = (float *)(ws + l.pre), *dwp = (float *)(ws + l.dwp_pad);
         const void *wp = ws + l.wp_pad;
-        const unsigned un = (unsigned)n;
-        pad_rows_kernel<T><<<grid_for((size_t)n * FEAT_LD * es / 16, ex->sm_count), THREADS, 0, s>>>(feat, fp,
-                                                                                                  un);
-        if ((rc = launch_check(err)) ||
-            (rc = gemm({gm.h, cdt, 0}, false, true, n, hid, FEAT_LD, fp, FEAT_LD, wp, FEAT_LD, pre,
+        if ((rc = gemm({gm.h, cdt, 0}, false, true, n, hid, FEAT_LD, fp, FEAT_LD, wp, FEAT_LD, pre,
                        CUDA_R_32F, hid, "projection", err)))
             return rc;
         const unsigned blocks = (unsigned)((n + SUM_ROWS - 1) / SUM_ROWS);
-        proj_relu_grad_kernel<T><<<dim3((unsigned)(hid + 31) / 32, blocks), dim3(32, 8), 0, s>>>(
-            pre, (const T *)w->proj_b.data, dy, dpre, (size_t)n, (int)hid, part);
+        if (hid % 4 == 0 && (uintptr_t)dy % (4 * es) == 0) /* pre and dpre: 256-byte aligned */
+            proj_relu_grad_kernel<T, 4><<<dim3((unsigned)(hid + 127) / 128, blocks), dim3(32, 8), 0, s>>>(
+                pre, (const T *)w->proj_b.data, dy, dpre, (size_t)n, (int)hid, part);
+        else
+            proj_relu_grad_kernel<T, 1><<<dim3((unsigned)(hid + 31) / 32, blocks), dim3(32, 8), 0, s>>>(
+                pre, (const T *)w->proj_b.data, dy, dpre, (size_t)n, (int)hid, part);
         column_sums_finish_kernel<<<(unsigned)(hid + THREADS - 1) / THREADS, THREADS, 0, s>>>(
             part, (int)blocks, (int)hid, 1, (float *)g->proj_b.data, !first);
         if ((rc = launch_check(err)) ||

@@ -13,9 +13,10 @@
  * of bf16 0/1), so the 1.2 GB unfolded input of a B = 32768 batch is never
  * written nor read.
  *
- * Blocks: 5 per chunk of agents, one per kernel row kh, 10 warps each (5 kw
- * x 2 halves of the 64 channels; a warp: all 128 output channels x 32
- * channels of one tap, 128 fp32 accumulators a thread).  Per step of 8
+ * Blocks: 10 per chunk of agents, one per kernel row kh and half of the
+ * output channels, 10 warps each (5 kw x 2 halves of the 64 channels; a
+ * warp: 64 output channels x 32 channels of one tap, 64 fp32 accumulators a
+ * thread), two blocks an SM (5 warps on each scheduler).  Per step of 8
  * agents (96 rows, 6 k16 steps) the block stages dc1pre and c1 by cp.async,
  * applies the ReLU mask while laying dc1 out as [oc][row] bf16 (f32: three
  * exact bf16 terms hi + mid + lo, whose products with 0/1 are exact, so the
@@ -45,7 +46,11 @@ constexpr int K16 = ROWS / 16;                /* 6 */
 constexpr int APITCH = ROWS + 8;              /* bf16 a dc1 row in shared memory: 208 bytes */
 constexpr int ROW_MASKS = 3 * MAP_W;          /* masks of the 3 input rows of one kh, an agent */
 constexpr int WARPS = KW * 2, THREADS = WARPS * 32;
-constexpr int KH_BLOCKS = 5;
+constexpr int OC_BLK = 64;                    /* output channels a block */
+constexpr int MT = OC_BLK / 16;               /* m16 tiles a warp */
+constexpr int BLK_C1 = OC_BLK * PIX;          /* 768 values of c1 an agent a block reads */
+constexpr int KH_BLOCKS = 5, BLOCKS_PER_CHUNK = KH_BLOCKS * (OC / OC_BLK);
+constexpr int BLOCKS_PER_SM = 2;
 constexpr int PART = TAPS * OC * KCH;         /* partial sums of one chunk */
 static_assert(ROWS % 16 == 0, "whole k16 steps");
 static_assert((APITCH * 2) % 16 == 0 && ((APITCH * 2 / 16) & 1) == 1,
@@ -65,8 +70,8 @@ const int host_slots[NFEAT] = {4, 4, 17, 5, 3, 5, 5, 5, 7, 4};
 const int host_offsets[NFEAT] = {0, 4, 8, 25, 30, 33, 38, 43, 48, 55};
 
 template <int NSPLIT, typename T> struct geom {
-    static constexpr int PLANE = OC * APITCH * 2;            /* bytes of one bf16 term */
-    static constexpr int RAW = STEP * C1N * (int)sizeof(T);  /* bytes of one staged array */
+    static constexpr int PLANE = OC_BLK * APITCH * 2;           /* bytes of one bf16 term */
+    static constexpr int RAW = STEP * BLK_C1 * (int)sizeof(T);  /* bytes of one staged array */
     static constexpr int RAW_D = NSPLIT * PLANE;
     static constexpr int RAW_C = RAW_D + RAW;
     static constexpr int MASKS = RAW_C + RAW;                 /* two buffers */
@@ -151,17 +156,23 @@ __global__ void masks_kernel(const uint8_t *__restrict__ obs, int64_t agents, ui
     }
 }
 
-/* Stages step `a` (na agents) of dc1pre, c1 and the masks of row kh into shared memory. */
+/*
+ * Stages step `a` (na agents) of dc1pre and c1 (the block's output channels
+ * oc0.., BLK_C1 contiguous values an agent) and the masks of row kh.
+ */
 template <int NSPLIT, typename T>
 __device__ __forceinline__ void stage_issue(uint8_t *sm, const T *dpre, const T *c1, const uint64_t *masks,
-                                            int64_t a, int na, int kh, int buf)
+                                            int64_t a, int na, int kh, int oc0, int buf)
 {
     using G = geom<NSPLIT, T>;
-    const int vecs = na * C1N * (int)sizeof(T) / 16;
-    const uint8_t *gd = (const uint8_t *)(dpre + a * C1N), *gc = (const uint8_t *)(c1 + a * C1N);
-    for (int v = threadIdx.x; v < vecs; v += THREADS) {
-        cp_async16(sm + G::RAW_D + v * 16, gd + (size_t)v * 16);
-        cp_async16(sm + G::RAW_C + v * 16, gc + (size_t)v * 16);
+    constexpr int VPA = BLK_C1 * (int)sizeof(T) / 16; /* 16-byte pieces an agent */
+    const size_t at = ((size_t)a * C1N + (size_t)oc0 * PIX) * sizeof(T);
+    const uint8_t *gd = (const uint8_t *)dpre + at, *gc = (const uint8_t *)c1 + at;
+    for (int v = threadIdx.x; v < na * VPA; v += THREADS) {
+        const int aa = v / VPA;
+        const size_t src = (size_t)aa * C1N * sizeof(T) + (size_t)(v - aa * VPA) * 16;
+        cp_async16(sm + G::RAW_D + v * 16, gd + src);
+        cp_async16(sm + G::RAW_C + v * 16, gc + src);
     }
     uint64_t *ms = (uint64_t *)(sm + G::MASKS) + buf * STEP * ROW_MASKS;
     for (int i = threadIdx.x; i < na * ROW_MASKS; i += THREADS) {
@@ -180,8 +191,8 @@ __device__ __forceinline__ void stage_convert(uint8_t *sm, int na, const __nv_bf
     using G = geom<1, __nv_bfloat16>;
     const uint4 *rd = (const uint4 *)(sm + G::RAW_D), *rc = (const uint4 *)(sm + G::RAW_C);
     uint16_t *plane = (uint16_t *)sm;
-    for (int v = threadIdx.x; v < STEP * C1N / 8; v += THREADS) {
-        const int e = v * 8, aa = e / C1N, rem = e - aa * C1N;
+    for (int v = threadIdx.x; v < STEP * BLK_C1 / 8; v += THREADS) {
+        const int e = v * 8, aa = e / BLK_C1, rem = e - aa * BLK_C1;
         int oc = rem / PIX, px = rem - oc * PIX;
         uint32_t out[4] = {0, 0, 0, 0};
         if (aa < na) {
@@ -208,8 +219,8 @@ __device__ __forceinline__ void stage_convert(uint8_t *sm, int na, const float *
 {
     using G = geom<3, float>;
     const float4 *rd = (const float4 *)(sm + G::RAW_D), *rc = (const float4 *)(sm + G::RAW_C);
-    for (int v = threadIdx.x; v < STEP * C1N / 4; v += THREADS) {
-        const int e = v * 4, aa = e / C1N, rem = e - aa * C1N;
+    for (int v = threadIdx.x; v < STEP * BLK_C1 / 4; v += THREADS) {
+        const int e = v * 4, aa = e / BLK_C1, rem = e - aa * BLK_C1;
         const int oc = rem / PIX, px = rem - oc * PIX; /* 4 pixels of one channel */
         float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (aa < na) {
@@ -238,14 +249,14 @@ __device__ __forceinline__ void stage_convert(uint8_t *sm, int na, const float *
 }
 
 template <int NSPLIT, typename T>
-__global__ void __launch_bounds__(THREADS, 1)
+__global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
     wgrad_kernel(const uint64_t *__restrict__ masks, const T *__restrict__ dpre, const T *__restrict__ c1,
                  int64_t agents, int64_t per_block, float *__restrict__ part)
 {
     using G = geom<NSPLIT, T>;
     extern __shared__ __align__(16) uint8_t sm[];
-    const int kh = blockIdx.x % KH_BLOCKS;
-    const int64_t chunk = blockIdx.x / KH_BLOCKS;
+    const int kh = blockIdx.x % KH_BLOCKS, oc0 = (int)(blockIdx.x / KH_BLOCKS) % (OC / OC_BLK) * OC_BLK;
+    const int64_t chunk = blockIdx.x / BLOCKS_PER_CHUNK;
     const int64_t a0 = chunk * per_block;
     const int64_t a1 = a0 + per_block < agents ? a0 + per_block : agents;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -255,9 +266,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int aa = r / PIX, px = r - aa * PIX;
         rowofs[r] = aa * ROW_MASKS + (px / 4) * MAP_W + 3 * (px % 4);
     }
-    float acc[8][4][4];
+    float acc[MT][4][4];
 #pragma unroll
-    for (int mt = 0; mt < 8; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -266,7 +277,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 
     const int64_t steps = a1 > a0 ? (a1 - a0 + STEP - 1) / STEP : 0;
     if (steps > 0)
-        stage_issue<NSPLIT, T>(sm, dpre, c1, masks, a0, (int)(a1 - a0 < STEP ? a1 - a0 : STEP), kh, 0);
+        stage_issue<NSPLIT, T>(sm, dpre, c1, masks, a0, (int)(a1 - a0 < STEP ? a1 - a0 : STEP), kh, oc0, 0);
     /* ldmatrix: lanes 0-7 rows 0-7 at k 0, 8-15 rows 8-15 at k 0, 16-23 rows 0-7 at k 8, ... */
     const uint32_t a_lane = smem_u32(sm) + ((lane & 15) * APITCH + (lane >> 4) * 8) * 2;
     const int krow = 2 * (lane & 3), shift = lane >> 2;
@@ -279,7 +290,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         __syncthreads();
         if (s + 1 < steps) {
             const int64_t an = a + STEP;
-            stage_issue<NSPLIT, T>(sm, dpre, c1, masks, an, (int)(a1 - an < STEP ? a1 - an : STEP), kh,
+            stage_issue<NSPLIT, T>(sm, dpre, c1, masks, an, (int)(a1 - an < STEP ? a1 - an : STEP), kh, oc0,
                                    (int)((s + 1) & 1));
         }
         const uint64_t *ms = (const uint64_t *)(sm + G::MASKS) + (s & 1) * STEP * ROW_MASKS + kw;
@@ -303,7 +314,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
             for (int p = 0; p < NSPLIT; p++) {
 #pragma unroll
-                for (int mt = 0; mt < 8; mt++) {
+                for (int mt = 0; mt < MT; mt++) {
                     uint32_t af[4];
                     ldmatrix_x4(af, a_lane + (uint32_t)(p * G::PLANE + (mt * 16 * APITCH + k * 16) * 2));
 #pragma unroll
@@ -316,10 +327,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     /* part[chunk][tap][oc][channel] */
     float *out = part + chunk * PART + (size_t)(kh * KW + kw) * OC * KCH;
 #pragma unroll
-    for (int mt = 0; mt < 8; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const int oc = mt * 16 + (lane >> 2), ch = half * 32 + j * 8 + krow;
+            const int oc = oc0 + mt * 16 + (lane >> 2), ch = half * 32 + j * 8 + krow;
             *(float2 *)(out + oc * KCH + ch) = make_float2(acc[mt][j][0], acc[mt][j][1]);
             *(float2 *)(out + (oc + 8) * KCH + ch) = make_float2(acc[mt][j][2], acc[mt][j][3]);
         }
@@ -345,7 +356,7 @@ __global__ void reduce_kernel(const float *__restrict__ part, int chunks, float 
 /* Agents a block handles (a multiple of STEP) and the number of chunks. */
 void split_make(int64_t agents, int sm_count, int64_t *per_block, int64_t *chunks)
 {
-    const int64_t most = sm_count / KH_BLOCKS > 0 ? sm_count / KH_BLOCKS : 1;
+    const int64_t most = sm_count * BLOCKS_PER_SM / BLOCKS_PER_CHUNK > 0 ? sm_count * BLOCKS_PER_SM / BLOCKS_PER_CHUNK : 1;
     int64_t per = (agents + most - 1) / most;
     per = (per + STEP - 1) / STEP * STEP;
     if (per < STEP)
@@ -366,7 +377,7 @@ int wgrad_launch(const uint64_t *masks, const void *dpre, const void *c1, int64_
     if (e != cudaSuccess)
         return gk_fail(err, GK_EDEVICE, "nmmo3 conv1 wgrad (cuda): shared memory %d: %s", G::SMEM,
                        cudaGetErrorString(e));
-    wgrad_kernel<NSPLIT, T><<<(unsigned)(chunks * KH_BLOCKS), THREADS, G::SMEM, s>>>(
+    wgrad_kernel<NSPLIT, T><<<(unsigned)(chunks * BLOCKS_PER_CHUNK), THREADS, G::SMEM, s>>>(
         masks, (const T *)dpre, (const T *)c1, agents, per_block, part);
     return GK_OK;
 }
@@ -379,7 +390,7 @@ size_t nmmo3_conv1_wgrad_workspace_bytes(int64_t agents, int sm_count)
      * Partials for the most chunks any batch of up to `agents` agents is split
      * into (split_make's count is not monotonic in the agents; this bound is).
      */
-    const int64_t most = sm_count / KH_BLOCKS > 0 ? sm_count / KH_BLOCKS : 1;
+    const int64_t most = sm_count * BLOCKS_PER_SM / BLOCKS_PER_CHUNK > 0 ? sm_count * BLOCKS_PER_SM / BLOCKS_PER_CHUNK : 1;
     const int64_t steps = (agents + STEP - 1) / STEP;
     const int64_t chunks = steps < most ? steps : most;
     return align256((size_t)agents * MAP_PIX * 8) + align256((size_t)(chunks > 0 ? chunks : 1) * PART * 4);

@@ -7,8 +7,9 @@
  * dfeat[a][256 + 32 i .. + 32], of onehot the slot's byte.  A thread makes its
  * mma.sync A fragments of the one-hot in registers from the bytes (each
  * k has one hot value: a bit in a 32-bit word per row pair); dF goes through
- * shared memory as bf16 (f32: three exact bf16 terms hi + mid + lo, whose
- * products with 0/1 are exact, so the f32 result is an fp32 sum).  Blocks of
+ * shared memory as bf16, by cp.async into two buffers so that the next step
+ * loads while this one computes (f32: three exact bf16 terms hi + mid + lo,
+ * whose products with 0/1 are exact, so the f32 result is an fp32 sum).  Blocks of
  * 4 warps walk agents 4 at a time (188 rows, padded to 192 = 12 k16 steps,
  * 3 a warp); the warps' sums are added in warp order, each block writes its
  * partial table, and a second kernel adds the blocks in block order.  No
@@ -39,16 +40,25 @@ static_assert((PITCH * 2) % 16 == 0 && ((PITCH * 2 / 16) & 1) == 1, "ldmatrix ro
 
 template <int NSPLIT> struct geom {
     static constexpr int PLANE = ROWS * PITCH * 2;
-    static constexpr int PLANES = NSPLIT * PLANE;
-    static constexpr int REDUCE = TABLE * 4; /* the warps' sum, over the planes after the loop */
-    static constexpr int IDX = PLANES > REDUCE ? PLANES : REDUCE;
-    static constexpr int SMEM = IDX + ROWS * 4;
+    static constexpr int BUF = NSPLIT * PLANE;              /* one step's dF, two buffers */
+    static constexpr int REDUCE = TABLE * 4;                /* the warps' sum, over the buffers after */
+    static constexpr int IDX = 2 * BUF > REDUCE ? 2 * BUF : REDUCE;
+    static constexpr int SMEM = IDX + 2 * ROWS * 4;
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p)
 {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 __device__ __forceinline__ uint32_t bits_to_bf16x2(uint32_t y)
 {
@@ -107,6 +117,51 @@ __device__ __forceinline__ uint32_t pair_hits(int x0, int x1, int g)
     return y;
 }
 
+/*
+ * Stages the step at agent a (na agents) into buffer buf: dF rows as bf16
+ * planes, by cp.async where rows are 16-byte aligned bf16 (vec), else value
+ * by value (f32 is split into its terms); rows past na*47 are zero (0 x NaN
+ * would be NaN), and their bytes 255 (no hot value).
+ */
+template <int NSPLIT, typename T>
+__device__ __forceinline__ void stage(uint8_t *sm, const uint8_t *obs, const T *dfeat, int64_t ld, int64_t a,
+                                      int na, int buf, bool vec)
+{
+    using G = geom<NSPLIT>;
+    uint16_t *planes = (uint16_t *)(sm + buf * G::BUF);
+    const int rows = na * SLOTS;
+    if (NSPLIT == 1 && vec) {
+        constexpr int CHUNKS = DIM * 2 / 16; /* 16-byte pieces a row */
+        for (int e = threadIdx.x; e < rows * CHUNKS; e += THREADS) {
+            const int k = e / CHUNKS, c = e - k * CHUNKS, aa = k / SLOTS, i = k - aa * SLOTS;
+            cp_async16(planes + k * PITCH + c * 8, dfeat + (a + aa) * ld + EMB_AT + i * DIM + c * 8);
+        }
+        for (int e = rows * DIM + threadIdx.x; e < ROWS * DIM; e += THREADS)
+            planes[(e / DIM) * PITCH + e % DIM] = 0;
+    } else {
+#pragma unroll 4
+        for (int e = threadIdx.x; e < ROWS * DIM; e += THREADS) {
+            const int k = e / DIM, d = e - k * DIM;
+            T v = T(0.0f);
+            if (k < rows) {
+                const int aa = k / SLOTS, i = k - aa * SLOTS;
+                v = dfeat[(a + aa) * ld + EMB_AT + i * DIM + d];
+            }
+            plane_store(planes, k * PITCH + d, v);
+        }
+    }
+    int *idx = (int *)(sm + G::IDX) + buf * ROWS;
+    for (int k = threadIdx.x; k < ROWS; k += THREADS) {
+        int x = 255;
+        if (k < rows) {
+            const int aa = k / SLOTS, i = k - aa * SLOTS;
+            x = obs[(a + aa) * GK_NMMO3_OBS_BYTES + GK_NMMO3_PLAYER_OFFSET + i];
+        }
+        idx[k] = x;
+    }
+    cp_async_commit();
+}
+
 template <int NSPLIT, typename T>
 __global__ void __launch_bounds__(THREADS, NSPLIT == 1 ? BLOCKS_PER_SM : 2)
     embed_grad_kernel(const uint8_t *__restrict__ obs, const T *__restrict__ dfeat, int64_t ld,
@@ -114,8 +169,6 @@ __global__ void __launch_bounds__(THREADS, NSPLIT == 1 ? BLOCKS_PER_SM : 2)
 {
     using G = geom<NSPLIT>;
     extern __shared__ __align__(16) uint8_t sm[];
-    uint16_t *planes = (uint16_t *)sm;
-    int *idx = (int *)(sm + G::IDX);
     const int64_t a0 = (int64_t)blockIdx.x * per_block;
     const int64_t a1 = a0 + per_block < agents ? a0 + per_block : agents;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t2 = 2 * (lane & 3);
@@ -128,29 +181,20 @@ __global__ void __launch_bounds__(THREADS, NSPLIT == 1 ? BLOCKS_PER_SM : 2)
             for (int i = 0; i < 4; i++)
                 acc[mt][j][i] = 0.0f;
     /* ldmatrix.trans: lanes 0-7 rows k 0-7, 8-15 rows k 8-15 at dims 0-7; 16-31 the same at dims 8-15. */
-    const uint32_t b_lane = smem_u32(planes) + ((lane & 15) * PITCH + (lane >> 4) * 8) * 2;
+    const uint32_t b_lane = smem_u32(sm) + ((lane & 15) * PITCH + (lane >> 4) * 8) * 2;
 
-    for (int64_t a = a0; a < a1; a += STEP) {
-        const int na = (int)(a1 - a < STEP ? a1 - a : STEP), rows = na * SLOTS;
-        __syncthreads(); /* every warp is done with the last step */
-        for (int e = threadIdx.x; e < ROWS * DIM; e += THREADS) {
-            const int k = e / DIM, d = e - k * DIM;
-            T v = T(0.0f); /* padding rows must be finite zeros: 0 x NaN is NaN */
-            if (k < rows) {
-                const int aa = k / SLOTS, i = k - aa * SLOTS;
-                v = dfeat[(a + aa) * ld + EMB_AT + i * DIM + d];
-            }
-            plane_store(planes, k * PITCH + d, v);
-        }
-        for (int k = threadIdx.x; k < ROWS; k += THREADS) {
-            int x = 255; /* hits nothing */
-            if (k < rows) {
-                const int aa = k / SLOTS, i = k - aa * SLOTS;
-                x = obs[(a + aa) * GK_NMMO3_OBS_BYTES + GK_NMMO3_PLAYER_OFFSET + i];
-            }
-            idx[k] = x;
-        }
-        __syncthreads();
+    const bool vec = ld % 8 == 0 && (uintptr_t)dfeat % 16 == 0;
+    if (a0 < a1)
+        stage<NSPLIT, T>(sm, obs, dfeat, ld, a0, (int)(a1 - a0 < STEP ? a1 - a0 : STEP), 0, vec);
+    for (int64_t a = a0, step = 0; a < a1; a += STEP, step++) {
+        const int buf = (int)(step & 1);
+        cp_async_wait_all();
+        __syncthreads(); /* this step landed; every warp is done with the last one (the other buffer) */
+        if (a + STEP < a1)
+            stage<NSPLIT, T>(sm, obs, dfeat, ld, a + STEP, (int)(a1 - a - STEP < STEP ? a1 - a - STEP : STEP),
+                             buf ^ 1, vec);
+        const int *idx = (const int *)(sm + G::IDX) + buf * ROWS;
+        const uint32_t b_buf = b_lane + (uint32_t)(buf * G::BUF);
 #pragma unroll 1
         for (int s = 0; s < K16_WARP; s++) {
             const int kb = (warp + s * WARPS) * 16;
@@ -159,8 +203,8 @@ __global__ void __launch_bounds__(THREADS, NSPLIT == 1 ? BLOCKS_PER_SM : 2)
 #pragma unroll
             for (int p = 0; p < NSPLIT; p++) {
                 uint32_t b[2][4];
-                ldmatrix_x4_trans(b[0], b_lane + (uint32_t)(p * G::PLANE + kb * PITCH * 2));
-                ldmatrix_x4_trans(b[1], b_lane + (uint32_t)(p * G::PLANE + (kb * PITCH + 16) * 2));
+                ldmatrix_x4_trans(b[0], b_buf + (uint32_t)(p * G::PLANE + kb * PITCH * 2));
+                ldmatrix_x4_trans(b[1], b_buf + (uint32_t)(p * G::PLANE + (kb * PITCH + 16) * 2));
 #pragma unroll
                 for (int mt = 0; mt < 8; mt++) {
                     const uint32_t a[4] = {bits_to_bf16x2(y01 >> (4 * mt)), bits_to_bf16x2(y01 >> (4 * mt + 2)),

@@ -110,10 +110,10 @@ static gk_nmmo3_weights set_of(const problem *p, void *const *data, int grads)
     return w;
 }
 
-static void problem_make(problem *p, gk_dtype dt, int64_t rows, int proj)
+static void problem_make(problem *p, gk_dtype dt, int64_t rows, int proj, int64_t hidden)
 {
     memset(p, 0, sizeof *p);
-    p->dt = dt, p->rows = rows, p->proj = proj, p->hidden = 96;
+    p->dt = dt, p->rows = rows, p->proj = proj, p->hidden = hidden;
     const int64_t shapes[NW][4] = {{128, 59, 5, 5}, {128}, {128, 128, 3, 3}, {128}, {128, 32},
                                    {p->hidden, 1817}, {p->hidden}};
     const int nd[NW] = {4, 1, 4, 1, 2, 2, 1};
@@ -231,15 +231,18 @@ static size_t workspace_min(problem *p)
 static void test_matches_cpu(void **state)
 {
     (void)state;
+    /* hidden 130 and 98: rows of the projection that take the one-column-a-thread path. */
     const struct {
         gk_dtype dt;
         int64_t rows;
         int proj;
-    } cases[] = {{GK_F32, 37, 1},  {GK_BF16, 300, 1}, {GK_F32, 5, 0},
-                 {GK_BF16, 1, 0},  {GK_BF16, 2100, 1}, {GK_F32, 1000, 0}};
+        int64_t hidden;
+    } cases[] = {{GK_F32, 37, 1, 96},   {GK_BF16, 300, 1, 96},  {GK_F32, 5, 0, 96},
+                 {GK_BF16, 1, 0, 96},   {GK_BF16, 2100, 1, 96}, {GK_F32, 1000, 0, 96},
+                 {GK_BF16, 77, 1, 130}, {GK_F32, 9, 1, 98}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         problem p;
-        problem_make(&p, cases[k].dt, cases[k].rows, cases[k].proj);
+        problem_make(&p, cases[k].dt, cases[k].rows, cases[k].proj, cases[k].hidden);
         gk_err err;
         if (problem_run(&p, WORKSPACE, g_blas, &err) != GK_OK)
             fail_msg("backward: %s", err.msg);
@@ -266,7 +269,7 @@ static void test_chunks_match_cpu(void **state)
     for (int k = 0; k < 3; k++) {
         const int proj = k > 0;
         problem p;
-        problem_make(&p, k == 2 ? GK_BF16 : GK_F32, 1000, proj);
+        problem_make(&p, k == 2 ? GK_BF16 : GK_F32, 1000, proj, 96);
         size_t least = workspace_min(&p);
         printf("least workspace %zu bytes\n", least);
         gk_err err;
@@ -284,7 +287,7 @@ static void test_bad_input(void **state)
 {
     (void)state;
     problem p;
-    problem_make(&p, GK_BF16, 40, 1);
+    problem_make(&p, GK_BF16, 40, 1, 96);
     gk_nmmo3_weights w = set_of(&p, p.hw, 0), g = set_of(&p, (void **)p.want, 1);
     gk_tensor o = gk_tensor_make(p.hobs, GK_U8, 2, (int64_t[]){p.rows, 1707});
     gk_tensor d = gk_tensor_make(p.hdout, p.dt, 2, (int64_t[]){p.rows, p.hidden});
