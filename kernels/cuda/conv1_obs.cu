@@ -437,13 +437,17 @@ constexpr int WG_BUILDERS = 96;                     /* producer warps 1-3 */
 constexpr int WG_SUB_BYTES = OC * KC * 2;           /* one bf16 weight tile, 128 x 64: 16 KiB */
 
 template <int NSPLIT> struct wgeom {
-    static constexpr int STAGES = NSPLIT == 1 ? 8 : 3;
+    static constexpr int STAGES = NSPLIT == 1 ? 6 : 3;
     static constexpr int STAGE_BYTES = NSPLIT * WG_SUB_BYTES; /* a multiple of 1024: swizzle atoms */
+    /* Tiles of bytes in flight: two in bf16, so that a tile's copy overlaps the masks of the one before. */
+    static constexpr int RAW_BUFS = NSPLIT == 1 ? 2 : 1;
+    static constexpr int RAW_BYTES = AGENTS * GK_NMMO3_OBS_BYTES; /* a multiple of 16 */
     static constexpr int MASK_AT = STAGES * STAGE_BYTES;
     static constexpr int MASK_WORDS = AGENTS * MAP_PIX;
     static constexpr int RAW_AT = MASK_AT + 2 * MASK_WORDS * 8;
-    static constexpr int BAR_AT = RAW_AT + AGENTS * GK_NMMO3_OBS_BYTES;
-    static constexpr int BARS = 2 * STAGES + 5; /* full/empty a stage, raw full, mask full/empty x 2 */
+    static constexpr int BAR_AT = RAW_AT + RAW_BUFS * RAW_BYTES;
+    /* full/empty a stage, raw full a buffer, mask full/empty x 2 */
+    static constexpr int BARS = 2 * STAGES + RAW_BUFS + 4;
     static constexpr int BIAS_AT = BAR_AT + BARS * 8; /* the bias as fp32 */
     static constexpr int SMEM = BIAS_AT + OC * 4 + 1024; /* + aligning the base to 1024 */
 };
@@ -540,18 +544,19 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
     unsigned long long *masks = reinterpret_cast<unsigned long long *>(smem + G::MASK_AT);
     uint8_t *raw = smem + G::RAW_AT;
     const uint32_t bars = sbase + G::BAR_AT;
-    const uint32_t raw_full = bars + 8 * (2 * G::STAGES);
     auto w_full = [&](int s) { return bars + 8 * s; };
     auto w_empty = [&](int s) { return bars + 8 * (G::STAGES + s); };
-    auto mask_full = [&](int b) { return raw_full + 8 * (1 + b); };
-    auto mask_empty = [&](int b) { return raw_full + 8 * (3 + b); };
+    auto raw_full = [&](int b) { return bars + 8 * (2 * G::STAGES + b); };
+    auto mask_full = [&](int b) { return bars + 8 * (2 * G::STAGES + G::RAW_BUFS + b); };
+    auto mask_empty = [&](int b) { return bars + 8 * (2 * G::STAGES + G::RAW_BUFS + 2 + b); };
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (tid == 0) {
         for (int s = 0; s < G::STAGES; s++) {
             mbar_init(w_full(s), 1);
             mbar_init(w_empty(s), WG_CONSUMER_WARPS);
         }
-        mbar_init(raw_full, 1);
+        for (int b = 0; b < G::RAW_BUFS; b++)
+            mbar_init(raw_full(b), 1);
         for (int b = 0; b < 2; b++) {
             mbar_init(mask_full(b), WG_BUILDERS);
             mbar_init(mask_empty(b), WG_CONSUMER_WARPS);
@@ -580,30 +585,38 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
     }
 
     if (warp > WG_CONSUMER_WARPS) {
-        /* The masks, a tile ahead: raw bytes in, one 64-bit mask per (agent, input pixel) out. */
+        /*
+         * The masks, a tile ahead: raw bytes in (RAW_BUFS tiles of them in flight), one 64-bit
+         * mask per (agent, input pixel) out.  A mask's bytes are loaded together and checked
+         * without branches; the rare bad value is recorded after.
+         */
         const int bt = tid - (WG_CONSUMER_WARPS + 1) * 32;
-        auto issue_bytes = [&](int t) {
+        auto issue_bytes = [&](int t, int rb) {
             const int b0 = t * AGENTS, bytes = min(AGENTS, batch - b0) * GK_NMMO3_OBS_BYTES;
             const int bulk = aligned ? bytes & ~15 : 0;
             if (bulk > 0) {
-                mbar_arrive_tx(raw_full, (uint32_t)bulk);
-                bulk_copy(sbase + G::RAW_AT, obs + (size_t)b0 * GK_NMMO3_OBS_BYTES, (uint32_t)bulk,
-                          raw_full);
+                mbar_arrive_tx(raw_full(rb), (uint32_t)bulk);
+                bulk_copy(sbase + G::RAW_AT + rb * G::RAW_BYTES, obs + (size_t)b0 * GK_NMMO3_OBS_BYTES,
+                          (uint32_t)bulk, raw_full(rb));
             } else {
-                mbar_arrive(raw_full);
+                mbar_arrive(raw_full(rb));
             }
         };
-        if (bt == 0 && (int)blockIdx.x < tiles)
-            issue_bytes(blockIdx.x);
+        if (bt == 0)
+            for (int rb = 0; rb < G::RAW_BUFS; rb++)
+                if ((int)blockIdx.x + rb * (int)gridDim.x < tiles)
+                    issue_bytes(blockIdx.x + rb * gridDim.x, rb);
         int it = 0;
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, it++) {
             const int b0 = tile * AGENTS, bytes = min(AGENTS, batch - b0) * GK_NMMO3_OBS_BYTES;
             const int bulk = aligned ? bytes & ~15 : 0;
-            mbar_wait(raw_full, it & 1);
+            const int rb = it % G::RAW_BUFS;
+            uint8_t *rw = raw + rb * G::RAW_BYTES;
+            mbar_wait(raw_full(rb), (it / G::RAW_BUFS) & 1);
             if (bulk < bytes) { /* the bytes no bulk copy brought: all of them when unaligned */
                 const uint8_t *src = obs + (size_t)b0 * GK_NMMO3_OBS_BYTES;
                 for (int k = bulk + bt; k < bytes; k += WG_BUILDERS)
-                    raw[k] = src[k];
+                    rw[k] = src[k];
                 named_sync(1, WG_BUILDERS);
             }
             const int buf = it & 1;
@@ -613,23 +626,29 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
                 const int a = i / MAP_PIX, p = i - a * MAP_PIX;
                 unsigned long long m = 0;
                 if (b0 + a < batch) {
-                    const uint8_t *src = raw + a * GK_NMMO3_OBS_BYTES + p * NFEAT;
+                    const uint8_t *src = rw + a * GK_NMMO3_OBS_BYTES + p * NFEAT;
+                    int v[NFEAT];
+#pragma unroll
+                    for (int f = 0; f < NFEAT; f++)
+                        v[f] = src[f];
+                    unsigned bad = 0;
 #pragma unroll
                     for (int f = 0; f < NFEAT; f++) {
-                        const int v = src[f];
-                        if (v < feat_slots(f))
-                            m |= 1ull << (feat_offset(f) + v);
-                        else
-                            obs_record_offender(rec, (unsigned long long)(b0 + a) * MAP_BYTES +
-                                                         (unsigned)(p * NFEAT + f));
+                        const bool ok = v[f] < feat_slots(f);
+                        m |= (unsigned long long)ok << (feat_offset(f) + (ok ? v[f] : 0));
+                        bad |= (unsigned)!ok << f;
                     }
+                    if (bad != 0) /* the first bad feature of the pixel */
+                        obs_record_offender(rec, (unsigned long long)(b0 + a) * MAP_BYTES +
+                                                     (unsigned)(p * NFEAT + __ffs(bad) - 1));
                 }
                 mk[i] = m;
             }
             named_sync(1, WG_BUILDERS); /* every builder is done with the bytes */
-            if (bt == 0 && tile + (int)gridDim.x < tiles) {
+            const int next = tile + G::RAW_BUFS * (int)gridDim.x;
+            if (bt == 0 && next < tiles) {
                 asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                issue_bytes(tile + gridDim.x);
+                issue_bytes(next, rb);
             }
             mbar_arrive(mask_full(buf));
         }
