@@ -17,6 +17,8 @@
 #include <stdint.h>
 
 #include "gk_cuda.h"
+#include "conv_fwd_tile.cuh"
+#include "conv_wgrad_tile.cuh"
 #include "dgrad_tile.cuh"
 #include "igemm.cuh"
 
@@ -478,11 +480,275 @@ bias_plan bias_plan_of(const conv_shape &s, int sm_count)
     return b;
 }
 
+/*
+ * The staged-input bf16 forward (conv_fwd_tile.cuh): applies when OC <= FT_BN,
+ * OH*OW <= FT_BM, KH*KW <= FT_TAPS_MAX and two chunk buffers of the block's
+ * samples fit the shared memory.
+ */
+struct fwd_tile_plan {
+    bool fits;
+    int sb, RS, SS, xbytes, smem, ntp, nch;
+    size_t pack_bytes;
+};
+
+/*
+ * Bank-group collisions of the A ldmatrix phases: each 8 consecutive tile rows
+ * read 8 slots at the same tap offset; the cost is the sum over those groups
+ * of the most rows sharing a slot residue mod 8 (8 groups of 16 bytes a
+ * 128-byte bank row).  The best (RS, SS) of 8 x 8 candidates; the last shape's
+ * answer is kept per thread (one search per layer, not per call).
+ */
+void fwd_tile_strides(const conv_shape &s, int sb, int *RS, int *SS)
+{
+    struct key {
+        int sb, Hp, Wp, OH, OW, sh, sw;
+    };
+    static thread_local key last = {0, 0, 0, 0, 0, 0, 0};
+    static thread_local int last_rs, last_ss;
+    const int Hp = s.H + 2 * s.ph, Wp = s.W + 2 * s.pw, ohw = s.OH * s.OW, rows = sb * ohw;
+    const key k = {sb, Hp, Wp, s.OH, s.OW, s.sh, s.sw};
+    if (k.sb == last.sb && k.Hp == last.Hp && k.Wp == last.Wp && k.OH == last.OH &&
+        k.OW == last.OW && k.sh == last.sh && k.sw == last.sw) {
+        *RS = last_rs;
+        *SS = last_ss;
+        return;
+    }
+    int best = -1;
+    for (int rs = Wp; rs < Wp + 8; rs++)
+        for (int ss = Hp * rs; ss < Hp * rs + 8; ss++) {
+            int cost = 0;
+            for (int m0 = 0; m0 < rows; m0 += 8) {
+                int count[8] = {0, 0, 0, 0, 0, 0, 0, 0}, most = 0;
+                for (int m = m0; m < m0 + 8 && m < rows; m++) {
+                    const int sm = m / ohw, pix = m % ohw;
+                    const int slot = sm * ss + (pix / s.OW) * s.sh * rs + (pix % s.OW) * s.sw;
+                    const int c = ++count[slot & 7];
+                    most = c > most ? c : most;
+                }
+                cost += most;
+            }
+            if (best < 0 || cost < best) {
+                best = cost;
+                *RS = rs;
+                *SS = ss;
+            }
+        }
+    last = k;
+    last_rs = *RS;
+    last_ss = *SS;
+}
+
+fwd_tile_plan fwd_tile_plan_of(const conv_shape &s, int sm_count)
+{
+    fwd_tile_plan d = {};
+    const int ohw = s.OH * s.OW, taps = s.KH * s.KW;
+    if (s.OC > FT_BN || ohw > FT_BM || taps > FT_TAPS_MAX)
+        return d;
+    /* whole samples a tile, fewer when that leaves SMs idle (small batches) */
+    const int per_sm = (s.N + sm_count - 1) / sm_count;
+    d.sb = FT_BM / ohw < per_sm ? FT_BM / ohw : per_sm;
+    fwd_tile_strides(s, d.sb, &d.RS, &d.SS);
+    const long long xbytes = ((long long)d.sb * d.SS * 16 + 127) / 128 * 128;
+    if (ft_smem_bytes(0) + 2 * xbytes > FT_SMEM_MAX)
+        return d;
+    d.xbytes = (int)xbytes;
+    d.smem = ft_smem_bytes(d.xbytes);
+    d.ntp = (taps + 1) / 2;
+    d.nch = (s.C + FT_CC - 1) / FT_CC;
+    d.pack_bytes = round256((size_t)d.nch * d.ntp * FT_STEP_BYTES);
+    d.fits = true;
+    return d;
+}
+
+/* Blocks per SM of the staged forward at its largest shared memory; 0: it cannot run here. */
+int g_ft_occupancy;
+
+int fwd_tile_occupancy()
+{
+    int n = __atomic_load_n(&g_ft_occupancy, __ATOMIC_RELAXED);
+    if (n != 0)
+        return n > 0 ? n : 0;
+    if (cudaFuncSetAttribute(conv_fwd_tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             FT_SMEM_MAX) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, conv_fwd_tile_kernel, FT_THREADS,
+                                                      FT_SMEM_MAX) != cudaSuccess ||
+        n < 1) {
+        (void)cudaGetLastError();
+        n = -1;
+    }
+    __atomic_store_n(&g_ft_occupancy, n, __ATOMIC_RELAXED);
+    return n > 0 ? n : 0;
+}
+
+int fwd_tile_run(const conv_shape &s, const fwd_tile_plan &d, const uint16_t *x, const uint16_t *w,
+                 const uint16_t *b, uint16_t *y, int relu, const gk_cuda_exec *ex, int occ,
+                 gk_err *err)
+{
+    if (d.pack_bytes > ex->workspace_bytes)
+        return gk_fail(err, GK_ENOMEM, "conv2d (cuda): forward needs %zu workspace bytes, %zu given",
+                       d.pack_bytes, ex->workspace_bytes);
+    uint16_t *pack = (uint16_t *)ex->workspace;
+    const int steps = d.nch * d.ntp;
+    ft_pack_w_kernel<<<ex->sm_count, 256, 0, ex->stream>>>(w, s.OC, s.C, s.KH * s.KW, d.ntp, steps,
+                                                          pack);
+    int rc = launch_check<uint16_t>("forward weight packing", err);
+    if (rc)
+        return rc;
+    ft_params p;
+    p.x = x;
+    p.bpack = pack;
+    p.bias = b;
+    p.y = y;
+    p.N = s.N;
+    p.C = s.C;
+    p.HW = s.H * s.W;
+    p.W = s.W;
+    p.OC = s.OC;
+    p.ohw = s.OH * s.OW;
+    p.relu = relu;
+    p.sb = d.sb;
+    p.rows = d.sb * p.ohw;
+    p.items = (s.N + d.sb - 1) / d.sb;
+    p.nch = d.nch;
+    p.ntp = d.ntp;
+    p.steps = steps;
+    p.RS = d.RS;
+    p.SS = d.SS;
+    p.ph = s.ph;
+    p.pw = s.pw;
+    p.OW = s.OW;
+    p.sh = s.sh;
+    p.sw = s.sw;
+    p.KW = s.KW;
+    p.taps = s.KH * s.KW;
+    p.xbytes = d.xbytes;
+    p.hw_div = fastdiv_make((uint32_t)p.HW);
+    p.w_div = fastdiv_make((uint32_t)s.W);
+    const int cap = ex->sm_count * occ;
+    const int grid = p.items < cap ? p.items : cap;
+    conv_fwd_tile_kernel<<<grid, FT_THREADS, d.smem, ex->stream>>>(p);
+    return launch_check<uint16_t>("forward", err);
+}
+
+/*
+ * The staged-input bf16 weight gradient (conv_wgrad_tile.cuh): OC <= WT_OC, KH*KW <=
+ * 2 * WT_TPW, OH*OW even and <= FT_BM (dy by 4-byte words), buffers within the shared memory.
+ */
+struct wgrad_tile_plan {
+    bool fits;
+    int sb, RS, SS, xbytes, dbytes, smem, nch, tpw, kpad, dld, parts;
+    size_t part_bytes;
+};
+
+wgrad_tile_plan wgrad_tile_plan_of(const conv_shape &s, int sm_count)
+{
+    wgrad_tile_plan d = {};
+    const int ohw = s.OH * s.OW, taps = s.KH * s.KW;
+    if (s.OC > WT_OC || taps > 2 * WT_TPW || ohw > FT_BM || ohw % 2 != 0)
+        return d;
+    d.sb = FT_BM / ohw;
+    fwd_tile_strides(s, d.sb, &d.RS, &d.SS);
+    d.kpad = (d.sb * ohw + 15) / 16 * 16;
+    d.dld = d.kpad * 2 + 16; /* an odd number of 16-byte units: ldmatrix rows in 8 bank groups */
+    d.dbytes = (WT_OC * d.dld + 127) / 128 * 128;
+    const long long xbytes = ((long long)d.sb * d.SS * 16 + 127) / 128 * 128;
+    if (wt_smem_bytes(0, d.dbytes) + 2 * xbytes > FT_SMEM_MAX)
+        return d;
+    d.xbytes = (int)xbytes;
+    d.smem = wt_smem_bytes(d.xbytes, d.dbytes);
+    d.nch = (s.C + FT_CC - 1) / FT_CC;
+    d.tpw = (taps + 1) / 2;
+    d.parts = sm_count / d.nch > 1 ? sm_count / d.nch : 1;
+    d.part_bytes = round256((size_t)d.parts * d.nch * WT_OC * 2 * d.tpw * FT_CC * sizeof(float));
+    d.fits = true;
+    return d;
+}
+
+int g_wt_occupancy;
+
+/* Blocks per SM of the staged weight gradient at its largest shared memory; 0: not here. */
+int wgrad_tile_occupancy()
+{
+    int n = __atomic_load_n(&g_wt_occupancy, __ATOMIC_RELAXED);
+    if (n != 0)
+        return n > 0 ? n : 0;
+    if (cudaFuncSetAttribute(conv_wgrad_tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             FT_SMEM_MAX) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, conv_wgrad_tile_kernel, FT_THREADS,
+                                                      FT_SMEM_MAX) != cudaSuccess ||
+        n < 1) {
+        (void)cudaGetLastError();
+        n = -1;
+    }
+    __atomic_store_n(&g_wt_occupancy, n, __ATOMIC_RELAXED);
+    return n > 0 ? n : 0;
+}
+
+int wgrad_tile_run(const conv_shape &s, const wgrad_tile_plan &d, const uint16_t *x, const uint16_t *dy,
+                   const uint16_t *y, uint16_t *dw, const gk_cuda_exec *ex, gk_err *err)
+{
+    if (d.part_bytes > ex->workspace_bytes)
+        return gk_fail(err, GK_ENOMEM, "conv2d (cuda): wgrad needs %zu workspace bytes, %zu given",
+                       d.part_bytes, ex->workspace_bytes);
+    wt_params p = {};
+    ft_params &f = p.f;
+    f.x = x;
+    f.N = s.N;
+    f.C = s.C;
+    f.HW = s.H * s.W;
+    f.W = s.W;
+    f.OC = s.OC;
+    f.ohw = s.OH * s.OW;
+    f.sb = d.sb;
+    f.rows = d.sb * f.ohw;
+    f.nch = d.nch;
+    f.items = d.nch * d.parts;
+    f.RS = d.RS;
+    f.SS = d.SS;
+    f.ph = s.ph;
+    f.pw = s.pw;
+    f.OW = s.OW;
+    f.sh = s.sh;
+    f.sw = s.sw;
+    f.KW = s.KW;
+    f.taps = s.KH * s.KW;
+    f.xbytes = d.xbytes;
+    f.hw_div = fastdiv_make((uint32_t)f.HW);
+    f.w_div = fastdiv_make((uint32_t)s.W);
+    p.dy = dy;
+    p.y = y;
+    p.part = (float *)ex->workspace;
+    p.nsb = (s.N + d.sb - 1) / d.sb;
+    p.parts = d.parts;
+    p.tpw = d.tpw;
+    p.kpad = d.kpad;
+    p.dld = d.dld;
+    p.dbytes = d.dbytes;
+    p.socw_div = fastdiv_make((uint32_t)(s.OC * f.ohw));
+    p.ohw_div = fastdiv_make((uint32_t)f.ohw);
+    const int grid = f.items < ex->sm_count ? f.items : ex->sm_count;
+    conv_wgrad_tile_kernel<<<grid, FT_THREADS, d.smem, ex->stream>>>(p);
+    int rc = launch_check<uint16_t>("wgrad", err);
+    if (rc)
+        return rc;
+    wt_finalize_kernel<<<ex->sm_count * 2, 256, 0, ex->stream>>>(p.part, d.parts, d.nch, d.tpw, s.OC,
+                                                                s.C, f.taps, dw);
+    return launch_check<uint16_t>("wgrad reduction", err);
+}
+
 template <class T, int MATH>
 int forward_run(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, const gk_tensor *b,
                 const gk_tensor *y, const gk_cuda_exec *ex, int var, gk_err *err)
 {
     const conv_shape s = shape_of(p, x, w);
+    if constexpr (MATH == MATH_BF16) {
+        const fwd_tile_plan d = fwd_tile_plan_of(s, ex->sm_count);
+        const int occ = d.fits ? fwd_tile_occupancy() : 0;
+        if (occ > 0)
+            return fwd_tile_run(s, d, (const uint16_t *)x->data, (const uint16_t *)w->data,
+                                gk_tensor_present(b) ? (const uint16_t *)b->data : nullptr,
+                                (uint16_t *)y->data, p->relu, ex, occ, err);
+    }
     ig_params<T> prm = forward_params<T>(s, (const T *)x->data, (const T *)w->data,
                                          gk_tensor_present(b) ? (const T *)b->data : nullptr,
                                          (T *)y->data, p->relu);
@@ -497,12 +763,25 @@ int backward_run(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, con
 {
     const conv_shape s = shape_of(p, x, w);
     const T *mask = p->relu ? (const T *)y->data : nullptr;
-    ig_params<T> wg = wgrad_params<T>(s, (const T *)x->data, (const T *)dy->data, mask,
-                                      (T *)dw->data);
-    const launch_plan lw = plan_splits(wg, var, ex->sm_count, true);
-    int rc = igemm_run<T, MATH>(wg, lw, s.ph || s.pw, ex, "wgrad", err, true);
-    if (rc)
-        return rc;
+    int rc = GK_OK;
+    bool wgrad_done = false;
+    if constexpr (MATH == MATH_BF16) {
+        const wgrad_tile_plan d = wgrad_tile_plan_of(s, ex->sm_count);
+        const bool words = ((uintptr_t)dy->data & 3) == 0 && ((uintptr_t)mask & 3) == 0;
+        if (d.fits && words && wgrad_tile_occupancy() > 0) {
+            if ((rc = wgrad_tile_run(s, d, (const uint16_t *)x->data, (const uint16_t *)dy->data,
+                                     (const uint16_t *)mask, (uint16_t *)dw->data, ex, err)))
+                return rc;
+            wgrad_done = true;
+        }
+    }
+    if (!wgrad_done) {
+        ig_params<T> wg = wgrad_params<T>(s, (const T *)x->data, (const T *)dy->data, mask,
+                                          (T *)dw->data);
+        const launch_plan lw = plan_splits(wg, var, ex->sm_count, true);
+        if ((rc = igemm_run<T, MATH>(wg, lw, s.ph || s.pw, ex, "wgrad", err, true)))
+            return rc;
+    }
     if (gk_tensor_present(db)) {
         const bias_plan bp = bias_plan_of(s, ex->sm_count);
         if (bp.blocks > 0) {
@@ -561,6 +840,12 @@ size_t workspace_of(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, 
     ig_params<T> f = forward_params<T>(s, nullptr, nullptr, nullptr, nullptr, 0);
     const launch_plan lf = plan_splits(f, var, sm, false, true);
     size_t most = lf.ws_bytes + lf.pack_bytes;
+    if constexpr (sizeof(T) == 2) {
+        const fwd_tile_plan ft = fwd_tile_plan_of(s, sm);
+        most = ft.fits && ft.pack_bytes > most ? ft.pack_bytes : most;
+        const wgrad_tile_plan wt = wgrad_tile_plan_of(s, sm);
+        most = wt.fits && wt.part_bytes > most ? wt.part_bytes : most;
+    }
     ig_params<T> wg = wgrad_params<T>(s, nullptr, nullptr, nullptr, nullptr);
     size_t b = plan_splits(wg, var, sm, true).ws_bytes;
     most = b > most ? b : most;
@@ -634,6 +919,10 @@ extern "C" int gk_cuda_conv_warmup(gk_err *err)
         kernel_load(dgrad_pack_dy_kernel<float, MATH_FFMA>),
         kernel_load(dgrad_pack_dy_kernel<float, MATH_TF32>),
         kernel_load(dgrad_pack_dy_kernel<uint16_t, MATH_BF16>),
+        kernel_load(conv_fwd_tile_kernel),
+        kernel_load(ft_pack_w_kernel),
+        kernel_load(conv_wgrad_tile_kernel),
+        kernel_load(wt_finalize_kernel),
     };
     for (cudaError_t one : e) {
         if (one != cudaSuccess)
@@ -646,6 +935,8 @@ extern "C" int gk_cuda_conv_warmup(gk_err *err)
         dgrad_tile_occupancy<float, MATH_TF32>(VAR_TF32) < 1 ||
         dgrad_tile_occupancy<uint16_t, MATH_BF16>(VAR_BF16) < 1)
         return gk_fail(err, GK_EDEVICE, "conv2d (cuda): the dgrad kernels cannot be resident");
+    (void)fwd_tile_occupancy();   /* 0 leaves the bf16 forward on the implicit GEMM */
+    (void)wgrad_tile_occupancy(); /* and the bf16 weight gradient */
     return GK_OK;
 }
 
