@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -82,12 +83,16 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
         return gpucdc_fail(GPUCD_EADDRESS, "gpucd_connect: '%s': the URL must start with ipc:// or tcp://",
                            url);
 
+    if (opts->spin_us < 0 || opts->spin_us > GPUCDC_MAX_SPIN_US)
+        return gpucdc_fail(GPUCD_EINVAL, "gpucd_connect: spin_us %d: expected 0..%d",
+                           opts->spin_us, GPUCDC_MAX_SPIN_US);
     gpucd_client *c = calloc(1, sizeof *c);
     if (c == NULL)
         return gpucdc_fail(GPUCD_ENOMEM, "gpucd_connect: out of memory");
     c->timeout_ms = opts->timeout_ms == 0  ? GPUCDC_DEFAULT_TIMEOUT_MS
                     : opts->timeout_ms < 0 ? NNG_DURATION_INFINITE
                                            : opts->timeout_ms;
+    c->spin_us = (uint64_t)opts->spin_us;
     c->client_name = strdup(opts->client_name != NULL ? opts->client_name : "libgpucd");
     atomic_init(&c->next_id, 1);
     pthread_mutex_init(&c->lock, NULL);
@@ -128,6 +133,35 @@ fail:;
     return code;
 }
 
+/* The aio's callback, on an nng thread: the operation is over (nng_aio_wait still syncs with it). */
+static void slot_done(void *arg)
+{
+    gpucdc_slot *s = arg;
+    atomic_store_explicit(&s->done, 1, memory_order_release);
+}
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/*
+ * Waits for the slot's operation.  With spin_us the caller first polls the
+ * callback's flag: when the reply comes within that time, the caller is
+ * running already and no thread has to wake it.
+ */
+static void slot_wait(const gpucd_client *c, gpucdc_slot *s)
+{
+    if (c->spin_us > 0) {
+        const uint64_t until = now_us() + c->spin_us;
+        while (!atomic_load_explicit(&s->done, memory_order_acquire) && now_us() < until)
+            ;
+    }
+    nng_aio_wait(s->aio);
+}
+
 /* Takes a free context, opening a new one when every context is in use. */
 static int slot_acquire(gpucd_client *c, gpucdc_slot **out)
 {
@@ -151,7 +185,7 @@ static int slot_acquire(gpucd_client *c, gpucdc_slot **out)
     }
     /* Contexts copy the resend time at creation; set it here too to be sure. */
     if ((rv = nng_ctx_set_ms(s->ctx, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) != 0 ||
-        (rv = nng_aio_alloc(&s->aio, NULL, NULL)) != 0) {
+        (rv = nng_aio_alloc(&s->aio, slot_done, s)) != 0) {
         nng_ctx_close(s->ctx);
         free(s);
         return gpucdc_fail_nng(rv, "gpucd", "setting up a context");
@@ -191,8 +225,9 @@ int gpucdc_client_exchange(gpucd_client *c, const char *op, nng_msg *request, nn
     nng_time start = nng_clock();
     nng_aio_set_timeout(s->aio, c->timeout_ms);
     nng_aio_set_msg(s->aio, request);
+    atomic_store_explicit(&s->done, 0, memory_order_relaxed);
     nng_ctx_send(s->ctx, s->aio);
-    nng_aio_wait(s->aio);
+    slot_wait(c, s);
     if ((rv = nng_aio_result(s->aio)) != 0) {
         nng_msg *unsent = nng_aio_get_msg(s->aio); /* a failed send hands it back */
         if (unsent != NULL)
@@ -202,8 +237,9 @@ int gpucdc_client_exchange(gpucd_client *c, const char *op, nng_msg *request, nn
         return gpucdc_fail_nng(rv, op, "sending the request");
     }
     nng_aio_set_timeout(s->aio, remaining_ms(c->timeout_ms, start));
+    atomic_store_explicit(&s->done, 0, memory_order_relaxed);
     nng_ctx_recv(s->ctx, s->aio);
-    nng_aio_wait(s->aio);
+    slot_wait(c, s);
     rv = nng_aio_result(s->aio);
     *reply = rv == 0 ? nng_aio_get_msg(s->aio) : NULL;
     nng_aio_set_msg(s->aio, NULL);

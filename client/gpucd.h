@@ -152,9 +152,13 @@ typedef struct gpucd_options {
                                  connection on a larger one: that call fails with
                                  GPUCD_ECLOSED and the client reconnects */
     const char *client_name;  /* sent with gpucd_info; NULL: "libgpucd" */
+    int spin_us;              /* a call polls for its reply this long before it sleeps
+                                 (0, the default: sleeps at once).  Saves the calling
+                                 thread's wake-up from each round trip for as much of a
+                                 core's time: for callers that have nothing else to do */
 } gpucd_options;
 
-/* Fills the defaults (30 s timeout, unlimited replies, no client name). */
+/* Fills the defaults (30 s timeout, unlimited replies, no client name, no polling). */
 GPUCD_EXPORT void gpucd_options_init(gpucd_options *opts);
 
 /*

@@ -1,7 +1,7 @@
 /*
  * gpucdctl - asks a running gpucd daemon what it is and how it is doing.
  *
- *   gpucdctl [--url URL] [--timeout-ms N] COMMAND
+ *   gpucdctl [--url URL] [--timeout-ms N] [--spin-us N] COMMAND
  *
  * Each command is one entry of the table below: a name, a one-line summary
  * and a function that prints what the daemon reports and returns an exit code.
@@ -183,7 +183,7 @@ static void usage(FILE *out)
     if (gpucd_default_url(url, sizeof url) < 0)
         snprintf(url, sizeof url, "(none: %s)", gpucd_errmsg(NULL));
     fprintf(out,
-            "usage: gpucdctl [--url URL] [--timeout-ms N] COMMAND [ARGS]\n"
+            "usage: gpucdctl [--url URL] [--timeout-ms N] [--spin-us N] COMMAND [ARGS]\n"
             "\n"
             "Asks a running gpucd daemon what it reports.\n"
             "\n"
@@ -191,6 +191,7 @@ static void usage(FILE *out)
             "  --url URL         the daemon's address, ipc://PATH or tcp://HOST:PORT\n"
             "                    (default %s)\n"
             "  --timeout-ms N    how long to wait for each reply (default 30000)\n"
+            "  --spin-us N       poll for each reply N us before sleeping (default 0)\n"
             "  -h, --help        this help\n"
             "\n"
             "commands:\n",
@@ -206,6 +207,7 @@ int main(int argc, char **argv)
     static const struct option longopts[] = {
         {"url", required_argument, NULL, 'u'},
         {"timeout-ms", required_argument, NULL, 't'},
+        {"spin-us", required_argument, NULL, 's'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -229,6 +231,17 @@ int main(int argc, char **argv)
                 return 2;
             }
             opts.timeout_ms = (int)ms;
+            break;
+        }
+        case 's': {
+            char *end;
+            long us = strtol(optarg, &end, 10);
+            if (*end != '\0' || us < 0 || us > 1000000) {
+                fprintf(stderr, "gpucdctl: --spin-us '%s' is not a number in 0..1000000\n",
+                        optarg);
+                return 2;
+            }
+            opts.spin_us = (int)us;
             break;
         }
         case 'h':

@@ -15,6 +15,7 @@
 #include "wire.h"
 
 #define GPUCDC_DEFAULT_TIMEOUT_MS 30000
+#define GPUCDC_MAX_SPIN_US 1000000
 #define GPUCDC_XSTR(x) #x
 #define GPUCDC_STR(x) GPUCDC_XSTR(x)
 
@@ -35,6 +36,7 @@ int gpucdc_status_code(int status);
 typedef struct gpucdc_slot {
     nng_ctx ctx;
     nng_aio *aio;
+    atomic_int done; /* set by the aio's callback: what a polling caller watches */
     struct gpucdc_slot *next_free;
     struct gpucdc_slot *next_all;
 } gpucdc_slot;
@@ -43,6 +45,7 @@ struct gpucd_client {
     nng_socket sock;
     nng_dialer dialer;
     nng_duration timeout_ms;
+    uint64_t spin_us; /* gpucd_options.spin_us */
     char *client_name;
     atomic_uint_fast64_t next_id;
     pthread_mutex_t lock; /* guards the slot lists; never held while waiting */

@@ -4,12 +4,13 @@
 # shared-memory region and the projected hidden (512, bf16) back, weights
 # resident.  Run ON the GPU machine from the repository root, after a build
 # (default build folder build-gpu; argument 1 overrides it).  Environment:
-# WINDOW_US, PROCS, MAX_BATCHES, SIZES, LOW_LATENCY_FLAGS, BACKEND (below).
+# WINDOW_US, PROCS, MAX_BATCHES, SIZES, LOW_LATENCY_FLAGS, CLIENT_SPIN_FLAGS, BACKEND
+# (below).
 #
 #  1. one client, B = 1024 and B = 32768: latency percentiles and the split
 #     that gpucdctl bench reports (socket round trip, queue, copy in, compute,
-#     copy out, the daemon's other time), with the daemon's defaults and with
-#     $LOW_LATENCY_FLAGS;
+#     copy out, the daemon's other time), with the daemon's defaults, with
+#     $LOW_LATENCY_FLAGS, and with those and gpucdctl $CLIENT_SPIN_FLAGS;
 #  2. 64 client processes sharing one set of resident weights, each sending
 #     B = 64 batches back to back (closed loop; tests/bench/crowd_bench.c),
 #     against a daemon with batching off and then with --batch-window-us
@@ -31,6 +32,7 @@ SIZES=${SIZES:-1024 32768}  # the one-client batch sizes
 BACKEND=${BACKEND:-cuda}    # cpu: to try the script itself on a machine without a GPU
 sock="ipc://$(mktemp -u /tmp/gpucd-e2e-XXXXXX).sock"
 ctl="$build/client/gpucdctl"
+client_flags= # gpucdctl's own flags for the one-client runs
 daemon_pid=
 
 daemon_start() { # extra daemon flags...
@@ -54,7 +56,8 @@ trap '[ -n "$daemon_pid" ] && kill -KILL "$daemon_pid" 2>/dev/null || true' EXIT
 encode() { # csv batch concurrency [extra gpucdctl flags]
     local csv=$1 batch=$2 conc=$3
     shift 3
-    "$ctl" --url "$sock" bench --op nmmo3_encode --dtype bf16 --hidden 512 --batch "$batch" \
+    # shellcheck disable=SC2086 # the flags are words
+    "$ctl" --url "$sock" $client_flags bench --op nmmo3_encode --dtype bf16 --hidden 512 --batch "$batch" \
         --concurrency "$conc" --csv "$csv" "$@"
 }
 
@@ -73,7 +76,8 @@ csv_fields() { # csv name...
 ping() { # csv [gpucdctl bench flags]
     local csv=$1
     shift
-    "$ctl" --url "$sock" bench --op ping --concurrency 1 --warmup-s 1 --window-s 1 --csv "$csv" "$@" >/dev/null
+    # shellcheck disable=SC2086 # the flags are words
+    "$ctl" --url "$sock" $client_flags bench --op ping --concurrency 1 --warmup-s 1 --window-s 1 --csv "$csv" "$@" >/dev/null
     csv_fields "$csv" requests_per_s p50_us p99_us client_transport_us server_queue_us server_other_us
 }
 echo "== ping, --spin-us 0"
@@ -82,24 +86,29 @@ ping "$work/e2e_ping_nospin.csv"
 ping "$work/e2e_ping_nospin_slow.csv" --rate 1500
 daemon_stop
 # The one-client figures with the daemon's defaults, then with the latency settings an operator
-# may choose: CPUs kept out of deep sleep while the daemon runs, and workers that poll long
-# enough to catch a closed-loop client's next request.
+# may choose (CPUs kept out of deep sleep while the daemon runs, workers that poll long enough to
+# catch a closed-loop client's next request), then with the client polling for its replies too.
 LOW_LATENCY_FLAGS=${LOW_LATENCY_FLAGS:---cpu-latency-us 0 --spin-us 1000}
-for flags in "" "$LOW_LATENCY_FLAGS"; do
-    tag=${flags:+_lowlat}
+CLIENT_SPIN_FLAGS=${CLIENT_SPIN_FLAGS:---spin-us 1000}
+for variant in defaults lowlat lowlat_clientspin; do
+    flags=
+    client_flags=
+    [ "$variant" = defaults ] || flags=$LOW_LATENCY_FLAGS
+    [ "$variant" = lowlat_clientspin ] && client_flags=$CLIENT_SPIN_FLAGS
     echo "== ping, then nmmo3_encode bf16 hidden 512 from one client, obs in a region;" \
-        "daemon flags: ${flags:-defaults}"
+        "daemon flags: ${flags:-defaults}; gpucdctl flags: ${client_flags:-defaults}"
     # shellcheck disable=SC2086 # the flags are words
     daemon_start $flags
-    ping "$work/e2e_ping$tag.csv"
-    ping "$work/e2e_ping_slow$tag.csv" --rate 1500
+    ping "$work/e2e_ping_$variant.csv"
+    ping "$work/e2e_ping_slow_$variant.csv" --rate 1500
     for b in $SIZES; do
-        encode "$work/e2e_b$b$tag.csv" "$b" 1 --warmup-s 2 --window-s 2
-        csv_fields "$work/e2e_b$b$tag.csv" batch requests_per_s p50_us p99_us \
+        encode "$work/e2e_b${b}_$variant.csv" "$b" 1 --warmup-s 2 --window-s 2
+        csv_fields "$work/e2e_b${b}_$variant.csv" batch requests_per_s p50_us p99_us \
             client_transport_us server_queue_us copy_in_us compute_us copy_out_us server_other_us
     done
     daemon_stop
 done
+client_flags=
 
 # $PROCS worker processes sharing one encoder (crowd_bench: one upload, resident weights used by
 # every worker, as RL workers of one learner do), each a closed loop of B = 64 requests.

@@ -36,6 +36,8 @@ expect 2 "$ctl" frobnicate
 contains "unknown command 'frobnicate'"
 expect 2 "$ctl" --timeout-ms 0 info
 contains "--timeout-ms '0'"
+expect 2 "$ctl" --spin-us -1 info
+contains "--spin-us '-1'"
 expect 2 "$ctl" ping 0
 contains "COUNT '0'"
 expect 2 "$ctl" ping 3 4
@@ -69,6 +71,8 @@ contains "protocol             1"
 contains "nmmo3_encode"
 expect 0 "$ctl" ping 3
 [ "$(grep -c '^ping [0-9]*: round trip' "$dir/out")" -eq 3 ] || fail "ping 3 did not print 3 lines"
+expect 0 "$ctl" --spin-us 500 ping 3
+[ "$(grep -c '^ping [0-9]*: round trip' "$dir/out")" -eq 3 ] || fail "a polling ping 3 did not print 3 lines"
 expect 0 "$ctl" --url "ipc://$dir/gpucd.sock" regions
 contains "0 regions"
 expect 0 "$worker" --batch 8 --steps 3 --hidden 32 --seed 7

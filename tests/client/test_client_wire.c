@@ -728,6 +728,35 @@ static void test_timeout_then_recover(void **state)
     fake_daemon_stop(&fd);
 }
 
+/* Polling for replies (spin_us): replies, timeouts and recovery as without it; bad values refused. */
+static void test_spin_polls_for_replies(void **state)
+{
+    (void)state;
+    int calls = 0;
+    fake_daemon fd;
+    fake_daemon_start(&fd, silent_once_handler, &calls);
+    gpucd_options o;
+    gpucd_options_init(&o);
+    assert_int_equal(o.spin_us, 0);
+    gpucd_client *c;
+    o.spin_us = -1;
+    assert_int_equal(gpucd_connect(fd.url, &o, &c), GPUCD_EINVAL);
+    assert_non_null(strstr(gpucd_errmsg(NULL), "spin_us -1"));
+    o.spin_us = 1000001;
+    assert_int_equal(gpucd_connect(fd.url, &o, &c), GPUCD_EINVAL);
+    o.spin_us = 2000; /* longer than the fake's replies take, shorter than the timeout */
+    o.timeout_ms = 200;
+    assert_int_equal(gpucd_connect(fd.url, &o, &c), 0);
+    uint64_t t0 = now_ms();
+    assert_int_equal(gpucd_ping(c, NULL), GPUCD_ETIMEDOUT);
+    assert_true(now_ms() - t0 >= 150);
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(gpucd_ping(c, NULL), 0);
+    assert_int_equal(calls, 21);
+    gpucd_close(c);
+    fake_daemon_stop(&fd);
+}
+
 static fake_action disconnect_handler(void *arg, const Gpucd__V1__Request *req,
                                       const uint8_t *payload, size_t payload_len,
                                       fake_reply *out)
@@ -1013,6 +1042,7 @@ int main(void)
         cmocka_unit_test(test_multihot_layout),
         cmocka_unit_test(test_daemon_statuses),
         cmocka_unit_test(test_malformed_replies),
+        cmocka_unit_test(test_spin_polls_for_replies),
         cmocka_unit_test(test_timeout_then_recover),
         cmocka_unit_test(test_connection_dropped),
         cmocka_unit_test(test_control_operations),
