@@ -178,10 +178,11 @@ static void batched_rows_match_alone(gpucd_dtype dt)
 
 /*
  * One request of ROWS_LARGE rows against the same rows in requests of
- * ROWS_SMALL (too few for the pipeline): byte for byte.  ROWS_LARGE is not a
- * multiple of the chunks, so they differ in size.
+ * ROWS_SMALL (too few for the pipeline): byte for byte.  ROWS_LARGE takes
+ * the pipeline's every chunk (8 of at least 2048 rows) and is not a multiple
+ * of them, so they differ in size.
  */
-enum { ROWS_LARGE = 5003, ROWS_SMALL = 700 };
+enum { ROWS_LARGE = 17011, ROWS_SMALL = 1500 };
 
 static void pipelined_rows_match_small(gpucd_dtype dt)
 {
@@ -265,7 +266,7 @@ int main(int argc, char **argv)
         return 77;
     th_init(argc, argv);
     static const char *const extra[] = {"--batch-window-us", "3000", "--max-batch", "8192",
-                                        "--workspace-mb", "1024", "--resident-mb", "256", NULL};
+                                        "--workspace-mb", "4096", "--resident-mb", "256", NULL};
     th_daemon_start(&daemon_, extra);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_rows_match_alone_f32),
