@@ -28,6 +28,19 @@ typedef struct gcd_run_timing {
     uint64_t wait_us, copy_in_us, compute_us, copy_out_us;
 } gcd_run_timing;
 
+/*
+ * Where the threads that run requests spent their time around the device's
+ * work, summed over the successful runs since open: what the reply timings'
+ * "other" share is made of on the backend's side.
+ */
+typedef struct gcd_host_phases {
+    uint64_t runs;
+    uint64_t prepare_us; /* slot taken to the first copy enqueued: layout, scratch planning */
+    uint64_t enqueue_us; /* enqueuing the copies and kernels (graph launches or launches) */
+    uint64_t wait_us;    /* everything enqueued to the device done */
+    uint64_t finish_us;  /* after the device: error records, timings */
+} gcd_host_phases;
+
 typedef struct gcd_backend_ops {
     const char *name;
     /* Opens the backend: allocates buffers and warms kernels; 0 or -1 with err. */
@@ -48,6 +61,8 @@ typedef struct gcd_backend_ops {
     uint64_t (*allocations)(gcd_backend *b);
     /* Requests replayed as captured CUDA graphs, and graphs captured, since open (NULL: none). */
     void (*graphs)(gcd_backend *b, uint64_t *replays, uint64_t *captures);
+    /* The host phases of the runs since open (NULL: not measured). */
+    void (*host_phases)(gcd_backend *b, gcd_host_phases *out);
     /*
      * NULL while the device works; once an error has lost it for good (a sticky
      * CUDA error: the context is unusable), a message saying why.  The daemon

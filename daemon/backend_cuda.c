@@ -121,6 +121,9 @@ struct gcd_backend {
     pthread_rwlock_t pinned_lock;
 
     atomic_uint_fast64_t allocations;
+    /* gcd_host_phases, summed by the runs' threads */
+    atomic_uint_fast64_t phase_runs, phase_prepare_us, phase_enqueue_us, phase_wait_us,
+        phase_finish_us;
     atomic_int lost;     /* 0 healthy; 1 being marked; 2 lost, lost_why final */
     atomic_int fault_armed; /* GPUCD_CUDA_FAULT_INJECT: the next forward faults */
     char lost_why[256];
@@ -964,6 +967,32 @@ static int run_status(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
     return rc;
 }
 
+/* ---- the host's phases of a run (gcd_host_phases) ------------------------------------------ */
+
+/* Times taken along one run: slot taken, first enqueue, last enqueue, device done, end. */
+typedef struct run_clock {
+    uint64_t start, enqueue, wait, done;
+} run_clock;
+
+static void phases_add(gcd_backend *b, const run_clock *c)
+{
+    const uint64_t end = gcd_now_us();
+    atomic_fetch_add_explicit(&b->phase_runs, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&b->phase_prepare_us, c->enqueue - c->start, memory_order_relaxed);
+    atomic_fetch_add_explicit(&b->phase_enqueue_us, c->wait - c->enqueue, memory_order_relaxed);
+    atomic_fetch_add_explicit(&b->phase_wait_us, c->done - c->wait, memory_order_relaxed);
+    atomic_fetch_add_explicit(&b->phase_finish_us, end - c->done, memory_order_relaxed);
+}
+
+static void cuda_host_phases(gcd_backend *b, gcd_host_phases *out)
+{
+    out->runs = atomic_load_explicit(&b->phase_runs, memory_order_relaxed);
+    out->prepare_us = atomic_load_explicit(&b->phase_prepare_us, memory_order_relaxed);
+    out->enqueue_us = atomic_load_explicit(&b->phase_enqueue_us, memory_order_relaxed);
+    out->wait_us = atomic_load_explicit(&b->phase_wait_us, memory_order_relaxed);
+    out->finish_us = atomic_load_explicit(&b->phase_finish_us, memory_order_relaxed);
+}
+
 /* ---- a large encoder forward as a pipeline ------------------------------------------------- */
 
 /* Waits for the pipeline's copy streams, so that the slot's next user finds them idle. */
@@ -1026,7 +1055,8 @@ static gk_tensor rows_view(gk_tensor t, int64_t r0, int64_t r1)
  * path, which is what the request waited for.
  */
 static int slot_run_pipelined(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl, int chunks,
-                              size_t scratch_off, gcd_run_timing *timing, gk_err *err)
+                              size_t scratch_off, run_clock *clock, gcd_run_timing *timing,
+                              gk_err *err)
 {
     const int64_t rows = op->args[NMMO3_OBS].t.shape[0];
     cudaError_t e;
@@ -1082,8 +1112,10 @@ static int slot_run_pipelined(gcd_backend *b, exec_slot *s, gcd_op *op, arg_plac
     PIPE_CHECK(cudaEventRecord(s->ev[EV_COPIED_OUT], s->copy_out), "cudaEventRecord");
     /* The slot's next user starts after the last copy out. */
     PIPE_CHECK(cudaStreamWaitEvent(s->stream, s->ev[EV_COPIED_OUT], 0), "cudaStreamWaitEvent");
+    clock->wait = gcd_now_us();
     PIPE_CHECK(cudaEventSynchronize(s->ev[EV_COPIED_OUT]), "running the request");
     PIPE_CHECK(cudaStreamSynchronize(s->stream), "running the request");
+    clock->done = gcd_now_us();
 #undef PIPE_CHECK
     for (int c = 0; c < chunks; c++) {
         if (records_clean(s->records + c * GK_CUDA_NMMO3_RECORDS, op))
@@ -1098,21 +1130,24 @@ static int slot_run_pipelined(gcd_backend *b, exec_slot *s, gcd_op *op, arg_plac
     timing->copy_in_us = elapsed_us(s->ev[EV_START], s->ev[EV_COPIED_IN]);
     timing->compute_us = elapsed_us(s->ev[EV_COPIED_IN], s->ev[EV_COMPUTED]);
     timing->copy_out_us = elapsed_us(s->ev[EV_COMPUTED], s->ev[EV_COPIED_OUT]);
+    phases_add(b, clock);
     return 0;
 }
 
 static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *timing,
                     gk_err *err)
 {
+    run_clock clock = {.start = gcd_now_us()};
     arg_place pl[GCD_OP_MAX_ARGS];
     memset(pl, 0, sizeof pl);
     size_t scratch_off = 0;
     int rc = run_layout(b, s, op, pl, &scratch_off, err);
     if (rc != 0)
         return rc;
+    clock.enqueue = gcd_now_us();
     const int chunks = pipe_chunks(op, pl);
     if (chunks > 1)
-        return slot_run_pipelined(b, s, op, pl, chunks, scratch_off, timing, err);
+        return slot_run_pipelined(b, s, op, pl, chunks, scratch_off, &clock, timing, err);
     cudaError_t e;
 #define RUN_CHECK(call, what)                                                                     \
     do {                                                                                          \
@@ -1159,7 +1194,9 @@ static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *ti
             RUN_CHECK(copy_pinned(s, &op->args[i], p->dev.data, p->bytes, 0), "copy out");
     }
     RUN_CHECK(cudaEventRecord(s->ev[EV_COPIED_OUT], s->stream), "cudaEventRecord");
+    clock.wait = gcd_now_us();
     RUN_CHECK(cudaEventSynchronize(s->ev[EV_COPIED_OUT]), "running the request");
+    clock.done = gcd_now_us();
 #undef RUN_CHECK
     if ((rc = run_status(b, s, op, pl, scratch_off, err)) != 0)
         return rc;
@@ -1173,6 +1210,7 @@ static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *ti
     timing->compute_us = elapsed_us(s->ev[EV_COPIED_IN], s->ev[EV_COMPUTED]);
     timing->copy_out_us = elapsed_us(s->ev[EV_COMPUTED], s->ev[EV_COPIED_OUT]) +
                           (gcd_now_us() - t0);
+    phases_add(b, &clock);
     return 0;
 }
 
@@ -1217,6 +1255,7 @@ static const gcd_backend_ops cuda_ops = {
     .run = cuda_run,
     .allocations = cuda_allocations,
     .graphs = cuda_graphs,
+    .host_phases = cuda_host_phases,
     .lost = cuda_lost,
 };
 

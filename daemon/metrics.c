@@ -193,6 +193,28 @@ static void memory(strbuf *b, gcd_daemon *d)
         single_u(b, "gpucd_graph_captures_total", "counter",
                  "CUDA graphs captured (a request shape seen a second time).", captures);
     }
+    if (d->ops->host_phases != NULL) {
+        gcd_host_phases h;
+        d->ops->host_phases(d->backend, &h);
+        single_u(b, "gpucd_host_phase_runs_total", "counter",
+                 "Successful backend runs whose host phases are counted below.", h.runs);
+        family(b, "gpucd_host_phase_seconds_total", "counter",
+               "Time the threads running requests spent around the device's work: prepare (slot "
+               "to first enqueue), enqueue, wait (for the device), finish (records, timings).");
+        const struct {
+            const char *name;
+            uint64_t us;
+        } phase[] = {{"prepare", h.prepare_us},
+                     {"enqueue", h.enqueue_us},
+                     {"wait", h.wait_us},
+                     {"finish", h.finish_us}};
+        for (size_t i = 0; i < sizeof phase / sizeof phase[0]; i++)
+            strbuf_printf(b, "gpucd_host_phase_seconds_total{phase=\"%s\"} %.6f\n", phase[i].name,
+                          (double)phase[i].us * 1e-6);
+    }
+    single_i(b, "gpucd_cpu_latency_held_microseconds", "gauge",
+             "The CPU wake-up latency --cpu-latency-us holds through /dev/cpu_dma_latency; -1: none.",
+             d->cpu_latency.held ? d->cpu_latency.us : -1);
     if (d->ops->lost != NULL)
         single_u(b, "gpucd_device_lost", "gauge",
                  "1 once the device failed for good; the daemon then drains and exits 3.",

@@ -42,6 +42,14 @@ static void json_backend(strbuf *b, gcd_daemon *d)
         d->ops->graphs(d->backend, &replays, &captures);
     strbuf_printf(b, "\"graphs\":{\"replays\":%" PRIu64 ",\"captures\":%" PRIu64 "},", replays,
                   captures);
+    if (d->ops->host_phases != NULL) {
+        gcd_host_phases h;
+        d->ops->host_phases(d->backend, &h);
+        strbuf_printf(b, "\"host_phases\":{\"runs\":%" PRIu64 ",\"prepare_us\":%" PRIu64
+                         ",\"enqueue_us\":%" PRIu64 ",\"wait_us\":%" PRIu64
+                         ",\"finish_us\":%" PRIu64 "},",
+                      h.runs, h.prepare_us, h.enqueue_us, h.wait_us, h.finish_us);
+    }
     strbuf_printf(b, "\"regions\":{\"count\":%" PRIu64 ",\"bytes\":%" PRIu64 "},", rc, rb);
     strbuf_printf(b, "\"resident_tensors\":{\"count\":%" PRIu64 ",\"bytes\":%" PRIu64
                      ",\"limit_bytes\":%" PRIu64 "},",

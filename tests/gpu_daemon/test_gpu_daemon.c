@@ -494,17 +494,24 @@ static const char *obs_plant_bad_value(uint8_t *obs, int64_t rows, int k)
     return k == 0 ? "map value" : "player value";
 }
 
-/* The daemon's count of requests replayed as CUDA graphs, from its stats. */
-static uint64_t graph_replays(gpucd_client *c)
+/* A number of the daemon's stats, found after key (which ends at the colon). */
+static uint64_t stat_u64(gpucd_client *c, const char *key)
 {
     char *json = NULL;
     CALL_OK(gpucd_stats_json(c, &json));
-    const char *at = strstr(json, "\"graphs\":{\"replays\":");
-    assert_non_null(at);
-    uint64_t n = strtoull(at + strlen("\"graphs\":{\"replays\":"), NULL, 10);
+    const char *at = strstr(json, key);
+    if (at == NULL)
+        fail_msg("no %s in the stats: %s", key, json);
+    uint64_t n = strtoull(at + strlen(key), NULL, 10);
     free(json);
     return n;
 }
+
+/* The daemon's count of requests replayed as CUDA graphs. */
+static uint64_t graph_replays(gpucd_client *c) { return stat_u64(c, "\"graphs\":{\"replays\":"); }
+
+/* The runs the CUDA backend measured its host phases of. */
+static uint64_t phase_runs(gpucd_client *c) { return stat_u64(c, "\"host_phases\":{\"runs\":"); }
 
 /*
  * Forward: weights resident, obs in a region, features and hidden inline;
@@ -560,7 +567,7 @@ static void nmmo3_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, int proj)
     }
 
     /* The same request twice more: captured as a graph, then replayed; the same bytes. */
-    uint64_t replays0 = graph_replays(c);
+    uint64_t replays0 = graph_replays(c), runs0 = phase_runs(c);
     for (int again = 0; again < 2; again++) {
         void *f2 = th_xmalloc((size_t)rows * 1817 * es), *h2 = th_xmalloc((size_t)rows * H * es);
         poison(f2, (size_t)rows * 1817 * es), poison(h2, (size_t)rows * H * es);
@@ -576,6 +583,7 @@ static void nmmo3_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, int proj)
     printf("nmmo3 %s rows %lld: graph replays %llu -> %llu\n", dt == GPUCD_BF16 ? "bf16" : "f32",
            (long long)rows, (unsigned long long)replays0, (unsigned long long)replays1);
     assert_true(replays1 > replays0);
+    assert_true(phase_runs(c) >= runs0 + 2); /* each successful run adds its host phases */
 
     /* Out-of-range values fail with the CPU's message: a map value, then a player value. */
     for (int k = 0; k < 2; k++) {
