@@ -529,11 +529,80 @@ __device__ __forceinline__ void acc_fence(float (&d)[64])
         asm volatile("" : "+f"(d[i])::"memory");
 }
 
+/*
+ * The tile's features columns [256, ld) (conv1_obs_features) from the bytes in
+ * shared memory, 16 bytes of a row a store: a builder thread takes the
+ * 16-byte column pieces bt, bt + 96, ... of every agent, FW_AGENTS agents at a
+ * time so that their loads are in flight together (the embedding pieces
+ * depend on a player byte each).  An embedding piece is copied as it is; the
+ * raw bytes are exact in T.
+ */
+constexpr int FW_AGENTS = 8;
+
+template <class T>
+__device__ __forceinline__ void features_write(const uint8_t *rw, int b0, int nb, int bt, T *feat,
+                                               int ld, const T *embed, unsigned long long *rec)
+{
+    constexpr int VEC = 16 / sizeof(T), FIRST = 2 * OC; /* conv2's 256 columns come later */
+    constexpr int RAW_COL = FIRST + GK_NMMO3_PLAYER_COUNT * GK_NMMO3_EMBED_DIM;
+    const int pieces = (ld - FIRST) / VEC;
+    for (int k = bt; k < pieces; k += WG_BUILDERS) {
+        const int c0 = FIRST + k * VEC;
+        for (int a0 = 0; a0 < nb; a0 += FW_AGENTS) {
+            uint4 chunk[FW_AGENTS];
+            if (c0 < RAW_COL) {
+                const int j = (c0 - FIRST) / GK_NMMO3_EMBED_DIM, d = (c0 - FIRST) % GK_NMMO3_EMBED_DIM;
+                int x[FW_AGENTS];
+#pragma unroll
+                for (int u = 0; u < FW_AGENTS; u++)
+                    x[u] = a0 + u < nb ? rw[(a0 + u) * GK_NMMO3_OBS_BYTES + GK_NMMO3_PLAYER_OFFSET + j] : 0;
+#pragma unroll
+                for (int u = 0; u < FW_AGENTS; u++) {
+                    if (x[u] < GK_NMMO3_EMBED_VOCAB) {
+                        chunk[u] = *reinterpret_cast<const uint4 *>(embed + x[u] * GK_NMMO3_EMBED_DIM + d);
+                    } else {
+                        chunk[u] = make_uint4(0, 0, 0, 0);
+                        if (d == 0)
+                            obs_record_offender(rec, (unsigned long long)(b0 + a0 + u) * GK_NMMO3_PLAYER_COUNT + j);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int u = 0; u < FW_AGENTS; u++) {
+                    const uint8_t *o = rw + min(a0 + u, nb - 1) * GK_NMMO3_OBS_BYTES;
+                    uint32_t wd[4];
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) {
+                        const int c = c0 + e - RAW_COL;
+                        const float v = c < GK_NMMO3_PLAYER_COUNT ? (float)o[GK_NMMO3_PLAYER_OFFSET + c]
+                                        : c < GK_NMMO3_PLAYER_COUNT + 10
+                                            ? (float)o[GK_NMMO3_REWARD_OFFSET + c - GK_NMMO3_PLAYER_COUNT]
+                                            : 0.0f;
+                        if constexpr (VEC == 4)
+                            wd[e] = __float_as_uint(v);
+                        else if (e % 2 == 0)
+                            wd[e / 2] = elem_from_float<uint16_t>(v);
+                        else
+                            wd[e / 2] |= (uint32_t)elem_from_float<uint16_t>(v) << 16;
+                    }
+                    chunk[u] = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < FW_AGENTS; u++)
+                if (a0 + u < nb)
+                    *reinterpret_cast<uint4 *>(feat + (size_t)(b0 + a0 + u) * ld + c0) = chunk[u];
+        }
+    }
+}
+
 template <class T, int NSPLIT>
 __global__ void __launch_bounds__(WG_THREADS, 1)
 conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ pack,
                        const T *__restrict__ bias, T *__restrict__ nchw, T *__restrict__ whc,
-                       int batch, int tiles, int aligned, unsigned long long *rec)
+                       int batch, int tiles, int aligned, unsigned long long *rec,
+                       T *__restrict__ feat, int feat_ld, const T *__restrict__ embed,
+                       unsigned long long *feat_rec)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using G = wgeom<NSPLIT>;
@@ -644,13 +713,15 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
                 }
                 mk[i] = m;
             }
+            mbar_arrive(mask_full(buf)); /* this thread's masks are written */
+            if (feat != nullptr) /* after the handover: the consumers need not wait for it */
+                features_write(rw, b0, min(AGENTS, batch - b0), bt, feat, feat_ld, embed, feat_rec);
             named_sync(1, WG_BUILDERS); /* every builder is done with the bytes */
             const int next = tile + G::RAW_BUFS * (int)gridDim.x;
             if (bt == 0 && next < tiles) {
                 asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
                 issue_bytes(next, rb);
             }
-            mbar_arrive(mask_full(buf));
         }
         return;
     }
@@ -854,7 +925,7 @@ int launch(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *n
 
 template <class T, int NSPLIT>
 int launch_wgmma(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw, void *whc,
-                 const gk_cuda_exec *ex, gk_err *err)
+                 const conv1_obs_features *f, const gk_cuda_exec *ex, gk_err *err)
 {
     using G = wgeom<NSPLIT>;
     auto kernel = conv1_obs_wgmma_kernel<T, NSPLIT>;
@@ -872,7 +943,8 @@ int launch_wgmma(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, v
     kernel<<<(unsigned)grid, WG_THREADS, G::SMEM, ex->stream>>>(
         (const uint8_t *)obs->data,
         (const uint16_t *)((uint8_t *)ex->workspace + GK_CUDA_OBS_RECORD_BYTES), (const T *)b->data,
-        (T *)nchw, (T *)whc, batch, tiles, aligned, (unsigned long long *)ex->workspace);
+        (T *)nchw, (T *)whc, batch, tiles, aligned, (unsigned long long *)ex->workspace,
+        f ? (T *)f->rows : nullptr, f ? f->ld : 0, f ? (const T *)f->embed : nullptr, f ? f->rec : nullptr);
     return obs_launch_check("nmmo3 conv1", err);
 }
 
@@ -887,13 +959,32 @@ int conv1_obs_enqueue(const gk_tensor *w, const gk_tensor *b, const gk_tensor *o
     if ((uintptr_t)ex->workspace % 16 != 0)
         return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): the workspace must be 16-byte aligned");
     if (variant == CONV1_OBS_WGMMA)
-        return w->dtype == GK_BF16 ? launch_wgmma<uint16_t, 1>(w, b, obs, nchw, whc, ex, err)
-                                   : launch_wgmma<float, 3>(w, b, obs, nchw, whc, ex, err);
+        return w->dtype == GK_BF16 ? launch_wgmma<uint16_t, 1>(w, b, obs, nchw, whc, NULL, ex, err)
+                                   : launch_wgmma<float, 3>(w, b, obs, nchw, whc, NULL, ex, err);
     if (variant == CONV1_OBS_WEIGHTS_A)
         return w->dtype == GK_BF16 ? launch<uint16_t, 1, true>(w, b, obs, nchw, whc, ex, err)
                                    : launch<float, 3, true>(w, b, obs, nchw, whc, ex, err);
     return w->dtype == GK_BF16 ? launch<uint16_t, 1, false>(w, b, obs, nchw, whc, ex, err)
                                : launch<float, 3, false>(w, b, obs, nchw, whc, ex, err);
+}
+
+int conv1_obs_enqueue_features(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs,
+                               void *nchw, void *whc, const conv1_obs_features *f,
+                               const gk_cuda_exec *ex, gk_err *err)
+{
+    int rc;
+    const size_t es = gk_dtype_size(w->dtype);
+    if (f->rows == NULL || f->embed == NULL || f->rec == NULL || f->ld < GK_NMMO3_FEATURES ||
+        (uintptr_t)f->rows % 16 != 0 || (uintptr_t)f->embed % 16 != 0 || (size_t)f->ld * es % 16 != 0)
+        return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): features rows, embedding and record "
+                       "must be given, 16-byte aligned, rows of >= %d elements a multiple of 16 bytes",
+                       GK_NMMO3_FEATURES);
+    if ((rc = obs_workspace_check(ex, pack_bytes(w->dtype), "nmmo3 conv1", err)))
+        return rc;
+    if ((uintptr_t)ex->workspace % 16 != 0)
+        return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): the workspace must be 16-byte aligned");
+    return w->dtype == GK_BF16 ? launch_wgmma<uint16_t, 1>(w, b, obs, nchw, whc, f, ex, err)
+                               : launch_wgmma<float, 3>(w, b, obs, nchw, whc, f, ex, err);
 }
 
 extern "C" int gk_cuda_nmmo3_conv1_workspace_bytes(const gk_tensor *conv1_w, size_t *bytes,

@@ -42,6 +42,29 @@ enum {
 int conv1_obs_enqueue(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw,
                       void *whc, int variant, const gk_cuda_exec *ex, gk_err *err);
 
+/*
+ * The nmmo3 features columns that do not depend on conv1: per agent, columns
+ * [256, ld) of its row: the 47 player embeddings (a value >= 128 gives zeros
+ * and lowers rec to agent * 47 + i, the forward's player-value record), the
+ * raw player and reward bytes, zeros past column 1817.
+ */
+typedef struct conv1_obs_features {
+    void *rows;              /* (B, ld) of the weights' dtype, 16-byte aligned */
+    int ld;                  /* >= 1817, ld * element size a multiple of 16 */
+    const void *embed;       /* (128, 32) of the weights' dtype, 16-byte aligned */
+    unsigned long long *rec; /* reset by the caller before the call */
+} conv1_obs_features;
+
+/*
+ * conv1_obs_enqueue with the default (wgmma) kernel whose producer warps
+ * also write f's columns from the tile's bytes while the tensor cores run, so
+ * that the forward needs no separate pass over them.  GK_EINVAL when f does
+ * not meet its alignment.
+ */
+int conv1_obs_enqueue_features(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs,
+                               void *nchw, void *whc, const conv1_obs_features *f,
+                               const gk_cuda_exec *ex, gk_err *err);
+
 #ifdef __cplusplus
 }
 #endif

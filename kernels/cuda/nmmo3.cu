@@ -8,6 +8,7 @@
 #include "blas.cuh"
 #include "conv1_obs.cuh"
 #include "gk_cuda_nmmo3.h"
+#include "nmmo3_rows.h"
 #include "obs_record.cuh"
 
 namespace {
@@ -154,19 +155,21 @@ __device__ __forceinline__ void store16(__nv_bfloat16 *p, const float (&v)[8])
  * The features rows with padded rows (FEAT_LD) and a 16-byte aligned
  * embedding: a thread makes 16 bytes of a row at a time (its columns never
  * straddle two parts: 256, 1760 and FEAT_LD are multiples of 8) and stores
- * them at once; the same values as assemble_kernel.
+ * them at once; the same values as assemble_kernel.  Columns [0, VEC * ch)
+ * of each row: all of them, or conv2's alone where conv1's kernel wrote the
+ * others (NMMO3_ROWS_FUSED).
  */
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
 assemble16_kernel(const uint8_t *__restrict__ obs, const T *__restrict__ c2,
                   const float *__restrict__ c2acc, const T *__restrict__ b2,
-                  const T *__restrict__ embed, T *__restrict__ feat, unsigned rows,
+                  const T *__restrict__ embed, T *__restrict__ feat, unsigned rows, unsigned ch,
                   unsigned long long *rec)
 {
-    constexpr unsigned VEC = 16 / sizeof(T), CH = FEAT_LD / VEC, HALF = VEC / 2;
-    const size_t total = (size_t)rows * CH;
+    constexpr unsigned VEC = 16 / sizeof(T), HALF = VEC / 2;
+    const size_t total = (size_t)rows * ch;
     for (size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x; i < total; i += (size_t)gridDim.x * THREADS) {
-        const unsigned b = (unsigned)(i / CH), c0 = (unsigned)(i - (size_t)b * CH) * VEC;
+        const unsigned b = (unsigned)(i / ch), c0 = (unsigned)(i - (size_t)b * ch) * VEC;
         const uint8_t *o = obs + (size_t)b * GK_NMMO3_OBS_BYTES;
         float v[VEC];
         if (c0 < CONV2_OUT) {
@@ -391,10 +394,10 @@ extern "C" int gk_cuda_nmmo3_forward_workspace_bytes(const gk_nmmo3_weights *w,
     return GK_OK;
 }
 
-extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_tensor *obs,
-                                          const gk_tensor *features, const gk_tensor *hidden,
-                                          const gk_tensor *c1_out, const gk_cuda_exec *ex,
-                                          gk_err *err)
+extern "C" int nmmo3_forward_rows(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                  const gk_tensor *features, const gk_tensor *hidden,
+                                  const gk_tensor *c1_out, int rows_way, const gk_cuda_exec *ex,
+                                  gk_err *err)
 {
     int rc = gk_nmmo3_forward_check(w, obs, features, hidden, err);
     if (rc != GK_OK)
@@ -434,8 +437,28 @@ extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_te
 
     gk_cuda_exec e_c1 = exec_at(ex, l.conv1, l.conv1_bytes);
     gk_cuda_exec e_conv = exec_at(ex, l.scratch, ex->workspace_bytes - l.scratch);
-    if ((rc = conv1_obs_enqueue(&w->conv1_w, &w->conv1_b, obs, c1_nchw, c1_whc, CONV1_OBS_DEFAULT,
-                                 &e_c1, err)))
+    unsigned long long *rec = (unsigned long long *)ws;
+    cudaError_t ce = cudaMemsetAsync(rec, 0xff, sizeof *rec, ex->stream);
+    if (ce != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "nmmo3 forward (cuda): resetting the error record: %s",
+                       cudaGetErrorString(ce));
+    /* The workspace's features get padded rows when cuBLAS will read them. */
+    const unsigned ld = !gk_tensor_present(features) && blas ? FEAT_LD : GK_NMMO3_FEATURES;
+    /*
+     * Padded rows and an aligned embedding: 16-byte pieces of rows; fused, conv1's kernel
+     * writes every column but conv2's while it runs (its producer warps have the bytes at
+     * hand), and conv2's follow.
+     */
+    const int rows16 = ld == FEAT_LD && (uintptr_t)w->embed.data % 16 == 0;
+    const int fused = rows16 && rows_way == NMMO3_ROWS_FUSED;
+    if (fused) {
+        const conv1_obs_features f = {feat, FEAT_LD, w->embed.data, rec};
+        rc = conv1_obs_enqueue_features(&w->conv1_w, &w->conv1_b, obs, c1_nchw, c1_whc, &f, &e_c1, err);
+    } else {
+        rc = conv1_obs_enqueue(&w->conv1_w, &w->conv1_b, obs, c1_nchw, c1_whc, CONV1_OBS_DEFAULT, &e_c1,
+                               err);
+    }
+    if (rc != GK_OK)
         return rc;
     const cudaDataType_t cdt = dt == GK_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     if (conv2_gemm) {
@@ -463,28 +486,22 @@ extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_te
                                          err)))
             return rc;
     }
-    unsigned long long *rec = (unsigned long long *)ws;
-    cudaError_t ce = cudaMemsetAsync(rec, 0xff, sizeof *rec, ex->stream);
-    if (ce != cudaSuccess)
-        return gk_fail(err, GK_EDEVICE, "nmmo3 forward (cuda): resetting the error record: %s",
-                       cudaGetErrorString(ce));
     const int projecting = gk_tensor_present(hidden);
-    /* The workspace's features get padded rows when cuBLAS will read them. */
     const unsigned rows = (unsigned)B;
-    const unsigned ld = !gk_tensor_present(features) && blas ? FEAT_LD : GK_NMMO3_FEATURES;
     const unsigned grid = rows < (unsigned)ex->sm_count * 8 ? (rows ? rows : 1) : (unsigned)ex->sm_count * 8;
     const uint8_t *o = (const uint8_t *)obs->data;
     const float *c2acc = conv2_gemm ? (const float *)c2.data : NULL;
-    if (ld == FEAT_LD && (uintptr_t)w->embed.data % 16 == 0) {
-        const unsigned vg = grid_for((size_t)rows * FEAT_LD * gk_dtype_size(dt) / 16, ex->sm_count);
+    if (rows16) {
+        const unsigned ch = (fused ? CONV2_OUT : FEAT_LD) * gk_dtype_size(dt) / 16;
+        const unsigned vg = grid_for((size_t)rows * ch, ex->sm_count);
         if (dt == GK_BF16)
             assemble16_kernel<__nv_bfloat16><<<vg, THREADS, 0, ex->stream>>>(
                 o, (const __nv_bfloat16 *)c2.data, c2acc, (const __nv_bfloat16 *)w->conv2_b.data,
-                (const __nv_bfloat16 *)w->embed.data, (__nv_bfloat16 *)feat, rows, rec);
+                (const __nv_bfloat16 *)w->embed.data, (__nv_bfloat16 *)feat, rows, ch, rec);
         else
             assemble16_kernel<float><<<vg, THREADS, 0, ex->stream>>>(
                 o, (const float *)c2.data, c2acc, (const float *)w->conv2_b.data,
-                (const float *)w->embed.data, (float *)feat, rows, rec);
+                (const float *)w->embed.data, (float *)feat, rows, ch, rec);
     } else if (dt == GK_BF16) {
         assemble_kernel<__nv_bfloat16><<<grid, THREADS, 0, ex->stream>>>(
             o, (const __nv_bfloat16 *)c2.data, c2acc, (const __nv_bfloat16 *)w->conv2_b.data,
@@ -553,6 +570,14 @@ extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_te
         bias_relu_kernel<float><<<grid, THREADS, 0, ex->stream>>>(
             acc, (const float *)w->proj_b.data, (float *)hidden->data, rows, (unsigned)H, pairs);
     return obs_launch_check("nmmo3 forward", err);
+}
+
+extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                          const gk_tensor *features, const gk_tensor *hidden,
+                                          const gk_tensor *c1_out, const gk_cuda_exec *ex,
+                                          gk_err *err)
+{
+    return nmmo3_forward_rows(w, obs, features, hidden, c1_out, NMMO3_ROWS_DEFAULT, ex, err);
 }
 
 extern "C" int gk_cuda_nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor *obs,

@@ -40,6 +40,7 @@
 #include "blas.cuh"
 #include "conv1_obs.cuh"
 #include "gk_cuda_nmmo3.h"
+#include "nmmo3_rows.h"
 #include "bench_check.cuh"
 
 
@@ -191,14 +192,19 @@ typedef struct fwd_ctx {
     gk_nmmo3_weights w;
     gk_tensor obs, feat, hidden, c1, c2;
     gk_cuda_exec ex, ex_conv;
+    int rows_way; /* -1: the public call; else the padded rows written that way (nmmo3_rows.h) */
 } fwd_ctx;
 
 static int fwd_run(void *ctx, const gk_cuda_exec *ex, gk_err *err)
 {
     (void)ex;
     fwd_ctx *c = (fwd_ctx *)ctx;
-    return gk_cuda_nmmo3_forward(&c->w, &c->obs, gk_tensor_present(&c->hidden) ? NULL : &c->feat,
-                                 gk_tensor_present(&c->hidden) ? &c->hidden : NULL, &c->ex, err);
+    const int proj = gk_tensor_present(&c->hidden);
+    if (c->rows_way >= 0)
+        return nmmo3_forward_rows(&c->w, &c->obs, proj ? NULL : &c->feat, proj ? &c->hidden : NULL,
+                                  NULL, c->rows_way, &c->ex, err);
+    return gk_cuda_nmmo3_forward(&c->w, &c->obs, proj ? NULL : &c->feat, proj ? &c->hidden : NULL,
+                                 &c->ex, err);
 }
 
 static int conv2_run(void *ctx, const gk_cuda_exec *ex, gk_err *err)
@@ -420,16 +426,27 @@ static int nmmo3_bench(const gk_cuda_exec *ex0, int sms)
                 f.ex.workspace = dev_alloc(wf);
                 f.ex.workspace_bytes = wf;
                 f.ex.blas = NULL;
+                f.rows_way = -1;
                 const double us_nb = time_op(fwd_run, &f, ex0);
                 f.ex.blas = blas;
+                /* hidden alone: the padded rows written the other way too */
+                f.rows_way = proj ? !NMMO3_ROWS_DEFAULT : -1;
+                const double us_o = proj ? time_op(fwd_run, &f, ex0) : 0.0;
+                CK(cudaStreamSynchronize(g_stream));
+                if (gk_cuda_nmmo3_status(&f.obs, &f.ex, &err) != 0)
+                    printf("nmmo3 status (other rows way): %s\n", err.msg), bad++;
+                f.rows_way = -1;
                 const double us = time_op(fwd_run, &f, ex0);
                 CK(cudaStreamSynchronize(g_stream));
                 if (gk_cuda_nmmo3_status(&f.obs, &f.ex, &err) != 0)
                     printf("nmmo3 status: %s\n", err.msg), bad++;
                 const double flop = (CONV1_FLOP + CONV2_FLOP + (proj ? 2.0 * 1817 * HID : 0)) * B;
                 const double bytes = (double)B * L + (double)B * (proj ? HID : GK_NMMO3_FEATURES) * es;
-                char note2[128];
-                snprintf(note2, sizeof note2, "without a cuBLAS handle: %.1f us%s", us_nb,
+                char note2[200], other[64] = "";
+                if (proj)
+                    snprintf(other, sizeof other, "; rows %s: %.1f us",
+                             NMMO3_ROWS_DEFAULT == NMMO3_ROWS_FUSED ? "assembled" : "fused", us_o);
+                snprintf(note2, sizeof note2, "without a cuBLAS handle: %.1f us%s%s", us_nb, other,
                          proj && B == 32768 && dt == GK_BF16
                              ? (us <= 500.0 ? "; target <= 500 us: met" : "; target <= 500 us: NOT met")
                              : "");

@@ -14,7 +14,10 @@
  * public call equals its default variant bitwise.  Bad map values (first agent, last agent,
  * the map column conv1 never reads, a random one, with a later offender that
  * must not be named) fail with GK_ERANGE and exactly the CPU multihot's
- * message; a clean run afterwards passes.
+ * message; a clean run afterwards passes.  The wgmma kernel's write of the
+ * features columns [256, 1824) of padded rows (conv1_obs_enqueue_features),
+ * B = 37 and 1024: bitwise the CPU forward's, conv2's columns untouched, a bad
+ * player value recorded, misaligned rows or embedding refused.
  * Whole forward, f32 and bf16, features only and with a projection (hidden
  * 130, 128 and 512; 130 takes the bias + ReLU for rows not a multiple of 8),
  * B = 1, 37 and 300: features, hidden and the kept conv1
@@ -23,7 +26,8 @@
  * bad player value, alone and behind a bad map value, fail with the CPU's
  * message.  The projection runs through cuBLAS (a handle given) and as a
  * 1x1 convolution (none); with a handle also hidden alone (features in the
- * workspace, conv1's output not kept).  GPUCD_TEST_SMALL: B <= 37 only (for
+ * workspace, conv1's output not kept), its padded rows written both ways of
+ * nmmo3_rows.h (a bad player value too).  GPUCD_TEST_SMALL: B <= 37 only (for
  * compute-sanitizer).  Exits 77 (skipped) without a CUDA device.
  */
 #include <setjmp.h>
@@ -44,6 +48,7 @@
 #include "conv1_obs.cuh"
 #include "gk_cuda_nmmo3.h"
 #include "harness.h"
+#include "nmmo3_rows.h"
 #include "th_cuda.h"
 
 enum { GUARD = 4096, OBS = GK_NMMO3_OBS_BYTES, OC = GK_NMMO3_CONV_CH, C1 = OC * 12 };
@@ -422,9 +427,10 @@ static double rel_err_dt(const void *got, const void *ref, gk_dtype dt, size_t n
 /*
  * Runs the GPU forward on the host observations `obs`; returns its status; outputs to host.
  * mode: FWD_BLAS, a cuBLAS handle; FWD_HIDDEN_ONLY, hidden alone through gk_cuda_nmmo3_forward
- * (features in the workspace with padded rows, conv1's output not kept).
+ * (features in the workspace with padded rows, conv1's output not kept); FWD_OTHER_ROWS, hidden
+ * alone with the padded rows written the way that is not the default (nmmo3_rows.h).
  */
-enum { FWD_BLAS = 1, FWD_HIDDEN_ONLY = 2 };
+enum { FWD_BLAS = 1, FWD_HIDDEN_ONLY = 2, FWD_OTHER_ROWS = 4 };
 
 static int fwd_gpu(fwd_setup *s, const uint8_t *obs, int mode, void *feat, void *hid, void *c1,
                    gk_err *err)
@@ -449,8 +455,10 @@ static int fwd_gpu(fwd_setup *s, const uint8_t *obs, int mode, void *feat, void 
     TH_CUDA_OK(cudaMalloc(&ws, ws_bytes));
     gk_cuda_exec ex = exec_make(g_sms, ws, ws_bytes);
     ex.blas = blas ? g_blas : NULL;
-    if (only ? gk_cuda_nmmo3_forward(&s->dw, &tobs, NULL, &th, &ex, err)
-             : gk_cuda_nmmo3_forward_keep(&s->dw, &tobs, &tf, s->hidden ? &th : NULL, &tc, &ex, err))
+    if (mode & FWD_OTHER_ROWS
+            ? nmmo3_forward_rows(&s->dw, &tobs, NULL, &th, NULL, !NMMO3_ROWS_DEFAULT, &ex, err)
+        : only ? gk_cuda_nmmo3_forward(&s->dw, &tobs, NULL, &th, &ex, err)
+               : gk_cuda_nmmo3_forward_keep(&s->dw, &tobs, &tf, s->hidden ? &th : NULL, &tc, &ex, err))
         fail_msg("forward: %s", err->msg);
     TH_CUDA_OK(cudaStreamSynchronize(g_stream));
     const int rc = gk_cuda_nmmo3_status(&tobs, &ex, err);
@@ -489,12 +497,16 @@ static void fwd_case(gk_dtype dt, int64_t B, int64_t hidden)
     const double tol = dt == GK_BF16 ? 2e-2 : 1e-5;
     /* With the cuBLAS projection and with the 1x1-convolution one (no handle). */
     /* Hidden alone (with a projection), with the cuBLAS path, without a handle (its c1 kept). */
-    const int modes[3] = {FWD_BLAS | FWD_HIDDEN_ONLY, FWD_BLAS, 0};
-    for (int m = hidden ? 0 : 1; m < 3; m++) {
+    const int modes[4] = {FWD_BLAS | FWD_HIDDEN_ONLY, FWD_BLAS | FWD_HIDDEN_ONLY | FWD_OTHER_ROWS,
+                          FWD_BLAS, 0};
+    for (int m = hidden ? 0 : 2; m < 4; m++) {
         const int mode = modes[m];
         snprintf(what, sizeof what, "nmmo3 forward %s B %lld hidden %lld%s", gk_dtype_name(dt),
                  (long long)B, (long long)hidden,
-                 mode & FWD_HIDDEN_ONLY ? " (hidden alone)" : mode ? "" : " (no cuBLAS handle)");
+                 mode & FWD_OTHER_ROWS    ? " (hidden alone, other rows way)"
+                 : mode & FWD_HIDDEN_ONLY ? " (hidden alone)"
+                 : mode                   ? ""
+                                          : " (no cuBLAS handle)");
         if (fwd_gpu(&s, s.obs, mode, gf, gh, gc, &err))
             fail_msg("%s: %s", what, err.msg);
         if (mode & FWD_HIDDEN_ONLY) {
@@ -555,8 +567,9 @@ static void test_nmmo3_forward_bad(void **state)
         const size_t es = gk_dtype_size(s.dt);
         void *f = th_xmalloc((size_t)B * GK_NMMO3_FEATURES * es), *h = th_xmalloc((size_t)B * 128 * es);
         void *c1 = th_xmalloc((size_t)B * C1 * es);
-        /* map first agent, map last agent, player value, player value behind a later map value */
-        for (int c = 0; c < 4; c++) {
+        /* map first agent, map last agent, player value, player value behind a later map value,
+           player value with the padded rows written the other way */
+        for (int c = 0; c < 5; c++) {
             uint8_t *bad = th_xmalloc((size_t)B * OBS);
             memcpy(bad, s.obs, (size_t)B * OBS);
             if (c == 0 || c == 1)
@@ -571,8 +584,11 @@ static void test_nmmo3_forward_bad(void **state)
             gk_tensor hf = gk_tensor_make(f, s.dt, 2, TH_SHAPE(B, GK_NMMO3_FEATURES));
             gk_tensor hh = gk_tensor_make(h, s.dt, 2, TH_SHAPE(B, 128));
             assert_int_equal(gk_cpu_nmmo3_forward(&s.hw, &hobs, &hf, &hh, &cpu_err), GK_ERANGE);
-            const int rc = fwd_gpu(&s, bad, c & 1 ? FWD_BLAS : FWD_BLAS | FWD_HIDDEN_ONLY, f, h, c1,
-                                   &err);
+            const int rc = fwd_gpu(&s, bad,
+                                   c & 1    ? FWD_BLAS
+                                   : c == 4 ? FWD_BLAS | FWD_HIDDEN_ONLY | FWD_OTHER_ROWS
+                                            : FWD_BLAS | FWD_HIDDEN_ONLY,
+                                   f, h, c1, &err);
             printf("nmmo3 forward %s, bad value %d: %s\n", gk_dtype_name(s.dt), c, err.msg);
             assert_int_equal(rc, GK_ERANGE);
             assert_string_equal(err.msg, cpu_err.msg);
@@ -582,6 +598,109 @@ static void test_nmmo3_forward_bad(void **state)
         free(h);
         free(c1);
         fwd_setup_free(&s);
+    }
+}
+
+/*
+ * conv1's kernel writing the forward's features columns [256, 1824) of padded rows
+ * (conv1_obs_enqueue_features): bitwise the CPU forward's features there, zeros past 1817,
+ * conv2's columns untouched (still poison), clean record; a bad player value gives zeros
+ * and its position in the record; rows or embedding not 16-byte aligned are refused.
+ */
+enum { FEAT_LD = 1824 };
+
+static void features_case(gk_dtype dt, int64_t B)
+{
+    fwd_setup s = fwd_setup_make(dt, B, 0);
+    const size_t es = gk_dtype_size(dt), nf = (size_t)B * GK_NMMO3_FEATURES;
+    const size_t rows_bytes = (size_t)B * FEAT_LD * es;
+    void *rf = th_xmalloc(nf * es), *got = th_xmalloc(rows_bytes);
+    gk_err err;
+    gk_tensor hobs = gk_tensor_make(s.obs, GK_U8, 2, TH_SHAPE(B, OBS));
+    gk_tensor hf = gk_tensor_make(rf, dt, 2, TH_SHAPE(B, GK_NMMO3_FEATURES));
+    if (gk_cpu_nmmo3_forward(&s.hw, &hobs, &hf, NULL, &err))
+        fail_msg("CPU forward: %s", err.msg);
+    size_t ws_bytes = 0;
+    if (gk_cuda_nmmo3_conv1_workspace_bytes(&s.dw.conv1_w, &ws_bytes, &err))
+        fail_msg("%s", err.msg);
+    void *ws = NULL;
+    TH_CUDA_OK(cudaMalloc(&ws, ws_bytes));
+    gk_cuda_exec ex = exec_make(g_sms, ws, ws_bytes);
+    uint8_t *bad = th_xmalloc((size_t)B * OBS);
+    memcpy(bad, s.obs, (size_t)B * OBS);
+    const int64_t ba = (int64_t)rnd((uint64_t)B);
+    const int bj = (int)rnd(47);
+    bad[ba * OBS + GK_NMMO3_PLAYER_OFFSET + bj] = (uint8_t)(128 + rnd(128));
+    void *dobs = dev_from(s.obs, (size_t)B * OBS);
+    void *dc1 = dev_poisoned((size_t)B * C1 * es), *rows = dev_poisoned(rows_bytes);
+    unsigned long long *rec = dev_poisoned(sizeof *rec);
+    gk_tensor tobs = gk_tensor_make(dobs, GK_U8, 2, TH_SHAPE(B, OBS));
+    char what[96];
+    for (int round = 0; round < 2; round++) { /* clean observations, then one bad player value */
+        snprintf(what, sizeof what, "conv1 features %s B %lld%s", gk_dtype_name(dt), (long long)B,
+                 round ? " (bad player value)" : "");
+        if (round)
+            upload(dobs, bad, (size_t)B * OBS);
+        poison(rows, rows_bytes);
+        poison(rec, sizeof *rec);
+        const conv1_obs_features f = {rows, FEAT_LD, s.dw.embed.data, rec};
+        if (conv1_obs_enqueue_features(&s.dw.conv1_w, &s.dw.conv1_b, &tobs, dc1, NULL, &f, &ex, &err))
+            fail_msg("%s: %s", what, err.msg);
+        TH_CUDA_OK(cudaStreamSynchronize(g_stream));
+        download(got, rows, rows_bytes);
+        guard_check(rows, rows_bytes, what);
+        unsigned long long pos = 0;
+        download(&pos, rec, sizeof pos);
+        const unsigned long long want = round ? (unsigned long long)ba * 47 + (unsigned)bj : ~0ull;
+        if (pos != want)
+            fail_msg("%s: record %llx, want %llx", what, pos, want);
+        for (int64_t b = 0; b < B; b++)
+            for (int c = 0; c < FEAT_LD; c++) {
+                const uint8_t *g = (const uint8_t *)got + ((size_t)b * FEAT_LD + (size_t)c) * es;
+                const int bad_row = round && b == ba;
+                const int in_bad = bad_row && c >= 256 + 32 * bj && c < 256 + 32 * (bj + 1);
+                uint8_t ref[4] = {0, 0, 0, 0};
+                if (c < 256) {
+                    memset(ref, 0xff, sizeof ref); /* not written */
+                } else if (bad_row && c == 1760 + bj) { /* the bad byte's raw column: its value */
+                    const float v = bad[ba * OBS + GK_NMMO3_PLAYER_OFFSET + bj];
+                    const uint16_t h = gk_f32_to_bf16(v);
+                    memcpy(ref, dt == GK_BF16 ? (const void *)&h : (const void *)&v, es);
+                } else if (c < GK_NMMO3_FEATURES && !in_bad) {
+                    memcpy(ref, (const uint8_t *)rf + ((size_t)b * GK_NMMO3_FEATURES + (size_t)c) * es, es);
+                }
+                if (memcmp(g, ref, es) != 0)
+                    fail_msg("%s: agent %lld column %d differs", what, (long long)b, c);
+            }
+        printf("ok %s: columns 256..1823 bitwise, conv2's untouched, record %s\n", what,
+               round ? "names the value" : "clean");
+    }
+    /* Rows not 16-byte aligned, an unaligned embedding: refused before anything runs. */
+    const conv1_obs_features f_rows = {(uint8_t *)rows + 2, FEAT_LD, s.dw.embed.data, rec};
+    const conv1_obs_features f_embed = {rows, FEAT_LD, (const uint8_t *)s.dw.embed.data + 2, rec};
+    assert_int_equal(conv1_obs_enqueue_features(&s.dw.conv1_w, &s.dw.conv1_b, &tobs, dc1, NULL, &f_rows,
+                                                &ex, &err), GK_EINVAL);
+    printf("%s: %s\n", what, err.msg);
+    assert_int_equal(conv1_obs_enqueue_features(&s.dw.conv1_w, &s.dw.conv1_b, &tobs, dc1, NULL,
+                                                &f_embed, &ex, &err), GK_EINVAL);
+    cudaFree(ws);
+    cudaFree(dobs);
+    cudaFree(dc1);
+    cudaFree(rows);
+    cudaFree(rec);
+    free(rf);
+    free(got);
+    free(bad);
+    fwd_setup_free(&s);
+}
+
+static void test_conv1_features(void **state)
+{
+    (void)state;
+    for (int d = 0; d < 2; d++) {
+        features_case(d ? GK_BF16 : GK_F32, 37);
+        if (!g_small)
+            features_case(d ? GK_BF16 : GK_F32, 1024);
     }
 }
 
@@ -605,6 +724,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv1_obs),
         cmocka_unit_test(test_conv1_obs_bad),
+        cmocka_unit_test(test_conv1_features),
         cmocka_unit_test(test_nmmo3_forward),
         cmocka_unit_test(test_nmmo3_forward_bad),
     };

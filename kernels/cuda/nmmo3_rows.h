@@ -1,0 +1,36 @@
+/*
+ * nmmo3_rows.h - the two ways the nmmo3 forward (nmmo3.cu) writes its padded
+ * features rows (the workspace's, which cuBLAS reads when only hidden is
+ * asked for), so that the tests and the benchmark can run both; the public
+ * calls use NMMO3_ROWS_DEFAULT.
+ */
+#ifndef NMMO3_ROWS_H
+#define NMMO3_ROWS_H
+
+#include "gk_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * ASSEMBLED: one pass after conv2 writes every column.  FUSED: conv1's kernel
+ * writes every column but conv2's while the tensor cores run
+ * (conv1_obs_enqueue_features) and the pass after conv2 writes conv2's.
+ * Measured on the H200 (tests/bench/OBS_RESULTS.md), bf16 B = 32768 hidden
+ * 512: assembled 524 us, fused 666 us (its three builder warps, which also
+ * make the masks, become the kernel's critical path: inferred, not profiled),
+ * so ASSEMBLED is the default; FUSED stays tested and timed beside it.
+ */
+enum { NMMO3_ROWS_ASSEMBLED = 0, NMMO3_ROWS_FUSED = 1, NMMO3_ROWS_DEFAULT = NMMO3_ROWS_ASSEMBLED };
+
+/* gk_cuda_nmmo3_forward_keep, its padded rows written as rows_way (NMMO3_ROWS_*) says. */
+int nmmo3_forward_rows(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *features,
+                       const gk_tensor *hidden, const gk_tensor *c1_out, int rows_way,
+                       const gk_cuda_exec *ex, gk_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
