@@ -428,7 +428,11 @@ conv1_obs_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ p
  * its warp 0 streams the weights through a ring of stages, its warps 1-3 copy
  * each tile's observation bytes (a bulk copy; byte loads when obs is not
  * 16-byte aligned) and build the tile's masks into one of two buffers, a tile
- * ahead of the consumers.  mbarriers hand stages and mask buffers over.
+ * ahead of the consumers (the next tile's bytes already in flight in bf16),
+ * and, given a features sink (conv1_obs_enqueue_features), then write the
+ * forward's features columns from the same bytes.  mbarriers hand stages,
+ * byte buffers and mask buffers over.  Each consumer warpgroup keeps one
+ * tap's wgmma group in flight while it makes the next tap's fragments.
  */
 constexpr int WG_CONSUMERS = 3;                     /* warpgroups of 64 rows */
 constexpr int WG_THREADS = 128 * (WG_CONSUMERS + 1);
