@@ -245,46 +245,32 @@ __global__ void unpad_rows_kernel(const float *src, float *dst, unsigned rows, i
     }
 }
 
-/* Where each map feature's one-hot group starts and how many values it has; each channel's feature. */
-struct map_layout {
-    int offsets[10];
-    int slots[10];
-    int8_t feature_of[64];
-};
-
 /*
  * Every map byte and player byte of the batch checked before anything is
  * written, into the forward's records (gk_cuda_nmmo3_status reads them): the
  * first bad player value lowers player_rec to agent * 47 + i, the first bad
- * map value map_rec to agent * 1650 + byte (the multihot record).
+ * map value map_rec to agent * 1650 + byte (the multihot record).  An agent a
+ * block at a time: threads 0..164 a map pixel each (its 10 bytes, and its
+ * conv1 one-hot mask into masks[agent][pixel] where masks is given: the batch
+ * is one chunk), the next 47 a player value each.
  */
-__global__ void obs_validate_kernel(const uint8_t *obs, size_t agents, map_layout m,
-                                    unsigned long long *player_rec, unsigned long long *map_rec)
+__global__ void obs_check_kernel(const uint8_t *obs, size_t agents, uint64_t *masks,
+                                 unsigned long long *player_rec, unsigned long long *map_rec)
 {
-    constexpr int MAP = 11 * 15 * 10, CHECKED = MAP + GK_NMMO3_PLAYER_COUNT;
-    __shared__ int slots[10];
-    if (threadIdx.x < 10)
-        slots[threadIdx.x] = m.slots[threadIdx.x];
-    __syncthreads();
-    constexpr int PER = (CHECKED + THREADS - 1) / THREADS; /* bytes a thread checks an agent */
-    for (size_t a = blockIdx.x; a < agents; a += gridDim.x) { /* an agent a block: coalesced bytes */
+    constexpr int PIX = 11 * 15, MAP = PIX * 10;
+    const int t = threadIdx.x;
+    for (size_t a = blockIdx.x; a < agents; a += gridDim.x) {
         const uint8_t *o = obs + a * GK_NMMO3_OBS_BYTES;
-        uint8_t v[PER];
-#pragma unroll
-        for (int u = 0; u < PER; u++) { /* every load in flight before the first test */
-            const int j = threadIdx.x + u * THREADS;
-            v[u] = j < MAP ? o[j] : j < CHECKED ? o[GK_NMMO3_PLAYER_OFFSET + j - MAP] : 0;
-        }
-#pragma unroll
-        for (int u = 0; u < PER; u++) {
-            const int j = threadIdx.x + u * THREADS;
-            if (j < MAP) {
-                if (v[u] >= slots[j % 10])
-                    obs_record_offender(map_rec, (unsigned long long)a * MAP + (unsigned)j);
-            } else if (j < CHECKED && v[u] >= GK_NMMO3_EMBED_VOCAB) {
-                obs_record_offender(player_rec,
-                                    (unsigned long long)a * GK_NMMO3_PLAYER_COUNT + (unsigned)(j - MAP));
-            }
+        if (t < PIX) {
+            int bad;
+            const uint64_t m = nmmo3_conv1_pixel_mask(o + t * 10, &bad);
+            if (bad >= 0)
+                obs_record_offender(map_rec, (unsigned long long)a * MAP + (unsigned)(t * 10 + bad));
+            if (masks != NULL)
+                masks[a * PIX + t] = m;
+        } else if (t < PIX + GK_NMMO3_PLAYER_COUNT) {
+            if (o[GK_NMMO3_PLAYER_OFFSET + t - PIX] >= GK_NMMO3_EMBED_VOCAB)
+                obs_record_offender(player_rec, (unsigned long long)a * GK_NMMO3_PLAYER_COUNT + (unsigned)(t - PIX));
         }
     }
 }
@@ -504,19 +490,6 @@ int column_sums(const T *m, size_t pitch, size_t rows, int cols, int group, floa
     return launch_check(err);
 }
 
-map_layout map_layout_make()
-{
-    map_layout m;
-    memset(&m, 0, sizeof m);
-    for (int f = 0; f < 10; f++) {
-        m.offsets[f] = gk_nmmo3_layout.offsets[f];
-        m.slots[f] = gk_nmmo3_layout.slots[f];
-        for (int c = m.offsets[f]; c < m.offsets[f] + m.slots[f]; c++)
-            m.feature_of[c] = (int8_t)f;
-    }
-    return m;
-}
-
 /*
  * Checks every observation value of the batch and waits for the verdict (one
  * stream synchronisation), so that a bad value fails the call with the CPU
@@ -524,7 +497,7 @@ map_layout map_layout_make()
  * as the forward's (GK_CUDA_NMMO3_RECORDS blocks: the player values', then
  * conv1's map values'), so the forward's status call names the offender.
  */
-int batch_validate(const gk_tensor *obs, const gk_cuda_exec *ex, gk_err *err)
+int batch_validate(const gk_tensor *obs, uint64_t *masks, const gk_cuda_exec *ex, gk_err *err)
 {
     uint8_t *ws = (uint8_t *)ex->workspace;
     const size_t agents = (size_t)obs->shape[0];
@@ -534,8 +507,8 @@ int batch_validate(const gk_tensor *obs, const gk_cuda_exec *ex, gk_err *err)
         return gk_fail(err, GK_EDEVICE, "nmmo3 backward (cuda): resetting the error records: %s",
                        cudaGetErrorString(ce));
     const size_t most = (size_t)(ex->sm_count > 0 ? ex->sm_count : 1) * 16;
-    obs_validate_kernel<<<(unsigned)(agents < most ? (agents > 0 ? agents : 1) : most), THREADS, 0, ex->stream>>>(
-        (const uint8_t *)obs->data, agents, map_layout_make(), (unsigned long long *)ws,
+    obs_check_kernel<<<(unsigned)(agents < most ? (agents > 0 ? agents : 1) : most), THREADS, 0, ex->stream>>>(
+        (const uint8_t *)obs->data, agents, masks, (unsigned long long *)ws,
         (unsigned long long *)(ws + GK_CUDA_OBS_RECORD_BYTES));
     int rc = obs_launch_check("nmmo3 backward", err);
     return rc == GK_OK ? gk_cuda_nmmo3_status(obs, ex, err) : rc; /* it waits for the kernel */
@@ -644,7 +617,7 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
 
     /* conv1: weight and bias gradients from the bytes, its ReLU applied on the way. */
     if ((rc = nmmo3_conv1_wgrad(dt, o, dc1pre, c1, n, (float *)g->conv1_w.data, (float *)g->conv1_b.data,
-                                !first, ws + l.wgrad1, ex->sm_count, s, err)) != GK_OK)
+                                !first, l.chunk >= obs->shape[0], ws + l.wgrad1, ex->sm_count, s, err)) != GK_OK)
         return rc;
 
     /* The embedding table: its 1504 feature gradients a row read in place. */
@@ -660,7 +633,8 @@ extern "C" int gk_cuda_nmmo3_backward_workspace_bytes(const gk_nmmo3_weights *w,
                                                       size_t budget, size_t *bytes, gk_err *err)
 {
     int rc = gk_nmmo3_backward_check(w, obs, dout, grads, err);
-    if (rc != GK_OK)
+    if (rc != GK_OK || (rc = obs_numel_check(obs, "nmmo3 backward", "obs", err)) ||
+        (rc = obs_numel_check(dout, "nmmo3 backward", "dout", err)))
         return rc;
     bwd_layout l;
     if ((rc = plan_make(w, obs, sm_count, budget, &l, err)) != GK_OK)
@@ -674,7 +648,8 @@ extern "C" int gk_cuda_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor
                                       const gk_cuda_exec *ex, gk_err *err)
 {
     int rc = gk_nmmo3_backward_check(w, obs, dout, grads, err);
-    if (rc != GK_OK)
+    if (rc != GK_OK || (rc = obs_numel_check(obs, "nmmo3 backward", "obs", err)) ||
+        (rc = obs_numel_check(dout, "nmmo3 backward", "dout", err)))
         return rc;
     if (ex->blas == NULL)
         return gk_fail(err, GK_EINVAL, "nmmo3 backward (cuda): needs a cuBLAS handle (gk_cuda_exec.blas)");
@@ -682,7 +657,11 @@ extern "C" int gk_cuda_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor
     if ((rc = plan_make(w, obs, ex->sm_count, ex->workspace == NULL ? 0 : ex->workspace_bytes, &l,
                         err)) != GK_OK)
         return rc;
-    if ((rc = batch_validate(obs, ex, err)) != GK_OK)
+    /* One chunk: the check also makes conv1's one-hot masks for the whole batch. */
+    const int64_t B = obs->shape[0];
+    const int one_chunk = l.chunk >= B;
+    if ((rc = batch_validate(obs, one_chunk ? (uint64_t *)((uint8_t *)ex->workspace + l.wgrad1) : NULL, ex,
+                             err)) != GK_OK)
         return rc;
     uint8_t *wbig = (uint8_t *)ex->workspace + l.wbig; /* every chunk's */
     const size_t nbig = (size_t)EMB_AT * C1_N;
@@ -705,7 +684,6 @@ extern "C" int gk_cuda_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor
     }
     if ((rc = launch_check(err)) != GK_OK)
         return rc;
-    const int64_t B = obs->shape[0];
     for (int64_t a0 = 0; a0 < B && rc == GK_OK; a0 += l.chunk) {
         const int64_t n = B - a0 < l.chunk ? B - a0 : l.chunk;
         rc = w->conv1_w.dtype == GK_BF16

@@ -8,16 +8,17 @@
  * N = 64 channels (59 used; channel 59 is made a constant 1, so that its
  * column is the bias gradient, sum of dc1), K = agents x 12 pixels.  The
  * one-hot rows are the 64-bit masks of the input pixels (one bit a hot
- * channel), made once per call from the bytes (masks_kernel); a thread makes
+ * channel), made once per call from the bytes (masks_kernel, or the caller
+ * while it checks the batch); a thread makes
  * its mma.sync B fragments in registers from them (two mask bits -> a pair
  * of bf16 0/1), so the 1.2 GB unfolded input of a B = 32768 batch is never
  * written nor read.
  *
- * Blocks: 10 per chunk of agents, one per kernel row kh and half of the
- * output channels, 10 warps each (5 kw x 2 halves of the 64 channels; a
- * warp: 64 output channels x 32 channels of one tap, 64 fp32 accumulators a
- * thread), two blocks an SM (5 warps on each scheduler).  Per step of 8
- * agents (96 rows, 6 k16 steps) the block stages dc1pre and c1 by cp.async,
+ * Blocks: 5 per chunk of agents, one per kernel row kh (and OC_BLK output
+ * channels), 10 warps each (5 kw x 2 halves of the 64 channels; a warp:
+ * OC_BLK output channels x 32 channels of one tap, OC_BLK fp32 accumulators a
+ * thread).  Per step of 16 agents (192 rows, 12 k16 steps; f32: 8) the
+ * block stages dc1pre and c1 by cp.async,
  * applies the ReLU mask while laying dc1 out as [oc][row] bf16 (f32: three
  * exact bf16 terms hi + mid + lo, whose products with 0/1 are exact, so the
  * f32 result is an fp32 sum as accurate as fp32 summation), while the next
@@ -39,37 +40,28 @@ constexpr int PIX = 12;                       /* conv1 output pixels an agent */
 constexpr int C1N = OC * PIX;                 /* 1536 values of c1 an agent */
 constexpr int MAP_W = 15, MAP_PIX = 165, NFEAT = 10;
 constexpr int TAPS = 25, KW = 5, KCH = 64;    /* channels padded to 64 */
-constexpr int ONES_CH = 59;                   /* the constant channel: the bias gradient */
-constexpr int STEP = 8;                       /* agents a step */
-constexpr int ROWS = STEP * PIX;              /* 96 GEMM rows a step */
-constexpr int K16 = ROWS / 16;                /* 6 */
-constexpr int APITCH = ROWS + 8;              /* bf16 a dc1 row in shared memory: 208 bytes */
+constexpr int ONES_CH = NMMO3_CONV1_ONES_CH;  /* the constant channel: the bias gradient */
+constexpr int SPLIT_STEP = 8;                 /* blocks get multiples of 8 agents */
 constexpr int ROW_MASKS = 3 * MAP_W;          /* masks of the 3 input rows of one kh, an agent */
 constexpr int WARPS = KW * 2, THREADS = WARPS * 32;
-constexpr int OC_BLK = 64;                    /* output channels a block */
+constexpr int OC_BLK = 128;                   /* output channels a block */
 constexpr int MT = OC_BLK / 16;               /* m16 tiles a warp */
 constexpr int BLK_C1 = OC_BLK * PIX;          /* 768 values of c1 an agent a block reads */
 constexpr int KH_BLOCKS = 5, BLOCKS_PER_CHUNK = KH_BLOCKS * (OC / OC_BLK);
-constexpr int BLOCKS_PER_SM = 2;
+constexpr int BLOCKS_PER_SM = 1;
 constexpr int PART = TAPS * OC * KCH;         /* partial sums of one chunk */
-static_assert(ROWS % 16 == 0, "whole k16 steps");
-static_assert((APITCH * 2) % 16 == 0 && ((APITCH * 2 / 16) & 1) == 1,
-              "ldmatrix rows 16-byte aligned, 8 consecutive rows on distinct bank groups");
 
-__device__ __forceinline__ int feat_slots(int f)
-{
-    const int s[NFEAT] = {4, 4, 17, 5, 3, 5, 5, 5, 7, 4};
-    return s[f];
-}
-__device__ __forceinline__ int feat_offset(int f)
-{
-    const int o[NFEAT] = {0, 4, 8, 25, 30, 33, 38, 43, 48, 55};
-    return o[f];
-}
 const int host_slots[NFEAT] = {4, 4, 17, 5, 3, 5, 5, 5, 7, 4};
 const int host_offsets[NFEAT] = {0, 4, 8, 25, 30, 33, 38, 43, 48, 55};
 
 template <int NSPLIT, typename T> struct geom {
+    /* Agents a step: 16 in bf16 (12 k16 steps), 8 in f32 (whose staged values are twice as large). */
+    static constexpr int STEP = NSPLIT == 1 ? 16 : 8;
+    static constexpr int ROWS = STEP * PIX;                     /* GEMM rows a step */
+    static constexpr int K16 = ROWS / 16;
+    static constexpr int APITCH = ROWS + 8;                     /* bf16 a dc1 row in shared memory */
+    static_assert((APITCH * 2) % 16 == 0 && ((APITCH * 2 / 16) & 1) == 1,
+                  "ldmatrix rows 16-byte aligned, 8 consecutive rows on distinct bank groups");
     static constexpr int PLANE = OC_BLK * APITCH * 2;           /* bytes of one bf16 term */
     static constexpr int RAW = STEP * BLK_C1 * (int)sizeof(T);  /* bytes of one staged array */
     static constexpr int RAW_D = NSPLIT * PLANE;
@@ -133,10 +125,7 @@ __device__ __forceinline__ uint16_t bf16_bits(float x)
     return __bfloat16_as_ushort(__float2bfloat16_rn(x));
 }
 
-/*
- * masks[a][pixel]: bit off_f + value of each of the pixel's 10 features, and
- * bit ONES_CH.  Values were validated before; one out of range sets no bit.
- */
+/* masks[a][pixel] = nmmo3_conv1_pixel_mask of the pixel (values validated before). */
 __global__ void masks_kernel(const uint8_t *__restrict__ obs, int64_t agents, uint64_t *__restrict__ masks)
 {
     const int64_t n = agents * MAP_PIX;
@@ -144,15 +133,8 @@ __global__ void masks_kernel(const uint8_t *__restrict__ obs, int64_t agents, ui
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t a = i / MAP_PIX;
         const int p = (int)(i - a * MAP_PIX);
-        const uint8_t *o = obs + a * GK_NMMO3_OBS_BYTES + p * NFEAT;
-        uint64_t m = 1ull << ONES_CH;
-#pragma unroll
-        for (int f = 0; f < NFEAT; f++) {
-            const int v = o[f];
-            if (v < feat_slots(f))
-                m |= 1ull << (feat_offset(f) + v);
-        }
-        masks[i] = m;
+        int bad;
+        masks[i] = nmmo3_conv1_pixel_mask(obs + a * GK_NMMO3_OBS_BYTES + p * NFEAT, &bad);
     }
 }
 
@@ -174,7 +156,7 @@ __device__ __forceinline__ void stage_issue(uint8_t *sm, const T *dpre, const T 
         cp_async16(sm + G::RAW_D + v * 16, gd + src);
         cp_async16(sm + G::RAW_C + v * 16, gc + src);
     }
-    uint64_t *ms = (uint64_t *)(sm + G::MASKS) + buf * STEP * ROW_MASKS;
+    uint64_t *ms = (uint64_t *)(sm + G::MASKS) + buf * G::STEP * ROW_MASKS;
     for (int i = threadIdx.x; i < na * ROW_MASKS; i += THREADS) {
         const int aa = i / ROW_MASKS, q = (i - aa * ROW_MASKS) / MAP_W, col = i - aa * ROW_MASKS - q * MAP_W;
         cp_async8(ms + i, masks + (a + aa) * MAP_PIX + (3 * q + kh) * MAP_W + col);
@@ -191,7 +173,7 @@ __device__ __forceinline__ void stage_convert(uint8_t *sm, int na, const __nv_bf
     using G = geom<1, __nv_bfloat16>;
     const uint4 *rd = (const uint4 *)(sm + G::RAW_D), *rc = (const uint4 *)(sm + G::RAW_C);
     uint16_t *plane = (uint16_t *)sm;
-    for (int v = threadIdx.x; v < STEP * BLK_C1 / 8; v += THREADS) {
+    for (int v = threadIdx.x; v < G::STEP * BLK_C1 / 8; v += THREADS) {
         const int e = v * 8, aa = e / BLK_C1, rem = e - aa * BLK_C1;
         int oc = rem / PIX, px = rem - oc * PIX;
         uint32_t out[4] = {0, 0, 0, 0};
@@ -207,7 +189,7 @@ __device__ __forceinline__ void stage_convert(uint8_t *sm, int na, const __nv_bf
         }
 #pragma unroll
         for (int i = 0; i < 4; i++) { /* pixel pairs never straddle a channel (12 is even) */
-            *(uint32_t *)(plane + oc * APITCH + aa * PIX + px) = out[i];
+            *(uint32_t *)(plane + oc * G::APITCH + aa * PIX + px) = out[i];
             px += 2;
             if (px == PIX)
                 px = 0, oc++;
@@ -219,7 +201,7 @@ __device__ __forceinline__ void stage_convert(uint8_t *sm, int na, const float *
 {
     using G = geom<3, float>;
     const float4 *rd = (const float4 *)(sm + G::RAW_D), *rc = (const float4 *)(sm + G::RAW_C);
-    for (int v = threadIdx.x; v < STEP * BLK_C1 / 4; v += THREADS) {
+    for (int v = threadIdx.x; v < G::STEP * BLK_C1 / 4; v += THREADS) {
         const int e = v * 4, aa = e / BLK_C1, rem = e - aa * BLK_C1;
         const int oc = rem / PIX, px = rem - oc * PIX; /* 4 pixels of one channel */
         float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -241,7 +223,7 @@ __device__ __forceinline__ void stage_convert(uint8_t *sm, int na, const float *
         }
 #pragma unroll
         for (int p = 0; p < 3; p++) {
-            uint16_t *dst = (uint16_t *)(sm + p * G::PLANE) + oc * APITCH + aa * PIX + px;
+            uint16_t *dst = (uint16_t *)(sm + p * G::PLANE) + oc * G::APITCH + aa * PIX + px;
             ((uint32_t *)dst)[0] = t[p][0] | (uint32_t)t[p][1] << 16;
             ((uint32_t *)dst)[1] = t[p][2] | (uint32_t)t[p][3] << 16;
         }
@@ -262,7 +244,7 @@ __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int kw = warp >> 1, half = warp & 1;
     int *rowofs = (int *)(sm + G::ROWOFS);
-    for (int r = threadIdx.x; r < ROWS; r += THREADS) { /* row -> its agent's mask of (oh, 3ow) */
+    for (int r = threadIdx.x; r < G::ROWS; r += THREADS) { /* row -> its agent's mask of (oh, 3ow) */
         const int aa = r / PIX, px = r - aa * PIX;
         rowofs[r] = aa * ROW_MASKS + (px / 4) * MAP_W + 3 * (px % 4);
     }
@@ -275,27 +257,27 @@ __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
             for (int i = 0; i < 4; i++)
                 acc[mt][j][i] = 0.0f;
 
-    const int64_t steps = a1 > a0 ? (a1 - a0 + STEP - 1) / STEP : 0;
+    const int64_t steps = a1 > a0 ? (a1 - a0 + G::STEP - 1) / G::STEP : 0;
     if (steps > 0)
-        stage_issue<NSPLIT, T>(sm, dpre, c1, masks, a0, (int)(a1 - a0 < STEP ? a1 - a0 : STEP), kh, oc0, 0);
+        stage_issue<NSPLIT, T>(sm, dpre, c1, masks, a0, (int)(a1 - a0 < G::STEP ? a1 - a0 : G::STEP), kh, oc0, 0);
     /* ldmatrix: lanes 0-7 rows 0-7 at k 0, 8-15 rows 8-15 at k 0, 16-23 rows 0-7 at k 8, ... */
-    const uint32_t a_lane = smem_u32(sm) + ((lane & 15) * APITCH + (lane >> 4) * 8) * 2;
+    const uint32_t a_lane = smem_u32(sm) + ((lane & 15) * G::APITCH + (lane >> 4) * 8) * 2;
     const int krow = 2 * (lane & 3), shift = lane >> 2;
     for (int64_t s = 0; s < steps; s++) {
-        const int64_t a = a0 + s * STEP;
-        const int na = (int)(a1 - a < STEP ? a1 - a : STEP);
+        const int64_t a = a0 + s * G::STEP;
+        const int na = (int)(a1 - a < G::STEP ? a1 - a : G::STEP);
         cp_async_wait_all();
         __syncthreads(); /* step s landed; every warp is done with step s - 1 */
         stage_convert(sm, na, (const T *)nullptr);
         __syncthreads();
         if (s + 1 < steps) {
-            const int64_t an = a + STEP;
-            stage_issue<NSPLIT, T>(sm, dpre, c1, masks, an, (int)(a1 - an < STEP ? a1 - an : STEP), kh, oc0,
+            const int64_t an = a + G::STEP;
+            stage_issue<NSPLIT, T>(sm, dpre, c1, masks, an, (int)(a1 - an < G::STEP ? a1 - an : G::STEP), kh, oc0,
                                    (int)((s + 1) & 1));
         }
-        const uint64_t *ms = (const uint64_t *)(sm + G::MASKS) + (s & 1) * STEP * ROW_MASKS + kw;
-#pragma unroll 1
-        for (int k = 0; k < K16; k++) {
+        const uint64_t *ms = (const uint64_t *)(sm + G::MASKS) + (s & 1) * G::STEP * ROW_MASKS + kw;
+#pragma unroll
+        for (int k = 0; k < G::K16; k++) {
             const int r = k * 16 + krow;
             const uint64_t m0 = ms[rowofs[r]], m1 = ms[rowofs[r + 1]];
             const uint64_t m8 = ms[rowofs[r + 8]], m9 = ms[rowofs[r + 9]];
@@ -316,7 +298,7 @@ __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     uint32_t af[4];
-                    ldmatrix_x4(af, a_lane + (uint32_t)(p * G::PLANE + (mt * 16 * APITCH + k * 16) * 2));
+                    ldmatrix_x4(af, a_lane + (uint32_t)(p * G::PLANE + (mt * 16 * G::APITCH + k * 16) * 2));
 #pragma unroll
                     for (int j = 0; j < 4; j++)
                         mma_bf16(acc[mt][j], af, b0[j], b1[j]);
@@ -353,14 +335,14 @@ __global__ void reduce_kernel(const float *__restrict__ part, int chunks, float 
     *dst = accumulate ? *dst + s : s;
 }
 
-/* Agents a block handles (a multiple of STEP) and the number of chunks. */
+/* Agents a block handles (a multiple of SPLIT_STEP) and the number of chunks. */
 void split_make(int64_t agents, int sm_count, int64_t *per_block, int64_t *chunks)
 {
     const int64_t most = sm_count * BLOCKS_PER_SM / BLOCKS_PER_CHUNK > 0 ? sm_count * BLOCKS_PER_SM / BLOCKS_PER_CHUNK : 1;
     int64_t per = (agents + most - 1) / most;
-    per = (per + STEP - 1) / STEP * STEP;
-    if (per < STEP)
-        per = STEP;
+    per = (per + SPLIT_STEP - 1) / SPLIT_STEP * SPLIT_STEP;
+    if (per < SPLIT_STEP)
+        per = SPLIT_STEP;
     *per_block = per;
     *chunks = agents > 0 ? (agents + per - 1) / per : 0;
 }
@@ -391,14 +373,14 @@ size_t nmmo3_conv1_wgrad_workspace_bytes(int64_t agents, int sm_count)
      * into (split_make's count is not monotonic in the agents; this bound is).
      */
     const int64_t most = sm_count * BLOCKS_PER_SM / BLOCKS_PER_CHUNK > 0 ? sm_count * BLOCKS_PER_SM / BLOCKS_PER_CHUNK : 1;
-    const int64_t steps = (agents + STEP - 1) / STEP;
+    const int64_t steps = (agents + SPLIT_STEP - 1) / SPLIT_STEP;
     const int64_t chunks = steps < most ? steps : most;
     return align256((size_t)agents * MAP_PIX * 8) + align256((size_t)(chunks > 0 ? chunks : 1) * PART * 4);
 }
 
 int nmmo3_conv1_wgrad(gk_dtype dt, const uint8_t *obs, const void *dc1pre, const void *c1,
-                      int64_t agents, float *dw1, float *db1, int accumulate, void *ws,
-                      int sm_count, cudaStream_t s, gk_err *err)
+                      int64_t agents, float *dw1, float *db1, int accumulate, int masks_ready,
+                      void *ws, int sm_count, cudaStream_t s, gk_err *err)
 {
     for (int f = 0; f < NFEAT; f++) /* the kernels' copy of the feature table */
         if (gk_nmmo3_layout.slots[f] != host_slots[f] || gk_nmmo3_layout.offsets[f] != host_offsets[f])
@@ -412,7 +394,8 @@ int nmmo3_conv1_wgrad(gk_dtype dt, const uint8_t *obs, const void *dc1pre, const
     const int64_t n = agents * MAP_PIX;
     const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * 8;
     const int64_t blocks = (n + 255) / 256 < cap ? (n + 255) / 256 : cap;
-    masks_kernel<<<(unsigned)blocks, 256, 0, s>>>(obs, agents, masks);
+    if (!masks_ready)
+        masks_kernel<<<(unsigned)blocks, 256, 0, s>>>(obs, agents, masks);
     int rc = dt == GK_BF16 ? wgrad_launch<1, __nv_bfloat16>(masks, dc1pre, c1, agents, per, chunks, part, s, err)
                            : wgrad_launch<3, float>(masks, dc1pre, c1, agents, per, chunks, part, s, err);
     if (rc != GK_OK)

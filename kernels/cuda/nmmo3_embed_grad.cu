@@ -10,8 +10,9 @@
  * shared memory as bf16, by cp.async into two buffers so that the next step
  * loads while this one computes (f32: three exact bf16 terms hi + mid + lo,
  * whose products with 0/1 are exact, so the f32 result is an fp32 sum).  Blocks of
- * 4 warps walk agents 4 at a time (188 rows, padded to 192 = 12 k16 steps,
- * 3 a warp); the warps' sums are added in warp order, each block writes its
+ * 8 warps walk agents 8 at a time (376 rows, padded to 384 = 24 k16 steps;
+ * a warp: 6 of them x half the vocabulary); the 4 k slices' sums are added in
+ * slice order, each block writes its
  * partial table, and a second kernel adds the blocks in block order.  No
  * atomics and no copy of the 1504 columns out of the features.
  */
@@ -28,14 +29,17 @@ constexpr int VOCAB = GK_NMMO3_EMBED_VOCAB;      /* 128 */
 constexpr int DIM = GK_NMMO3_EMBED_DIM;          /* 32 */
 constexpr int SLOTS = GK_NMMO3_PLAYER_COUNT;     /* 47 */
 constexpr int EMB_AT = 2 * GK_NMMO3_CONV_CH;     /* 256: the first embedding column of a features row */
-constexpr int STEP = 4;                          /* agents a step */
-constexpr int ROWS = 192;                        /* STEP x 47 = 188, padded to whole k16 steps */
-constexpr int WARPS = 4, THREADS = WARPS * 32;
-constexpr int K16_WARP = ROWS / 16 / WARPS;      /* 3 */
+constexpr int STEP = 8;                          /* agents a step */
+constexpr int ROWS = 384;                        /* STEP x 47 = 376, padded to whole k16 steps */
+constexpr int KSPLIT = 4;                        /* warps that split a step's k16 steps */
+constexpr int VSPLIT = 2;                        /* warps that split the vocabulary */
+constexpr int WARPS = KSPLIT * VSPLIT, THREADS = WARPS * 32;
+constexpr int K16_WARP = ROWS / 16 / KSPLIT;     /* 6 */
+constexpr int MT = VOCAB / 16 / VSPLIT;          /* m16 tiles a warp: 4 */
 constexpr int PITCH = DIM + 8;                   /* bf16 a row: 80 bytes, ldmatrix conflict-free */
 constexpr int TABLE = VOCAB * DIM;               /* 4096 */
-constexpr int BLOCKS_PER_SM = 3;
-static_assert(STEP * SLOTS <= ROWS && ROWS % (16 * WARPS) == 0, "whole k16 steps a warp");
+constexpr int BLOCKS_PER_SM = 2;
+static_assert(STEP * SLOTS <= ROWS && ROWS % (16 * KSPLIT) == 0, "whole k16 steps a warp");
 static_assert((PITCH * 2) % 16 == 0 && ((PITCH * 2 / 16) & 1) == 1, "ldmatrix rows on distinct banks");
 
 template <int NSPLIT> struct geom {
@@ -163,7 +167,7 @@ __device__ __forceinline__ void stage(uint8_t *sm, const uint8_t *obs, const T *
 }
 
 template <int NSPLIT, typename T>
-__global__ void __launch_bounds__(THREADS, NSPLIT == 1 ? BLOCKS_PER_SM : 2)
+__global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
     embed_grad_kernel(const uint8_t *__restrict__ obs, const T *__restrict__ dfeat, int64_t ld,
                       int64_t agents, int64_t per_block, float *__restrict__ part)
 {
@@ -172,9 +176,10 @@ __global__ void __launch_bounds__(THREADS, NSPLIT == 1 ? BLOCKS_PER_SM : 2)
     const int64_t a0 = (int64_t)blockIdx.x * per_block;
     const int64_t a1 = a0 + per_block < agents ? a0 + per_block : agents;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t2 = 2 * (lane & 3);
-    float acc[8][4][4];
+    const int ks = warp % KSPLIT, mt0 = warp / KSPLIT * MT; /* k16 slice; first m tile (vocab / 16) */
+    float acc[MT][4][4];
 #pragma unroll
-    for (int mt = 0; mt < 8; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -197,7 +202,7 @@ __global__ void __launch_bounds__(THREADS, NSPLIT == 1 ? BLOCKS_PER_SM : 2)
         const uint32_t b_buf = b_lane + (uint32_t)(buf * G::BUF);
 #pragma unroll 1
         for (int s = 0; s < K16_WARP; s++) {
-            const int kb = (warp + s * WARPS) * 16;
+            const int kb = (ks + s * KSPLIT) * 16;
             const uint32_t y01 = pair_hits(idx[kb + t2], idx[kb + t2 + 1], g);
             const uint32_t y89 = pair_hits(idx[kb + t2 + 8], idx[kb + t2 + 9], g);
 #pragma unroll
@@ -206,9 +211,10 @@ __global__ void __launch_bounds__(THREADS, NSPLIT == 1 ? BLOCKS_PER_SM : 2)
                 ldmatrix_x4_trans(b[0], b_buf + (uint32_t)(p * G::PLANE + kb * PITCH * 2));
                 ldmatrix_x4_trans(b[1], b_buf + (uint32_t)(p * G::PLANE + (kb * PITCH + 16) * 2));
 #pragma unroll
-                for (int mt = 0; mt < 8; mt++) {
-                    const uint32_t a[4] = {bits_to_bf16x2(y01 >> (4 * mt)), bits_to_bf16x2(y01 >> (4 * mt + 2)),
-                                           bits_to_bf16x2(y89 >> (4 * mt)), bits_to_bf16x2(y89 >> (4 * mt + 2))};
+                for (int mt = 0; mt < MT; mt++) {
+                    const int m = mt0 + mt;
+                    const uint32_t a[4] = {bits_to_bf16x2(y01 >> (4 * m)), bits_to_bf16x2(y01 >> (4 * m + 2)),
+                                           bits_to_bf16x2(y89 >> (4 * m)), bits_to_bf16x2(y89 >> (4 * m + 2))};
 #pragma unroll
                     for (int j = 0; j < 4; j++) /* n tile j: dims 8j..8j+7 */
                         mma_bf16(acc[mt][j], a, b[j >> 1][(j & 1) * 2], b[j >> 1][(j & 1) * 2 + 1]);
@@ -216,18 +222,18 @@ __global__ void __launch_bounds__(THREADS, NSPLIT == 1 ? BLOCKS_PER_SM : 2)
             }
         }
     }
-    /* The warps' tables added in warp order, then the block's partial table. */
+    /* The k slices' tables added in slice order, then the block's partial table. */
     float *red = (float *)sm;
-    for (int w = 0; w < WARPS; w++) {
+    for (int w = 0; w < KSPLIT; w++) {
         __syncthreads();
-        if (warp == w) {
+        if (ks == w) {
 #pragma unroll
-            for (int mt = 0; mt < 8; mt++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int j = 0; j < 4; j++)
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
-                        const int v = mt * 16 + g + (i >> 1) * 8, d = j * 8 + t2 + (i & 1);
+                        const int v = (mt0 + mt) * 16 + g + (i >> 1) * 8, d = j * 8 + t2 + (i & 1);
                         red[v * DIM + d] = w == 0 ? acc[mt][j][i] : red[v * DIM + d] + acc[mt][j][i];
                     }
         }

@@ -8,8 +8,10 @@
  * the projection, with a workspace for the whole batch and with one that
  * forces chunks of 64 agents (and a batch that is no multiple of it).  A call
  * repeated must give the same bytes.  Bad observation values fail with the
- * CPU's message before any gradient is written; too small a workspace and a
- * missing cuBLAS handle fail with messages that say so.
+ * CPU's message before any gradient is written (batch aligned or not); too
+ * small a workspace, a missing cuBLAS handle and a batch of 2^31 bytes or
+ * more fail with messages that say so.  Hidden sizes 96, 130 and 98 (the
+ * last two take the projection's one-column-a-thread path).
  * Exits 77 (skipped) without a CUDA device.
  */
 #include <setjmp.h>
@@ -291,19 +293,28 @@ static void test_bad_input(void **state)
     gk_nmmo3_weights w = set_of(&p, p.hw, 0), g = set_of(&p, (void **)p.want, 1);
     gk_tensor o = gk_tensor_make(p.hobs, GK_U8, 2, (int64_t[]){p.rows, 1707});
     gk_tensor d = gk_tensor_make(p.hdout, p.dt, 2, (int64_t[]){p.rows, p.hidden});
-    /* A map value (agent 39), a player value (agent 0), both (the map one is named). */
-    const size_t at[3][2] = {{39 * 1707 + 123 * 10 + 2, 0}, {1650 + 46, 0},
-                             {39 * 1707 + 5 * 10 + 8, 1650 + 3}};
-    for (int k = 0; k < 3; k++) {
+    /*
+     * A map value (agent 39), a player value (agent 0), both (the map one is
+     * named), the first map bytes, the last player value; each with the batch
+     * 16-byte aligned and 3 bytes past that (the check reads 16 aligned bytes
+     * at a time, the unaligned head and tail one by one).
+     */
+    const size_t at[5][2] = {{39 * 1707 + 123 * 10 + 2, 0}, {1650 + 46, 0},
+                             {39 * 1707 + 5 * 10 + 8, 1650 + 3}, {2, 0}, {39 * 1707 + 1696, 0}};
+    uint8_t *aligned = p.dobs, *shifted = NULL;
+    TH_CUDA_OK(cudaMalloc((void **)&shifted, (size_t)p.rows * 1707 + 16));
+    for (int k = 0; k < 10; k++) {
+        const int c = k % 5;
+        p.dobs = k < 5 ? aligned : shifted + 3;
         th_fill_nmmo3_obs(p.hobs, (size_t)p.rows);
-        p.hobs[at[k][0]] = 17 + 200 * (k == 1);
-        if (at[k][1] != 0)
-            p.hobs[at[k][1]] = 128;
+        p.hobs[at[c][0]] = 17 + 200 * (c == 1 || c == 4);
+        if (at[c][1] != 0)
+            p.hobs[at[c][1]] = 128;
         upload(p.dobs, p.hobs, (size_t)p.rows * 1707);
         gk_err cpu, gpu;
         assert_int_equal(gk_cpu_nmmo3_backward(&w, &o, &d, &g, &cpu), GK_ERANGE);
         assert_int_equal(problem_run(&p, WORKSPACE, g_blas, &gpu), GK_ERANGE);
-        printf("bad value: %s\n", gpu.msg);
+        printf("bad value%s: %s\n", k < 5 ? "" : " (batch 3 bytes past 16)", gpu.msg);
         assert_string_equal(gpu.msg, cpu.msg);
         for (int i = 0; i < NW; i++) { /* nothing written: still the NaN poison */
             float *got = th_xmalloc(p.n[i] * 4);
@@ -313,6 +324,22 @@ static void test_bad_input(void **state)
                     fail_msg("d%s[%zu] written by a failed call", names[i], j);
             free(got);
         }
+    }
+    p.dobs = aligned;
+    cudaFree(shifted);
+    /* A batch of 2^31 bytes or more is refused by its size (nothing is read: no such tensor). */
+    {
+        gk_nmmo3_weights dw = set_of(&p, p.dw, 0), dg = set_of(&p, (void **)p.dg, 1);
+        const int64_t huge = ((int64_t)1 << 31) / 1707 + 1;
+        gk_tensor ho = gk_tensor_make((void *)((uintptr_t)1 << 46), GK_U8, 2, (int64_t[]){huge, 1707});
+        gk_tensor hd = gk_tensor_make((void *)((uintptr_t)2 << 46), p.dt, 2, (int64_t[]){huge, p.hidden});
+        size_t bytes = 0;
+        gk_err err;
+        assert_int_equal(gk_cuda_nmmo3_backward_workspace_bytes(&dw, &ho, &hd, &dg, g_sms, WORKSPACE, &bytes,
+                                                                &err),
+                         GK_EINVAL);
+        printf("huge batch: %s\n", err.msg);
+        assert_non_null(strstr(err.msg, "2^31"));
     }
     th_fill_nmmo3_obs(p.hobs, (size_t)p.rows);
     upload(p.dobs, p.hobs, (size_t)p.rows * 1707);
