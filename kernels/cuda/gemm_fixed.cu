@@ -1,6 +1,6 @@
 /*
  * gemm_fixed.cu - GEMMs whose result for one column does not depend on how
- * many columns there are.
+ * many columns there are, with cuBLASLt's bias and ReLU epilogues.
  *
  * Why: the encoder's conv2 and projection GEMMs run over the batch's rows (n
  * here), and dynamic batching merges the rows of many requests into one call.
@@ -82,11 +82,23 @@ cublasStatus_t descs_init(gemm_descs *d, const gk_cuda_gemm *g, int n)
         st = layout_init(&d->b, g->type, tb ? n : g->k, tb ? g->k : n, g->ldb, g->batch,
                          g->stride_b);
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = layout_init(&d->c, CUDA_R_32F, g->m, n, g->ldc, g->batch, g->stride_c);
+        st = layout_init(&d->c, g->c_type, g->m, n, g->ldc, g->batch, g->stride_c);
+    const cublasLtEpilogue_t epi = g->bias != NULL ? (g->relu ? CUBLASLT_EPILOGUE_RELU_BIAS
+                                                              : CUBLASLT_EPILOGUE_BIAS)
+                                                   : (g->relu ? CUBLASLT_EPILOGUE_RELU
+                                                              : CUBLASLT_EPILOGUE_DEFAULT);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    if (st == CUBLAS_STATUS_SUCCESS && g->bias != NULL)
+        st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &g->c_type,
+                                            sizeof g->c_type);
+    if (st == CUBLAS_STATUS_SUCCESS && g->bias != NULL)
+        st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+                                            sizeof g->bias);
     return st;
 }
 
-/* g without what may change between calls of one shape: n and the pointers. */
+/* g without what may change between calls of one shape: n and the pointers (bias: whether one). */
 gk_cuda_gemm shape_key(const gk_cuda_gemm *g)
 {
     gk_cuda_gemm k;
@@ -95,7 +107,9 @@ gk_cuda_gemm shape_key(const gk_cuda_gemm *g)
     k.m = g->m, k.k = g->k, k.type = g->type, k.batch = g->batch;
     k.lda = g->lda, k.stride_a = g->stride_a;
     k.ldb = g->ldb, k.stride_b = g->stride_b;
-    k.ldc = g->ldc, k.stride_c = g->stride_c;
+    k.c_type = g->c_type, k.ldc = g->ldc, k.stride_c = g->stride_c;
+    k.bias = g->bias != NULL ? (const void *)1 : NULL;
+    k.relu = g->relu;
     return k;
 }
 
@@ -112,7 +126,7 @@ cublasStatus_t algo_choose(gk_cuda_blas *bl, const gk_cuda_gemm *g, cublasLtMatm
     const size_t es = type_size(g->type);
     const uint32_t align_a = alignment_of(g->lda, g->stride_a, g->batch, es);
     const uint32_t align_b = alignment_of(g->ldb, g->stride_b, g->batch, es);
-    const uint32_t align_c = alignment_of(g->ldc, g->stride_c, g->batch, 4);
+    const uint32_t align_c = alignment_of(g->ldc, g->stride_c, g->batch, type_size(g->c_type));
     st = cublasLtMatmulPreferenceInit(pref);
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -147,36 +161,35 @@ cublasStatus_t algo_choose(gk_cuda_blas *bl, const gk_cuda_gemm *g, cublasLtMatm
     return st;
 }
 
-/* The cached algorithm of g's shape, choosing it on first use. */
-cublasStatus_t algo_for(gk_cuda_blas *bl, const gk_cuda_gemm *g, const cublasLtMatmulAlgo_t **out)
+/* The cached choice for g's shape (an algorithm, or why there is none), made on first use. */
+const gk_cuda_gemm_algo *algo_for(gk_cuda_blas *bl, const gk_cuda_gemm *g)
 {
     const gk_cuda_gemm key = shape_key(g);
-    for (int i = 0; i < bl->nalgos; i++) {
-        if (memcmp(&bl->algos[i].key, &key, sizeof key) == 0) {
-            *out = &bl->algos[i].algo;
-            return CUBLAS_STATUS_SUCCESS;
-        }
-    }
-    cublasLtMatmulAlgo_t algo;
-    cublasStatus_t st = algo_choose(bl, g, &algo);
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return st;
+    for (int i = 0; i < bl->nalgos; i++)
+        if (memcmp(&bl->algos[i].key, &key, sizeof key) == 0)
+            return &bl->algos[i];
     int at = bl->nalgos < GK_CUDA_GEMM_ALGOS ? bl->nalgos++ : bl->next_evicted++ % GK_CUDA_GEMM_ALGOS;
-    bl->algos[at].key = key;
-    bl->algos[at].algo = algo;
-    *out = &bl->algos[at].algo;
-    return CUBLAS_STATUS_SUCCESS;
+    gk_cuda_gemm_algo *e = &bl->algos[at];
+    e->key = key;
+    e->found = algo_choose(bl, g, &e->algo);
+    return e;
 }
 
 } // namespace
 
+int gk_cuda_gemm_fixed_usable(gk_cuda_blas *bl, const gk_cuda_gemm *g)
+{
+    return algo_for(bl, g)->found == CUBLAS_STATUS_SUCCESS;
+}
+
 int gk_cuda_gemm_fixed(gk_cuda_blas *bl, const gk_cuda_gemm *g, const char *who, gk_err *err)
 {
-    const cublasLtMatmulAlgo_t *algo = NULL;
-    cublasStatus_t st = algo_for(bl, g, &algo);
+    const gk_cuda_gemm_algo *choice = algo_for(bl, g);
+    cublasStatus_t st = choice->found;
     if (st != CUBLAS_STATUS_SUCCESS)
         return gk_fail(err, GK_EDEVICE, "%s: no cuBLASLt algorithm without split-K for %d x %d x %d: %s",
                        who, g->m, g->n, g->k, gk_cuda_blas_status_name(st));
+    const cublasLtMatmulAlgo_t *algo = &choice->algo;
     gemm_descs d;
     st = descs_init(&d, g, g->n);
     const float one = 1.0f, zero = 0.0f;

@@ -475,9 +475,12 @@ extern "C" int nmmo3_forward_rows(const gk_nmmo3_weights *w, const gk_tensor *ob
         /* (B x 1152 at rows 1536 apart, offset 384 ow) . w2r^T -> fp32 (B, ow, 128), column-major
          * view; a fixed algorithm, so that a row's bits do not depend on B (merged batches). */
         const int K2 = GK_NMMO3_CONV_CH * 9;
-        const gk_cuda_gemm g2 = {CUBLAS_OP_T, CUBLAS_OP_N, GK_NMMO3_CONV_CH, (int)B, K2, cdt,
-                                 w2r, K2, 0, c1_whc, 12 * GK_NMMO3_CONV_CH, 3 * GK_NMMO3_CONV_CH,
-                                 (float *)c2.data, CONV2_OUT, GK_NMMO3_CONV_CH, 2};
+        gk_cuda_gemm g2 = {};
+        g2.trans_a = CUBLAS_OP_T, g2.trans_b = CUBLAS_OP_N;
+        g2.m = GK_NMMO3_CONV_CH, g2.n = (int)B, g2.k = K2, g2.type = cdt, g2.batch = 2;
+        g2.a = w2r, g2.lda = K2, g2.stride_a = 0;
+        g2.b = c1_whc, g2.ldb = 12 * GK_NMMO3_CONV_CH, g2.stride_b = 3 * GK_NMMO3_CONV_CH;
+        g2.c = c2.data, g2.c_type = CUDA_R_32F, g2.ldc = CONV2_OUT, g2.stride_c = GK_NMMO3_CONV_CH;
         if ((rc = gk_cuda_gemm_fixed(ex->blas, &g2, "nmmo3 forward (cuda): conv2", err)))
             return rc;
     } else {
@@ -526,8 +529,9 @@ extern "C" int nmmo3_forward_rows(const gk_nmmo3_weights *w, const gk_tensor *ob
     }
     /*
      * hidden^T (H x B, column-major) = proj_w (1817 x H col-major, transposed) . features^T,
-     * fp32 accumulation and output (true fp32 for f32: CUBLAS_COMPUTE_32F), then bias + ReLU
-     * with one rounding.  proj_w gets padded rows when the features have them.
+     * fp32 accumulation (true fp32 for f32: CUBLAS_COMPUTE_32F), bias + ReLU, one rounding:
+     * in cuBLASLt's epilogue, else from an fp32 output (acc) by the bias_relu kernels.  proj_w
+     * gets padded rows when the features have them.
      */
     float *acc = dt == GK_BF16 ? (float *)(ws + l.scratch) : (float *)hidden->data;
     const void *pw = w->proj_w.data;
@@ -544,9 +548,24 @@ extern "C" int nmmo3_forward_rows(const gk_nmmo3_weights *w, const gk_tensor *ob
             return rc;
         pw = pad;
     }
-    const gk_cuda_gemm gp = {CUBLAS_OP_T, CUBLAS_OP_N, (int)H, (int)B, (int)ld, cdt,
-                             pw, (int64_t)ld, 0, feat, (int64_t)ld, 0, acc, H, 0, 1};
-    if ((rc = gk_cuda_gemm_fixed(ex->blas, &gp, "nmmo3 forward (cuda): projection", err)))
+    gk_cuda_gemm gp = {};
+    gp.trans_a = CUBLAS_OP_T, gp.trans_b = CUBLAS_OP_N;
+    gp.m = (int)H, gp.n = (int)B, gp.k = (int)ld, gp.type = cdt, gp.batch = 1;
+    gp.a = pw, gp.lda = ld, gp.b = feat, gp.ldb = ld, gp.ldc = H;
+    /*
+     * cuBLASLt's epilogue adds the bias and applies the ReLU in fp32 before hidden's one
+     * rounding, saving the fp32 round trip through the workspace, where hidden's rows keep its
+     * 16-byte alignment (so every chunk and merged batch of a shape takes the same path).
+     */
+    gp.c = hidden->data, gp.c_type = cdt, gp.bias = w->proj_b.data, gp.relu = 1;
+    const int in_epilogue = (size_t)H * gk_dtype_size(dt) % 16 == 0 &&
+                            (uintptr_t)hidden->data % 16 == 0 &&
+                            (uintptr_t)w->proj_b.data % 16 == 0 &&
+                            gk_cuda_gemm_fixed_usable(ex->blas, &gp);
+    if (!in_epilogue)
+        gp.c = acc, gp.c_type = CUDA_R_32F, gp.bias = NULL, gp.relu = 0;
+    if ((rc = gk_cuda_gemm_fixed(ex->blas, &gp, "nmmo3 forward (cuda): projection", err)) ||
+        in_epilogue)
         return rc;
     if (H % 8 == 0 && (uintptr_t)acc % 16 == 0 && (uintptr_t)hidden->data % 16 == 0) {
         const size_t total = (size_t)B * H * gk_dtype_size(dt) / 16;
