@@ -335,17 +335,26 @@ __global__ void column_sums_kernel(const T *m, size_t pitch, size_t rows, int co
     }
 }
 
-/* Second pass: out[c] (+)= the partial sums of columns c*group .. c*group + group - 1, block order. */
+/*
+ * Second pass: out[c] (+)= the partial sums of columns c*group ..
+ * c*group + group - 1 over the blocks, in a fixed order: a warp an output,
+ * lane l adding blocks l, l + 32, ... of each column in turn, then a fixed
+ * butterfly over the lanes.
+ */
 __global__ void column_sums_finish_kernel(const float *part, int blocks, int cols, int group, float *out,
                                           int accumulate)
 {
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols / group; c += gridDim.x * blockDim.x) {
-        float s = 0.0f;
-        for (int g = 0; g < group; g++)
-            for (int b = 0; b < blocks; b++)
-                s += part[(size_t)b * cols + c * group + g];
+    const int c = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (c >= cols / group)
+        return;
+    float s = 0.0f;
+    for (int g = 0; g < group; g++)
+        for (int b = lane; b < blocks; b += 32)
+            s += part[(size_t)b * cols + c * group + g];
+    for (int off = 16; off > 0; off /= 2)
+        s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (lane == 0)
         out[c] = accumulate ? out[c] + s : s;
-    }
 }
 
 unsigned grid_for(size_t n, int sm_count)
@@ -485,8 +494,8 @@ int column_sums(const T *m, size_t pitch, size_t rows, int cols, int group, floa
     column_sums_kernel<T><<<dim3((unsigned)(cols + 31) / 32, blocks), dim3(32, 8), 0, s>>>(m, pitch, rows,
                                                                                          cols, part);
     const int outs = cols / group;
-    column_sums_finish_kernel<<<(outs + THREADS - 1) / THREADS, THREADS, 0, s>>>(part, (int)blocks, cols,
-                                                                              group, out, accumulate);
+    column_sums_finish_kernel<<<(outs + THREADS / 32 - 1) / (THREADS / 32), THREADS, 0, s>>>(
+        part, (int)blocks, cols, group, out, accumulate);
     return launch_check(err);
 }
 
@@ -580,7 +589,7 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
         else
             proj_relu_grad_kernel<T, 1><<<dim3((unsigned)(hid + 31) / 32, blocks), dim3(32, 8), 0, s>>>(
                 pre, (const T *)w->proj_b.data, dy, dpre, (size_t)n, (int)hid, part);
-        column_sums_finish_kernel<<<(unsigned)(hid + THREADS - 1) / THREADS, THREADS, 0, s>>>(
+        column_sums_finish_kernel<<<(unsigned)(hid + THREADS / 32 - 1) / (THREADS / 32), THREADS, 0, s>>>(
             part, (int)blocks, (int)hid, 1, (float *)g->proj_b.data, !first);
         if ((rc = launch_check(err)) ||
             (rc = gemm({gm.h, cdt, 0}, true, false, hid, FEAT_LD, n, dpre, hid, fp, FEAT_LD, dwp,
