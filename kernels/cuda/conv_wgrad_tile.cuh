@@ -2,19 +2,21 @@
  * conv_wgrad_tile.cuh - the bf16 weight gradient of small-image convolutions
  * (both NMMO3 layers) from the staged input of conv_fwd_tile.cuh.
  *
- *   dw[oc][c][tap] = sum over (n, oh, ow) of dy[n][oc][oh][ow] * x[n][c][oh*sh + kh][ow*sw + kw]
+ *   dw[oc][c][tap] = sum over k = (n, oh, ow) of x[n][c][oh*sh + kh][ow*sw + kw] * dy[n][oc][oh][ow]
+ *
+ * computed transposed, D[(tap, c)][oc], so that the gathered operand is A:
+ * A[(tap, c)][k] comes by ldmatrix.trans from the x slots (row k's slot plus the
+ * tap's offset: 8 channels of a tap are one 16-byte slot), B = dy is K-major
+ * [oc][k] in shared memory, 128-byte swizzled as wgmma reads it.
  *
  * A work item is (channel chunk ci of 8 channels, part pt: a fixed range of
- * sample blocks of sb samples).  Per sample block the loader warps stage
- *   xs[s][slot][8 ch]   exactly as the forward (ft_load_chunk), and
- *   ds[oc][k]           dy (masked by y > 0 for a relu layer), k = s * OH*OW + pixel,
- *                       zero past the live samples,
- * and the MMA warps add ds (A: 128 oc rows) times the x slots (B: k rows of 8
- * channels a tap, read by ldmatrix.trans at slot(k) + tap offset) into a 128 x
- * (taps x 8) accumulator held over the whole range.  The item then writes its
- * fp32 partial; ft_wgrad_finalize_kernel adds the parts in part order: no
- * atomics, the same bits every run.  8 MMA warps as 4 (m: 32 oc) x 2 (n: half
- * of the taps, 13 at most: KH*KW <= 26).
+ * sample blocks of sb samples).  Per sample block the loader warps stage the x
+ * chunk (ft_load_chunk) and dy (masked by y > 0 for a relu layer, zero past the
+ * live samples) into one of two buffer pairs; 4 consumer warpgroups, 8 taps x
+ * 8 channels = 64 rows each (KH*KW <= 32), issue wgmma m64n128k16 per k16 step
+ * and hold their accumulators over the item's whole range.  The item then writes
+ * its fp32 partial; wt_finalize_kernel adds the parts in part order: no atomics,
+ * the same bits every run.
  */
 #ifndef GK_CUDA_CONV_WGRAD_TILE_CUH
 #define GK_CUDA_CONV_WGRAD_TILE_CUH
@@ -24,24 +26,28 @@
 #include "conv_fwd_tile.cuh"
 
 enum {
-    WT_TPW = 13,             /* taps a warp column: KH*KW <= 2 * WT_TPW */
-    WT_OC = 128,             /* OC <= WT_OC: the A rows */
+    WT_TAPS = 32,         /* 4 warpgroups x 8 taps: KH*KW <= WT_TAPS */
+    WT_OC = 128,          /* OC <= WT_OC: the wgmma N */
+    WT_KTILE_BYTES = WT_OC * 128, /* dy of 64 k: one 128-byte row an oc */
+    WT_MMA_THREADS = 512,
+    WT_THREADS = WT_MMA_THREADS + FT_LOAD_THREADS,
+    WT_UNROLL = 4 /* loader tasks / dy words in flight a thread: 96 registers a thread here */
 };
 
 struct wt_params {
     ft_params f; /* x staging: x, N, C, HW, W, sb, rows, items (here: nch * parts), RS, SS, ... */
     const uint16_t *dy, *y; /* y: the relu mask, or null */
-    float *part;            /* [pt][ci][oc][tpad * 8] */
-    int nsb, parts, tpw;    /* sample blocks, parts, taps a warp column */
-    int kpad, dld;          /* k of a sample block (rows rounded to 16), ds row bytes */
-    int dbytes;             /* one ds buffer */
+    float *part;            /* [pt][ci][tap][c % 8][oc] */
+    int nsb, parts;         /* sample blocks, parts */
+    int ksteps;             /* k16 steps a sample block: rows rounded to whole 64-k tiles */
+    int dbytes;             /* one dy buffer: ksteps / 4 tiles */
     fastdiv socw_div, ohw_div; /* OC * OH*OW, OH*OW */
 };
 
-/* Shared memory: two x chunk buffers, two ds buffers, the row and tap tables. */
+/* Shared memory: two x chunk buffers, two dy buffers (1024-aligned), the row, tap and pixel tables. */
 __host__ __device__ constexpr int wt_smem_bytes(int xbytes, int dbytes)
 {
-    return 2 * xbytes + 2 * dbytes + (3 * FT_BM + FT_TAPS_MAX) * 4;
+    return 2 * xbytes + 1024 + 2 * dbytes + (FT_BM + FT_TAPS_MAX + FT_HW_MAX) * 4;
 }
 
 /* Sample blocks [lo, hi) of part pt. */
@@ -52,8 +58,9 @@ __device__ __forceinline__ void wt_range(const wt_params &p, int pt, int *lo, in
 }
 
 /*
- * Loader: ds of sample block sbk, by 4-byte words (OH*OW even): word w is elements
- * 2w, 2w + 1 of the block's dy, [s][oc][pixel] -> ds[oc][s * ohw + pixel].
+ * Loader: dy of sample block sbk by 4-byte words (OH*OW even): word w is elements 2w,
+ * 2w + 1 of the block's dy [s][oc][pixel], k = s * ohw + pixel, stored in k tile k / 64,
+ * row oc, 16-byte chunk (k % 64 / 8) ^ (oc % 8).
  */
 __device__ __forceinline__ void wt_load_dy(const wt_params &p, int sbk, unsigned char *db, int lt)
 {
@@ -63,48 +70,53 @@ __device__ __forceinline__ void wt_load_dy(const wt_params &p, int sbk, unsigned
     const uint32_t *dyw, *yw;
     asm("mov.b64 %0, %1;" : "=l"(dyw) : "l"((const uint32_t *)(p.dy + e0)));
     asm("mov.b64 %0, %1;" : "=l"(yw) : "l"(p.y != nullptr ? (const uint32_t *)(p.y + e0) : nullptr));
-    for (int w0 = lt; w0 < words; w0 += FT_UNROLL * FT_LOAD_THREADS) {
-        uint32_t v[FT_UNROLL], m[FT_UNROLL];
-        int off[FT_UNROLL];
+    for (int w0 = lt; w0 < words; w0 += WT_UNROLL * FT_LOAD_THREADS) {
+        uint32_t v[WT_UNROLL], m[WT_UNROLL];
+        int off[WT_UNROLL];
 #pragma unroll
-        for (int u = 0; u < FT_UNROLL; u++) {
+        for (int u = 0; u < WT_UNROLL; u++) {
             const int w = min(w0 + u * FT_LOAD_THREADS, words - 1), e = 2 * w;
             const int s = (int)fastdiv_q(p.socw_div, (uint32_t)e), r = e - s * per;
-            const int oc = (int)fastdiv_q(p.ohw_div, (uint32_t)r), pix = r - oc * ohw;
-            off[u] = oc * p.dld + (s * ohw + pix) * 2;
+            const int oc = (int)fastdiv_q(p.ohw_div, (uint32_t)r), k = s * ohw + r - oc * ohw;
+            off[u] = (k >> 6) * WT_KTILE_BYTES + oc * 128 + ((((k >> 3) & 7) ^ (oc & 7)) << 4) + (k & 7) * 2;
             const bool ok = w < live_words;
             v[u] = ok ? __ldg(dyw + w) : 0u;
             m[u] = ok && yw != nullptr ? __ldg(yw + w) : 0x3f803f80u; /* 1.0, 1.0: keep */
         }
 #pragma unroll
-        for (int u = 0; u < FT_UNROLL; u++) {
-            if (w0 + u * FT_LOAD_THREADS >= words)
-                continue;
+        for (int u = 0; u < WT_UNROLL; u++) {
             /* keep a half where the mask's bf16 is > 0: not negative, not zero, not NaN */
             const uint32_t lo = m[u] & 0xffffu, hi = m[u] >> 16;
             const uint32_t keep = ((lo - 1u < 0x7f80u) ? 0xffffu : 0u) | ((hi - 1u < 0x7f80u) ? 0xffff0000u : 0u);
-            *(uint32_t *)(db + off[u]) = v[u] & keep;
+            if (w0 + u * FT_LOAD_THREADS < words)
+                *(uint32_t *)(db + off[u]) = v[u] & keep;
         }
     }
 }
 
-__global__ void __launch_bounds__(FT_THREADS, 1) conv_wgrad_tile_kernel(const __grid_constant__ wt_params p)
+__global__ void __launch_bounds__(WT_THREADS, 1) conv_wgrad_tile_kernel(const __grid_constant__ wt_params p)
 {
     extern __shared__ __align__(128) unsigned char wt_smem[];
     const ft_params &f = p.f;
-    unsigned char *dsm = wt_smem + 2 * f.xbytes;
-    int *rowslot = (int *)(dsm + 2 * p.dbytes); /* x slot of k row m of a sample block */
-    int *tapoff = rowslot + 3 * FT_BM;
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(wt_smem);
+    const uint32_t d_off = ((sbase + 2 * f.xbytes + 1023) & ~1023u) - sbase; /* swizzle atoms */
+    int *rowslot = (int *)(wt_smem + d_off + 2 * p.dbytes); /* x slot of k row m of a sample block */
+    int *tapoff = rowslot + FT_BM;
+    int *pixslot = tapoff + FT_TAPS_MAX;
     const int tid = threadIdx.x;
 
-    for (int i = tid; i < (2 * f.xbytes + 2 * p.dbytes) / 16; i += FT_THREADS)
-        ((uint4 *)wt_smem)[i] = make_uint4(0, 0, 0, 0); /* padding slots, ds rows past OC and K */
-    for (int m = tid; m < FT_BM; m += FT_THREADS) {
+    for (int i = tid; i < 2 * f.xbytes / 16; i += WT_THREADS)
+        ((uint4 *)wt_smem)[i] = make_uint4(0, 0, 0, 0); /* padding slots */
+    for (int i = tid; i < 2 * p.dbytes / 16; i += WT_THREADS)
+        ((uint4 *)(wt_smem + d_off))[i] = make_uint4(0, 0, 0, 0); /* dy past the samples' k */
+    for (int m = tid; m < FT_BM; m += WT_THREADS) {
         const int s = m / f.ohw, pix = m - s * f.ohw, oh = pix / f.OW, ow = pix - oh * f.OW;
         rowslot[m] = m < f.rows ? s * f.SS + oh * f.sh * f.RS + ow * f.sw : 0;
     }
-    for (int t = tid; t < FT_TAPS_MAX; t += FT_THREADS)
+    for (int t = tid; t < FT_TAPS_MAX; t += WT_THREADS)
         tapoff[t] = t < f.taps ? (t / f.KW) * f.RS + t % f.KW : 0;
+    for (int i = tid; i < f.HW; i += WT_THREADS)
+        pixslot[i] = (i / f.W + f.ph) * f.RS + i % f.W + f.pw;
     __syncthreads();
     int fills = 0; /* sample blocks of all this block's items: buffers 0 and 1 alternate over them */
     for (int item = blockIdx.x; item < f.items; item += gridDim.x) {
@@ -113,8 +125,9 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_wgrad_tile_kernel(const __
         fills += hi - lo;
     }
 
-    if (tid >= FT_MMA_THREADS) {
-        const int lt = tid - FT_MMA_THREADS;
+    if (tid >= WT_MMA_THREADS) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+        const int lt = tid - WT_MMA_THREADS;
         int q = 0;
         for (int item = blockIdx.x; item < f.items; item += gridDim.x) {
             const int ci = item % f.nch, pt = item / f.nch, c0 = ci * FT_CC;
@@ -122,104 +135,88 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_wgrad_tile_kernel(const __
             wt_range(p, pt, &lo, &hi);
             for (int sbk = lo; sbk < hi; sbk++, q++) {
                 const int buf = q & 1, n0 = sbk * f.sb;
-                if (q >= 2) /* the MMA warps are done with fill q - 2 */
-                    dg_bar_sync(FT_BAR_EMPTY + buf, FT_THREADS);
+                if (q >= 2) /* the consumers are done with fill q - 2 */
+                    dg_bar_sync(FT_BAR_EMPTY + buf, WT_THREADS);
                 const uint16_t *xc = f.x + ((size_t)n0 * f.C + c0) * f.HW;
                 const int tasks = min(f.sb, f.N - n0) * f.HW;
                 unsigned char *xb = wt_smem + buf * f.xbytes;
                 if (f.C - c0 >= FT_CC)
-                    ft_load_chunk<true>(f, xc, xb, tasks, FT_CC, lt);
+                    ft_load_chunk<true, WT_UNROLL>(f, xc, xb, tasks, FT_CC, lt, pixslot);
                 else
-                    ft_load_chunk<false>(f, xc, xb, tasks, f.C - c0, lt);
-                wt_load_dy(p, sbk, dsm + buf * p.dbytes, lt);
-                dg_bar_arrive(FT_BAR_FULL + buf, FT_THREADS);
+                    ft_load_chunk<false, WT_UNROLL>(f, xc, xb, tasks, f.C - c0, lt, pixslot);
+                wt_load_dy(p, sbk, wt_smem + d_off + buf * p.dbytes, lt);
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* dy: wgmma's reads */
+                dg_bar_arrive(FT_BAR_FULL + buf, WT_THREADS);
             }
         }
         return;
     }
 
-    /* ---- MMA warps ---- */
-    const int lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 112;\n" ::: "memory");
+    /* ---- consumers: warpgroup wg, rows 64 wg + 16 wq + (g, g + 8) = taps 8 wg + 2 wq (+1), channel g ---- */
+    const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
     const int g = lane >> 2, t4 = lane & 3;
-    const uint32_t xs0 = (uint32_t)__cvta_generic_to_shared(wt_smem);
-    const uint32_t ds0 = (uint32_t)__cvta_generic_to_shared(dsm);
-    /* A: rows oc = wm * 32 + mi * 16 + (lane & 15), k half (lane >> 4) */
-    const uint32_t a_off = (wm * 32 + (lane & 15)) * p.dld + (lane >> 4) * 16;
-    /* B: the tap pairs of this warp column; lanes 16-31 address the pair's second tap */
-    int toff[(WT_TPW + 1) / 2];
-#pragma unroll
-    for (int pr = 0; pr < (WT_TPW + 1) / 2; pr++)
-        toff[pr] = tapoff[wn * p.tpw + 2 * pr + (lane >> 4)];
-    const int ksteps = p.kpad / 16;
-    int q = 0;
+    /* ldmatrix.trans matrices: (k 0-7 | 8-15) x (tap 8 wg + 2 wq | + 1): a0 a1 a2 a3 */
+    const int krow = (lane & 7) + (lane >> 4) * 8;
+    const int toff = tapoff[8 * wg + 2 * wq + ((lane >> 3) & 1)];
+    float acc[64];
+    uint32_t af[4][4]; /* the 4 k16 steps of a 64-k tile */
+    int q = 0, released = 0; /* fills issued, fills handed back (or never to be) */
+    auto release_before = [&](int end) { /* hands fills [released, end) back to the loaders */
+        for (; released < end; released++)
+            if (released + 2 < fills)
+                dg_bar_arrive(FT_BAR_EMPTY + (released & 1), WT_THREADS);
+    };
     for (int item = blockIdx.x; item < f.items; item += gridDim.x) {
         const int ci = item % f.nch, pt = item / f.nch;
         int lo, hi;
         wt_range(p, pt, &lo, &hi);
-        float acc[2][WT_TPW][4];
 #pragma unroll
-        for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-            for (int ni = 0; ni < WT_TPW; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    acc[mi][ni][e] = 0.0f;
+        for (int i = 0; i < 64; i++)
+            acc[i] = 0.0f;
         for (int sbk = lo; sbk < hi; sbk++, q++) {
             const int buf = q & 1;
-            const uint32_t xb = xs0 + buf * f.xbytes, db = ds0 + buf * p.dbytes;
-            dg_bar_sync(FT_BAR_FULL + buf, FT_THREADS);
-            for (int ks = 0; ks < ksteps; ks++) {
-                uint32_t a[2][4];
+            const uint32_t xb = sbase + buf * f.xbytes, db = sbase + d_off + buf * p.dbytes;
+            dg_bar_sync(FT_BAR_FULL + buf, WT_THREADS);
+            for (int kt = 0; kt < p.ksteps / 4; kt++) {
+                /* the last tile's wgmmas are done: af is free, and at kt 0 every wgmma of the fills before */
+                ft_wgmma_wait<0>();
+                if (kt == 0)
+                    release_before(q);
 #pragma unroll
-                for (int mi = 0; mi < 2; mi++)
-                    ldmatrix_x4(a[mi], db + a_off + mi * 16 * p.dld + ks * 32);
-                const int kslot = rowslot[ks * 16 + (lane & 15)];
+                for (int kk = 0; kk < 4; kk++)
+                    ldmatrix_x4_trans(af[kk], xb + (uint32_t)(rowslot[kt * 64 + kk * 16 + krow] + toff) * 16);
+                ft_acc_fence(acc);
+                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-                for (int pr = 0; pr < (WT_TPW + 1) / 2; pr++) {
-                    uint32_t r[4];
-                    ldmatrix_x4_trans(r, xb + (uint32_t)(kslot + toff[pr]) * 16);
-                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-#pragma unroll
-                    for (int mi = 0; mi < 2; mi++) {
-                        if (2 * pr < p.tpw)
-                            mma_16x8<MATH_BF16>(acc[mi][2 * pr], a[mi], b0);
-                        if (2 * pr + 1 < WT_TPW && 2 * pr + 1 < p.tpw)
-                            mma_16x8<MATH_BF16>(acc[mi][2 * pr + 1], a[mi], b1);
-                    }
-                }
+                for (int kk = 0; kk < 4; kk++)
+                    ft_wgmma(acc, af[kk], ft_desc(db + kt * WT_KTILE_BYTES + kk * 32));
+                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
             }
-            if (q + 2 < fills) /* the loaders wait for this buffer only if they fill it again */
-                dg_bar_arrive(FT_BAR_EMPTY + buf, FT_THREADS);
         }
-        /* the partial of this item: [pt][ci][oc][tap * 8 + channel] */
-        float *dst = p.part + (size_t)(pt * f.nch + ci) * WT_OC * (2 * p.tpw * FT_CC);
-        const int ld = 2 * p.tpw * FT_CC;
+        ft_wgmma_wait<0>();
+        ft_acc_fence(acc);
+        release_before(q);
+        /* the partial of this item: acc[4 jn + 2 h + e] is tap 8 wg + 2 wq + h, channel g, oc 8 jn + 2 t4 + e */
+        float *dst = p.part + ((size_t)(pt * f.nch + ci) * WT_TAPS + 8 * wg + 2 * wq) * FT_CC * WT_OC;
 #pragma unroll
-        for (int mi = 0; mi < 2; mi++)
+        for (int h = 0; h < 2; h++)
 #pragma unroll
-            for (int ni = 0; ni < WT_TPW; ni++) {
-                if (ni >= p.tpw)
-                    continue;
-                const int col = (wn * p.tpw + ni) * FT_CC + 2 * t4;
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int oc = wm * 32 + mi * 16 + g + 8 * h;
-                    *(float2 *)(dst + (size_t)oc * ld + col) =
-                        make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-                }
-            }
+            for (int jn = 0; jn < WT_OC / 8; jn++)
+                *(float2 *)(dst + (size_t)(h * FT_CC + g) * WT_OC + jn * 8 + 2 * t4) =
+                    make_float2(acc[4 * jn + 2 * h], acc[4 * jn + 2 * h + 1]);
     }
 }
 
-/* dw[oc][c][tap] = sum over parts, in part order, of part[pt][c / 8][oc][tap * 8 + c % 8]. */
-__global__ void wt_finalize_kernel(const float *part, int parts, int nch, int tpw, int OC, int C, int taps,
+/* dw[oc][c][tap] = sum over parts, in part order, of part[pt][c / 8][tap][c % 8][oc]. */
+__global__ void wt_finalize_kernel(const float *part, int parts, int nch, int OC, int C, int taps,
                                    uint16_t *dw)
 {
-    const int total = OC * C * taps, ld = 2 * tpw * FT_CC;
-    const size_t part_stride = (size_t)nch * WT_OC * ld;
+    const int total = OC * C * taps;
+    const size_t part_stride = (size_t)nch * WT_TAPS * FT_CC * WT_OC;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
         const int oc = i / (C * taps), r = i - oc * (C * taps), c = r / taps, t = r - c * taps;
-        const float *src = part + ((size_t)(c / FT_CC) * WT_OC + oc) * ld + t * FT_CC + c % FT_CC;
+        const float *src = part + (((size_t)(c / FT_CC) * WT_TAPS + t) * FT_CC + c % FT_CC) * WT_OC + oc;
         float v = 0.0f;
         for (int pt = 0; pt < parts; pt++)
             v += src[pt * part_stride];
