@@ -3,7 +3,9 @@
  * view of each op (index maps), split-K planning, and the launches.
  *
  * GEMM views (k is the reduction index; all maps are in index_map.cuh terms):
- *   forward  M = N*OH*OW, N = OC, K = C*KH*KW:  A = x gathered, B = w rows.
+ *   forward  bf16 with many taps and small images: conv_fwd_tile.cuh (x staged
+ *            channels-innermost in shared memory, wgmma).  Otherwise
+ *            M = N*OH*OW, N = OC, K = C*KH*KW:  A = x gathered, B = w rows.
  *   dgrad    small images (dgrad_tile.cuh: KH*KW <= 128, OH*OW <= 96, OC within the
  *            resident w^T, pixel lists that fit): dense dcol = w^T dy per (channel
  *            block, sample block), col2im in shared memory.  Otherwise one GEMM per
@@ -18,7 +20,6 @@
 
 #include "gk_cuda.h"
 #include "conv_fwd_tile.cuh"
-#include "conv_wgrad_tile.cuh"
 #include "dgrad_tile.cuh"
 #include "igemm.cuh"
 
@@ -482,9 +483,13 @@ bias_plan bias_plan_of(const conv_shape &s, int sm_count)
 
 /*
  * The staged-input bf16 forward (conv_fwd_tile.cuh): applies when OC <= FT_BN,
- * OH*OW <= FT_BM, KH*KW <= FT_TAPS_MAX and two chunk buffers of the block's
- * samples fit the shared memory.
+ * OH*OW <= FT_BM, FT_TAPS_MIN <= KH*KW and the padded tap pairs fit the tap
+ * table, and two chunk buffers of the block's samples fit the shared memory.
+ * The staging pays one loader pass a chunk, which the taps reuse: measured on
+ * the H200 (RESULTS.md), conv1 (25 taps) runs 934 -> 575 us at B = 32768, but
+ * conv2 (9 taps) 125 -> 163 us, so few taps stay on the implicit GEMM.
  */
+enum { FT_TAPS_MIN = 16 };
 struct fwd_tile_plan {
     bool fits;
     int sb, RS, SS, xbytes, smem, ntp, nch;
@@ -504,10 +509,11 @@ void fwd_tile_strides(const conv_shape &s, int sb, int *RS, int *SS)
         int sb, Hp, Wp, OH, OW, sh, sw;
     };
     /*
-     * The search below costs ~50 us at the NMMO3 shapes and a workspace query
-     * asks for two sample counts (the forward's and the weight gradient's), so
-     * a few results are remembered: one was not enough (measured: a conv2
-     * workspace query at B = 1024 took 110 us, 0.3 us at B = 32768).
+     * The search below costs ~50 us at the NMMO3 shapes, and callers alternate
+     * between shapes and sample counts (layers, batches, workspace queries), so
+     * a few results are remembered: one was not enough (measured when the
+     * weight gradient used it too: a conv2 workspace query at B = 1024 took
+     * 110 us, 0.3 us at B = 32768).
      */
     struct remembered {
         key k;
@@ -555,7 +561,14 @@ fwd_tile_plan fwd_tile_plan_of(const conv_shape &s, int sm_count)
 {
     fwd_tile_plan d = {};
     const int ohw = s.OH * s.OW, taps = s.KH * s.KW;
-    if (s.OC > FT_BN || ohw > FT_BM || taps > FT_TAPS_MAX)
+    if (s.OC > FT_BN || ohw > FT_BM || s.H * s.W > FT_HW_MAX || taps < FT_TAPS_MIN)
+        return d;
+    /* tap pairs a chunk, padded (dummy taps) until an item is whole 4-step B tiles */
+    d.nch = (s.C + FT_CC - 1) / FT_CC;
+    d.ntp = (taps + 1) / 2 > FT_KPS ? (taps + 1) / 2 : FT_KPS; /* a B tile ends one chunk at most */
+    while (d.nch * d.ntp % FT_KPS != 0)
+        d.ntp++;
+    if (2 * d.ntp > FT_TAPS_MAX)
         return d;
     /* whole samples a tile, fewer when that leaves SMs idle (small batches) */
     const int per_sm = (s.N + sm_count - 1) / sm_count;
@@ -566,9 +579,7 @@ fwd_tile_plan fwd_tile_plan_of(const conv_shape &s, int sm_count)
         return d;
     d.xbytes = (int)xbytes;
     d.smem = ft_smem_bytes(d.xbytes);
-    d.ntp = (taps + 1) / 2;
-    d.nch = (s.C + FT_CC - 1) / FT_CC;
-    d.pack_bytes = round256((size_t)d.nch * d.ntp * FT_STEP_BYTES);
+    d.pack_bytes = round256((size_t)d.nch * d.ntp * FT_TILE_BYTES / FT_KPS);
     d.fits = true;
     return d;
 }
@@ -635,118 +646,14 @@ int fwd_tile_run(const conv_shape &s, const fwd_tile_plan &d, const uint16_t *x,
     p.KW = s.KW;
     p.taps = s.KH * s.KW;
     p.xbytes = d.xbytes;
+    p.step_s = FT_LOAD_THREADS / p.HW;
+    p.step_pix = FT_LOAD_THREADS % p.HW;
     p.hw_div = fastdiv_make((uint32_t)p.HW);
     p.w_div = fastdiv_make((uint32_t)s.W);
     const int cap = ex->sm_count * occ;
     const int grid = p.items < cap ? p.items : cap;
     conv_fwd_tile_kernel<<<grid, FT_THREADS, d.smem, ex->stream>>>(p);
     return launch_check<uint16_t>("forward", err);
-}
-
-/*
- * The staged-input bf16 weight gradient (conv_wgrad_tile.cuh): OC <= WT_OC, KH*KW <=
- * 2 * WT_TPW, OH*OW even and <= FT_BM (dy by 4-byte words), buffers within the shared memory.
- */
-struct wgrad_tile_plan {
-    bool fits;
-    int sb, RS, SS, xbytes, dbytes, smem, nch, tpw, kpad, dld, parts;
-    size_t part_bytes;
-};
-
-wgrad_tile_plan wgrad_tile_plan_of(const conv_shape &s, int sm_count)
-{
-    wgrad_tile_plan d = {};
-    const int ohw = s.OH * s.OW, taps = s.KH * s.KW;
-    if (s.OC > WT_OC || taps > 2 * WT_TPW || ohw > FT_BM || ohw % 2 != 0)
-        return d;
-    d.sb = FT_BM / ohw;
-    fwd_tile_strides(s, d.sb, &d.RS, &d.SS);
-    d.kpad = (d.sb * ohw + 15) / 16 * 16;
-    d.dld = d.kpad * 2 + 16; /* an odd number of 16-byte units: ldmatrix rows in 8 bank groups */
-    d.dbytes = (WT_OC * d.dld + 127) / 128 * 128;
-    const long long xbytes = ((long long)d.sb * d.SS * 16 + 127) / 128 * 128;
-    if (wt_smem_bytes(0, d.dbytes) + 2 * xbytes > FT_SMEM_MAX)
-        return d;
-    d.xbytes = (int)xbytes;
-    d.smem = wt_smem_bytes(d.xbytes, d.dbytes);
-    d.nch = (s.C + FT_CC - 1) / FT_CC;
-    d.tpw = (taps + 1) / 2;
-    d.parts = sm_count / d.nch > 1 ? sm_count / d.nch : 1;
-    d.part_bytes = round256((size_t)d.parts * d.nch * WT_OC * 2 * d.tpw * FT_CC * sizeof(float));
-    d.fits = true;
-    return d;
-}
-
-int g_wt_occupancy;
-
-/* Blocks per SM of the staged weight gradient at its largest shared memory; 0: not here. */
-int wgrad_tile_occupancy()
-{
-    int n = __atomic_load_n(&g_wt_occupancy, __ATOMIC_RELAXED);
-    if (n != 0)
-        return n > 0 ? n : 0;
-    if (cudaFuncSetAttribute(conv_wgrad_tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             FT_SMEM_MAX) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, conv_wgrad_tile_kernel, FT_THREADS,
-                                                      FT_SMEM_MAX) != cudaSuccess ||
-        n < 1) {
-        (void)cudaGetLastError();
-        n = -1;
-    }
-    __atomic_store_n(&g_wt_occupancy, n, __ATOMIC_RELAXED);
-    return n > 0 ? n : 0;
-}
-
-int wgrad_tile_run(const conv_shape &s, const wgrad_tile_plan &d, const uint16_t *x, const uint16_t *dy,
-                   const uint16_t *y, uint16_t *dw, const gk_cuda_exec *ex, gk_err *err)
-{
-    if (d.part_bytes > ex->workspace_bytes)
-        return gk_fail(err, GK_ENOMEM, "conv2d (cuda): wgrad needs %zu workspace bytes, %zu given",
-                       d.part_bytes, ex->workspace_bytes);
-    wt_params p = {};
-    ft_params &f = p.f;
-    f.x = x;
-    f.N = s.N;
-    f.C = s.C;
-    f.HW = s.H * s.W;
-    f.W = s.W;
-    f.OC = s.OC;
-    f.ohw = s.OH * s.OW;
-    f.sb = d.sb;
-    f.rows = d.sb * f.ohw;
-    f.nch = d.nch;
-    f.items = d.nch * d.parts;
-    f.RS = d.RS;
-    f.SS = d.SS;
-    f.ph = s.ph;
-    f.pw = s.pw;
-    f.OW = s.OW;
-    f.sh = s.sh;
-    f.sw = s.sw;
-    f.KW = s.KW;
-    f.taps = s.KH * s.KW;
-    f.xbytes = d.xbytes;
-    f.hw_div = fastdiv_make((uint32_t)f.HW);
-    f.w_div = fastdiv_make((uint32_t)s.W);
-    p.dy = dy;
-    p.y = y;
-    p.part = (float *)ex->workspace;
-    p.nsb = (s.N + d.sb - 1) / d.sb;
-    p.parts = d.parts;
-    p.tpw = d.tpw;
-    p.kpad = d.kpad;
-    p.dld = d.dld;
-    p.dbytes = d.dbytes;
-    p.socw_div = fastdiv_make((uint32_t)(s.OC * f.ohw));
-    p.ohw_div = fastdiv_make((uint32_t)f.ohw);
-    const int grid = f.items < ex->sm_count ? f.items : ex->sm_count;
-    conv_wgrad_tile_kernel<<<grid, FT_THREADS, d.smem, ex->stream>>>(p);
-    int rc = launch_check<uint16_t>("wgrad", err);
-    if (rc)
-        return rc;
-    wt_finalize_kernel<<<ex->sm_count * 2, 256, 0, ex->stream>>>(p.part, d.parts, d.nch, d.tpw, s.OC,
-                                                                s.C, f.taps, dw);
-    return launch_check<uint16_t>("wgrad reduction", err);
 }
 
 template <class T, int MATH>
@@ -776,25 +683,12 @@ int backward_run(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, con
 {
     const conv_shape s = shape_of(p, x, w);
     const T *mask = p->relu ? (const T *)y->data : nullptr;
-    int rc = GK_OK;
-    bool wgrad_done = false;
-    if constexpr (MATH == MATH_BF16) {
-        const wgrad_tile_plan d = wgrad_tile_plan_of(s, ex->sm_count);
-        const bool words = ((uintptr_t)dy->data & 3) == 0 && ((uintptr_t)mask & 3) == 0;
-        if (d.fits && words && wgrad_tile_occupancy() > 0) {
-            if ((rc = wgrad_tile_run(s, d, (const uint16_t *)x->data, (const uint16_t *)dy->data,
-                                     (const uint16_t *)mask, (uint16_t *)dw->data, ex, err)))
-                return rc;
-            wgrad_done = true;
-        }
-    }
-    if (!wgrad_done) {
-        ig_params<T> wg = wgrad_params<T>(s, (const T *)x->data, (const T *)dy->data, mask,
-                                          (T *)dw->data);
-        const launch_plan lw = plan_splits(wg, var, ex->sm_count, true);
-        if ((rc = igemm_run<T, MATH>(wg, lw, s.ph || s.pw, ex, "wgrad", err, true)))
-            return rc;
-    }
+    ig_params<T> wg = wgrad_params<T>(s, (const T *)x->data, (const T *)dy->data, mask,
+                                      (T *)dw->data);
+    const launch_plan lw = plan_splits(wg, var, ex->sm_count, true);
+    int rc = igemm_run<T, MATH>(wg, lw, s.ph || s.pw, ex, "wgrad", err, true);
+    if (rc)
+        return rc;
     if (gk_tensor_present(db)) {
         const bias_plan bp = bias_plan_of(s, ex->sm_count);
         if (bp.blocks > 0) {
@@ -856,8 +750,6 @@ size_t workspace_of(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, 
     if constexpr (sizeof(T) == 2) {
         const fwd_tile_plan ft = fwd_tile_plan_of(s, sm);
         most = ft.fits && ft.pack_bytes > most ? ft.pack_bytes : most;
-        const wgrad_tile_plan wt = wgrad_tile_plan_of(s, sm);
-        most = wt.fits && wt.part_bytes > most ? wt.part_bytes : most;
     }
     ig_params<T> wg = wgrad_params<T>(s, nullptr, nullptr, nullptr, nullptr);
     size_t b = plan_splits(wg, var, sm, true).ws_bytes;
@@ -934,8 +826,6 @@ extern "C" int gk_cuda_conv_warmup(gk_err *err)
         kernel_load(dgrad_pack_dy_kernel<uint16_t, MATH_BF16>),
         kernel_load(conv_fwd_tile_kernel),
         kernel_load(ft_pack_w_kernel),
-        kernel_load(conv_wgrad_tile_kernel),
-        kernel_load(wt_finalize_kernel),
     };
     for (cudaError_t one : e) {
         if (one != cudaSuccess)
@@ -948,8 +838,7 @@ extern "C" int gk_cuda_conv_warmup(gk_err *err)
         dgrad_tile_occupancy<float, MATH_TF32>(VAR_TF32) < 1 ||
         dgrad_tile_occupancy<uint16_t, MATH_BF16>(VAR_BF16) < 1)
         return gk_fail(err, GK_EDEVICE, "conv2d (cuda): the dgrad kernels cannot be resident");
-    (void)fwd_tile_occupancy();   /* 0 leaves the bf16 forward on the implicit GEMM */
-    (void)wgrad_tile_occupancy(); /* and the bf16 weight gradient */
+    (void)fwd_tile_occupancy(); /* 0 leaves the bf16 forward on the implicit GEMM */
     return GK_OK;
 }
 

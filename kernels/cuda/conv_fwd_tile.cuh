@@ -1,6 +1,7 @@
 /*
- * conv_fwd_tile.cuh - the bf16 forward of small-image convolutions (both NMMO3
- * layers) with the input staged in shared memory, channels innermost.
+ * conv_fwd_tile.cuh - the bf16 forward of small-image convolutions with many taps
+ * (NMMO3 conv1; conv.cu routes KH*KW < FT_TAPS_MIN to igemm.cuh) with the input
+ * staged in shared memory, channels innermost.
  *
  * The implicit GEMM of igemm.cuh gathers x element by element (2-byte loads
  * touching 4-9 cache lines a warp request): L1-wavefront bound at ~20% of the
@@ -11,12 +12,15 @@
  *   loader warps   x[n][c0..c0+7][h][w] (NCHW, 2-byte loads coalesced along w)
  *                  -> one 16-byte slot per padded pixel, xs[s][hp][wp][8 ch],
  *                  written by 16-byte stores; two chunk buffers;
- *   MMA warps      per k16 step = 8 channels x 2 taps: the A fragments come by
- *                  ldmatrix straight from the slots (row (s, oh, ow), tap (kh,
- *                  kw) is slot s*SS + (oh*sh + kh)*RS + ow*sw + kw: im2col costs
- *                  one address add), B (the weights, packed per call by
- *                  ft_pack_w_kernel as [step][oc][16]) streams through a
- *                  cp.async ring.  An odd tap count gets a zero-weight dummy tap.
+ *   MMA warps      3 warpgroups of 64 rows issue wgmma m64n128k16 per k16 step
+ *                  (8 channels x 2 taps): the A fragments come by ldmatrix
+ *                  straight from the slots into registers (row (s, oh, ow), tap
+ *                  (kh, kw) is slot s*SS + (oh*sh + kh)*RS + ow*sw + kw: im2col
+ *                  costs one address add), B (the weights, packed per call by
+ *                  ft_pack_w_kernel as 128 x 64 tiles of 4 steps, 128-byte
+ *                  swizzled as wgmma reads them) streams through a cp.async
+ *                  ring.  Odd tap counts get a zero-weight dummy tap, and the tap
+ *                  pairs a chunk are padded so that an item is whole B tiles.
  *
  * The row and sample strides RS >= W + 2pw, SS >= (H + 2ph) * RS are chosen on
  * the host so that the 8 rows of an ldmatrix phase hit 8 distinct bank groups
@@ -34,17 +38,18 @@
 #include "igemm.cuh"
 
 enum {
-    FT_BM = 192,          /* output pixels of a tile: 8 MMA warps as 4 (m) x 2 (n), 48 x 64 each */
-    FT_BN = 128,          /* output channels (OC <= FT_BN) */
-    FT_CC = 8,            /* channels of a chunk: one 16-byte slot a pixel */
-    FT_MMA_THREADS = 256,
+    FT_BM = 192, /* output pixels of a tile: 3 warpgroups of 64 rows */
+    FT_BN = 128, /* output channels (OC <= FT_BN) */
+    FT_CC = 8,   /* channels of a chunk: one 16-byte slot a pixel */
+    FT_MMA_THREADS = 384,
     FT_LOAD_THREADS = 128,
     FT_THREADS = FT_MMA_THREADS + FT_LOAD_THREADS,
-    FT_STEP_BYTES = FT_BN * 32, /* B of one k16 step: 128 oc x 16 k bf16 */
-    FT_KPS = 2,                 /* k16 steps a B stage: one MMA barrier per two steps */
-    FT_STAGES = 4,
+    FT_KPS = 4,                  /* k16 steps a B tile: 128 oc x 64 k, one 128-byte row an oc */
+    FT_TILE_BYTES = FT_BN * 128, /* 16 KiB, a multiple of the 1024-byte swizzle atom */
+    FT_STAGES = 6,               /* B ring; tiles issued FT_STAGES - 2 ahead */
     FT_TAPS_MAX = 64,
-    FT_UNROLL = 8, /* loader tasks in flight a thread: 64 loads */
+    FT_HW_MAX = 1024, /* the loaders' pixel -> slot table */
+    FT_UNROLL = 7,    /* loader tasks in flight a thread (56 loads); conv1: 2640 tasks, 3 rounds */
     FT_SMEM_MAX = 227 * 1024
 };
 
@@ -56,17 +61,18 @@ struct ft_params {
     uint16_t *y;
     int N, C, HW, W, OC, ohw, relu;
     int sb, rows, items; /* samples a block, sb * ohw, blocks of samples */
-    int nch, ntp, steps; /* channel chunks, k16 steps a chunk (tap pairs), nch * ntp */
+    int nch, ntp, steps; /* channel chunks, k16 steps a chunk (tap pairs, padded), nch * ntp */
     int RS, SS, ph, pw;
     int OW, sh, sw, KW, taps;
-    int xbytes; /* one chunk buffer: sb * SS slots of 16 bytes */
+    int xbytes; /* one chunk buffer: sb * SS slots of 16 bytes, a multiple of 128 */
+    int step_s, step_pix; /* FT_LOAD_THREADS tasks on: samples and pixels */
     fastdiv hw_div, w_div;
 };
 
-/* Shared memory of one block: two chunk buffers, the B ring, row and tap tables. */
+/* Shared memory of one block: two chunk buffers, the B ring (1024-aligned), the tables. */
 __host__ __device__ constexpr int ft_smem_bytes(int xbytes)
 {
-    return 2 * xbytes + FT_STAGES * FT_KPS * FT_STEP_BYTES + (3 * FT_BM + FT_TAPS_MAX) * 4;
+    return 2 * xbytes + 1024 + FT_STAGES * FT_TILE_BYTES + (3 * FT_BM + FT_TAPS_MAX + FT_HW_MAX + FT_BN) * 4;
 }
 
 __device__ __forceinline__ void ft_prefetch_l2(const void *p, uint32_t bytes)
@@ -94,35 +100,42 @@ __device__ __forceinline__ void ft_prefetch_chunk(const ft_params &p, int q, int
 
 /*
  * Loader warps, one chunk: task id = (sample s, pixel) of the live samples, lanes along
- * the pixels (each of the 8 channel loads of a warp reads 64 contiguous bytes), FT_UNROLL
- * tasks (8 * FT_UNROLL loads) in flight a thread.  The tail group repeats the last task
- * instead of branching; only its stores are skipped.  FULL: all 8 channels exist.
+ * the pixels (each of the 8 channel loads of a warp reads 64 contiguous bytes), U tasks
+ * (8 U loads) in flight a thread.  A thread's tasks are FT_LOAD_THREADS
+ * apart, so (s, pixel) advances by constants; pixslot[pixel] is the pixel's slot in a
+ * sample.  The tail group reads sample 0's first pixel instead of branching; only its
+ * stores are skipped.  FULL: all 8 channels exist.
  */
-template <bool FULL>
+template <bool FULL, int U = FT_UNROLL>
 __device__ __forceinline__ void ft_load_chunk(const ft_params &p, const uint16_t *xc, unsigned char *xb,
-                                              int tasks, int ncv, int lt)
+                                              int tasks, int ncv, int lt, const int *pixslot)
 {
-    const int chw = p.C * p.HW, padoff = p.ph * p.RS + p.pw;
+    const int chw = p.C * p.HW;
     /* an opaque copy: keeps each load's address one 32 x 32 + 64 multiply-add from xc
        (the compiler otherwise re-associates the chunk's 64-bit offset into every load) */
     const uint16_t *base;
     asm("mov.b64 %0, %1;" : "=l"(base) : "l"(xc));
-    for (int id0 = lt; id0 < tasks; id0 += FT_UNROLL * FT_LOAD_THREADS) {
-        uint32_t v[FT_UNROLL][FT_CC];
-        int slot[FT_UNROLL];
+    int s = (int)fastdiv_q(p.hw_div, (uint32_t)lt), pix = lt - s * p.HW;
+    for (int id0 = lt; id0 < tasks; id0 += U * FT_LOAD_THREADS) {
+        uint32_t v[U][FT_CC];
+        int slot[U];
 #pragma unroll
-        for (int u = 0; u < FT_UNROLL; u++) {
-            const int id = min(id0 + u * FT_LOAD_THREADS, tasks - 1);
-            const int s = (int)fastdiv_q(p.hw_div, (uint32_t)id), pix = id - s * p.HW;
-            const int h = (int)fastdiv_q(p.w_div, (uint32_t)pix), w = pix - h * p.W;
-            slot[u] = s * p.SS + h * p.RS + w + padoff;
-            const int o = s * chw + pix;
+        for (int u = 0; u < U; u++) {
+            const bool in = id0 + u * FT_LOAD_THREADS < tasks;
+            slot[u] = s * p.SS + pixslot[pix];
+            const int o = in ? s * chw + pix : 0;
 #pragma unroll
             for (int j = 0; j < FT_CC; j++)
                 v[u][j] = (FULL || j < ncv) ? (uint32_t)__ldg(base + (o + j * p.HW)) : 0u;
+            s += p.step_s;
+            pix += p.step_pix;
+            if (pix >= p.HW) {
+                pix -= p.HW;
+                s++;
+            }
         }
 #pragma unroll
-        for (int u = 0; u < FT_UNROLL; u++)
+        for (int u = 0; u < U; u++)
             if (id0 + u * FT_LOAD_THREADS < tasks)
                 *(uint4 *)(xb + slot[u] * 16) =
                     make_uint4(__byte_perm(v[u][0], v[u][1], 0x5410), __byte_perm(v[u][2], v[u][3], 0x5410),
@@ -130,14 +143,62 @@ __device__ __forceinline__ void ft_load_chunk(const ft_params &p, const uint16_t
     }
 }
 
+/*
+ * Shared-memory descriptor of a K-major 128 x 64 bf16 B tile at addr (1024-aligned, plus
+ * 32 bytes a k16 step), 128-byte swizzle: 8-row groups 1024 bytes apart (the layout
+ * conv1_obs.cu's wgmma kernel established on the H200).
+ */
+__device__ __forceinline__ uint64_t ft_desc(uint32_t addr)
+{
+    return (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 |
+           (uint64_t)1 << 62;
+}
+
+/* D (64 x 128, fp32) += A (64 x 16 bf16, registers) . B (smem descriptor, 128 x 16, K-major). */
+__device__ __forceinline__ void ft_wgmma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+/* Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma. */
+__device__ __forceinline__ void ft_acc_fence(float (&d)[64])
+{
+#pragma unroll
+    for (int i = 0; i < 64; i++)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <int N> __device__ __forceinline__ void ft_wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
 __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __grid_constant__ ft_params p)
 {
     extern __shared__ __align__(128) unsigned char ft_smem[];
-    unsigned char *ring = ft_smem + 2 * p.xbytes;
-    int *rowslot = (int *)(ring + FT_STAGES * FT_KPS * FT_STEP_BYTES); /* A slot of tile row m */
-    int *rowout = rowslot + FT_BM;  /* s * OC * ohw + pixel: y offset of row m in its block */
-    int *rowsamp = rowout + FT_BM;  /* s, or -1 past sb * ohw */
-    int *tapoff = rowsamp + FT_BM;  /* slot offset of tap t (the dummy tap: 0) */
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(ft_smem);
+    const uint32_t ring_off = ((sbase + 2 * p.xbytes + 1023) & ~1023u) - sbase; /* swizzle atoms */
+    int *rowslot = (int *)(ft_smem + ring_off + FT_STAGES * FT_TILE_BYTES); /* A slot of tile row m */
+    int *rowout = rowslot + FT_BM;      /* s * OC * ohw + pixel: y offset of row m in its block */
+    int *rowsamp = rowout + FT_BM;      /* s, or -1 past sb * ohw */
+    int *tapoff = rowsamp + FT_BM;      /* slot offset of tap t (dummy taps: 0) */
+    int *pixslot = tapoff + FT_TAPS_MAX; /* slot of input pixel h * W + w in its sample */
+    float *biasf = (float *)(pixslot + FT_HW_MAX);
     const int tid = threadIdx.x;
 
     for (int i = tid; i < 2 * p.xbytes / 16; i += FT_THREADS)
@@ -149,8 +210,12 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
         rowout[m] = ok ? s * p.OC * p.ohw + pix : 0;
         rowsamp[m] = ok ? s : -1;
     }
-    for (int t = tid; t < 2 * p.ntp; t += FT_THREADS)
+    for (int t = tid; t < FT_TAPS_MAX; t += FT_THREADS)
         tapoff[t] = t < p.taps ? (t / p.KW) * p.RS + t % p.KW : 0;
+    for (int i = tid; i < p.HW; i += FT_THREADS)
+        pixslot[i] = (i / p.W + p.ph) * p.RS + i % p.W + p.pw;
+    for (int oc = tid; oc < FT_BN; oc += FT_THREADS)
+        biasf[oc] = p.bias != nullptr && oc < p.OC ? elem_to_float(p.bias[oc]) : 0.0f;
     __syncthreads();
 
     const int mine = p.items > (int)blockIdx.x ? (p.items - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
@@ -170,144 +235,131 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
             const uint16_t *xc = p.x + ((size_t)n0 * p.C + c0) * p.HW;
             const int tasks = min(p.sb, p.N - n0) * p.HW; /* samples past N keep stale slots */
             if (p.C - c0 >= FT_CC)
-                ft_load_chunk<true>(p, xc, xb, tasks, FT_CC, lt);
+                ft_load_chunk<true>(p, xc, xb, tasks, FT_CC, lt, pixslot);
             else
-                ft_load_chunk<false>(p, xc, xb, tasks, p.C - c0, lt);
+                ft_load_chunk<false>(p, xc, xb, tasks, p.C - c0, lt, pixslot);
             dg_bar_arrive(FT_BAR_FULL + buf, FT_THREADS);
         }
         return;
     }
 
-    /* ---- MMA warps ---- */
-    const int lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
+    /* ---- MMA warps: warpgroup wg, rows 64 wg + 16 wq + (g, g + 8) ---- */
+    const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
     const int g = lane >> 2, t4 = lane & 3;
-    const uint32_t xs0 = (uint32_t)__cvta_generic_to_shared(ft_smem);
-    const uint32_t ring0 = (uint32_t)__cvta_generic_to_shared(ring);
-    int rs[3];
-#pragma unroll
-    for (int mi = 0; mi < 3; mi++)
-        rs[mi] = rowslot[wm * 48 + mi * 16 + (lane & 15)];
+    const uint32_t ring0 = sbase + ring_off;
+    const int rs = rowslot[wg * 64 + wq * 16 + (lane & 15)];
     const int ts = lane >> 4; /* lanes 16-31 address the second tap of the step */
-    /* B ldmatrix: rows n (lane & 7) + 8 (lane >> 4), k half (lane >> 3) & 1; the stage's
-       16-byte units are 2n + (half ^ bit 2 of n): the 8 rows of a phase in 8 bank groups */
-    const uint32_t boff =
-        (2 * (wn * 64 + (lane & 7) + (lane >> 4) * 8) + (((lane >> 3) & 1) ^ ((lane >> 2) & 1))) * 16;
-    /* B copies: thread tid moves unit (n = tid >> 1, half = tid & 1) of each step of a stage */
-    const int cn = tid >> 1, chalf = tid & 1;
-    const uint32_t cdst = (2 * cn + (chalf ^ ((cn >> 2) & 1))) * 16;
-    const int total = fills * p.ntp; /* k16 steps of this block */
-    const uint16_t *bsrc = p.bpack + cn * 16 + chalf * 8;
-    int bnext = 0; /* the weight step of the next copy: the weights repeat each item */
-    auto issue = [&](int st) { /* B of stage st (steps st * KPS ..) into ring slot st % STAGES */
+    const int total = mine * p.steps, tiles_item = p.steps / FT_KPS; /* an item: whole B tiles */
+    constexpr int AHEAD = FT_STAGES - 2; /* tiles in flight past the current one */
+    int tile_next = 0;                   /* the packed tile of the next copy: it repeats each item */
+    auto issue = [&](int st) {           /* B tile st into ring slot st % FT_STAGES */
         if (st * FT_KPS < total) {
-#pragma unroll
-            for (int k = 0; k < FT_KPS; k++) {
-                cp_async_16(ring0 + (st % FT_STAGES) * (FT_KPS * FT_STEP_BYTES) + k * FT_STEP_BYTES + cdst,
-                            bsrc + (size_t)bnext * (FT_BN * 16));
-                bnext = bnext + 1 == p.steps ? 0 : bnext + 1;
-            }
+            const unsigned char *src = (const unsigned char *)p.bpack + (size_t)tile_next * FT_TILE_BYTES;
+            const uint32_t dst = ring0 + (st % FT_STAGES) * FT_TILE_BYTES;
+            for (int u = tid; u < FT_TILE_BYTES / 16; u += FT_MMA_THREADS)
+                cp_async_16(dst + u * 16, src + u * 16);
+            tile_next = tile_next + 1 == tiles_item ? 0 : tile_next + 1;
         }
         dg_cp_async_commit();
     };
-    for (int st = 0; st < FT_STAGES - 1; st++)
+    for (int st = 0; st < AHEAD; st++)
         issue(st);
 
-    int gstep = 0;
-    for (int j = 0; j < mine; j++) {
-        const int item = (int)blockIdx.x + j * (int)gridDim.x;
-        float acc[3][8][4];
+    /*
+     * One B tile (4 k16 steps) at a time: the 4 A fragments first (each step's chunk
+     * buffer and tap pair; a chunk starts with its FULL wait and is handed back after the
+     * tile's wgmmas consumed its last fragment: ntp >= 4, so a tile ends at most one
+     * chunk), then 4 wgmmas in one group.  Fragments alternate between two register sets;
+     * the set is reused two tiles later, after wait_group 1.
+     */
+    float acc[64];
 #pragma unroll
-        for (int mi = 0; mi < 3; mi++)
+    for (int i = 0; i < 64; i++)
+        acc[i] = 0.0f;
+    uint32_t a[2][FT_KPS][4];
+    int ci = 0, tp = 0, q = 0; /* chunk, tap pair, chunk fill */
+    auto tile = [&](int t, uint32_t(&af)[FT_KPS][4]) {
+        ft_wgmma_wait<1>(); /* tile t - 2 (its fragments and its B slot) is done */
+        dg_cp_async_wait<AHEAD - 1>(); /* B tile t has landed (this thread's part) */
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* ... for wgmma's reads */
+        dg_bar_sync(FT_BAR_MMA, FT_MMA_THREADS); /* everyone's; every warpgroup is past tile t - 2 */
+        issue(t + AHEAD);
+        int done = -1; /* the fill whose last fragment this tile loads */
 #pragma unroll
-            for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    acc[mi][ni][e] = 0.0f;
-        for (int ci = 0; ci < p.nch; ci++) {
-            const int q = j * p.nch + ci, buf = q & 1;
-            const uint32_t xb = xs0 + buf * p.xbytes;
-            dg_bar_sync(FT_BAR_FULL + buf, FT_THREADS);
-            for (int tp = 0; tp < p.ntp; tp++, gstep++) {
-                if (gstep % FT_KPS == 0) {
-                    const int st = gstep / FT_KPS;
-                    dg_cp_async_wait<FT_STAGES - 2>(); /* stage st has landed (this thread's part) */
-                    dg_bar_sync(FT_BAR_MMA, FT_MMA_THREADS); /* everyone's; stage st - 1 is free */
-                    issue(st + FT_STAGES - 1);
-                }
-                const uint32_t bst =
-                    ring0 + ((gstep / FT_KPS) % FT_STAGES) * (FT_KPS * FT_STEP_BYTES) +
-                    (gstep % FT_KPS) * FT_STEP_BYTES;
-                const int toff = tapoff[2 * tp + ts];
-                uint32_t a[3][4], b[8][2];
-#pragma unroll
-                for (int nj = 0; nj < 4; nj++) {
-                    uint32_t r[4];
-                    ldmatrix_x4(r, bst + boff + nj * 16 * 32);
-                    b[2 * nj][0] = r[0];
-                    b[2 * nj][1] = r[1];
-                    b[2 * nj + 1][0] = r[2];
-                    b[2 * nj + 1][1] = r[3];
-                }
-#pragma unroll
-                for (int mi = 0; mi < 3; mi++)
-                    ldmatrix_x4(a[mi], xb + (uint32_t)(rs[mi] + toff) * 16);
-#pragma unroll
-                for (int mi = 0; mi < 3; mi++)
-#pragma unroll
-                    for (int ni = 0; ni < 8; ni++)
-                        mma_16x8<MATH_BF16>(acc[mi][ni], a[mi], b[ni]);
+        for (int kk = 0; kk < FT_KPS; kk++) {
+            if (tp == 0)
+                dg_bar_sync(FT_BAR_FULL + (q & 1), FT_THREADS);
+            ldmatrix_x4(af[kk], sbase + (q & 1) * p.xbytes + (uint32_t)(rs + tapoff[2 * tp + ts]) * 16);
+            if (++tp == p.ntp) {
+                tp = 0;
+                done = q++;
+                ci = ci + 1 == p.nch ? 0 : ci + 1;
             }
-            if (q + 2 < fills) /* the loaders wait for this buffer only if they fill it again */
-                dg_bar_arrive(FT_BAR_EMPTY + buf, FT_THREADS);
         }
-        /* epilogue: bias, relu, bf16, NCHW */
-        const int n0 = item * p.sb;
+        const uint32_t bt = ring0 + (t % FT_STAGES) * FT_TILE_BYTES;
+        ft_acc_fence(acc);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < FT_KPS; kk++)
+            ft_wgmma(acc, af[kk], ft_desc(bt + kk * 32));
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        if (done >= 0 && done + 2 < fills) /* the loaders wait for it only if they fill it again */
+            dg_bar_arrive(FT_BAR_EMPTY + (done & 1), FT_THREADS);
+    };
+    int t = 0;
+    for (int j = 0; j < mine; j++) { /* an item is whole B tiles */
+        for (int tt = 0; tt + 1 < tiles_item; tt += 2, t += 2) {
+            tile(t, a[0]);
+            tile(t + 1, a[1]);
+        }
+        if (tiles_item & 1)
+            tile(t++, a[0]);
+        ft_wgmma_wait<0>();
+        ft_acc_fence(acc);
+        /* epilogue: bias, relu, bf16, NCHW; acc[4 jn + 2 h + e] is row m(h), channel 8 jn + 2 t4 + e */
+        const int n0 = ((int)blockIdx.x + j * (int)gridDim.x) * p.sb;
         uint16_t *yb = p.y + (size_t)n0 * p.OC * p.ohw;
-        float bv[8][2];
 #pragma unroll
-        for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int oc = wn * 64 + ni * 8 + 2 * t4 + e;
-                bv[ni][e] = (p.bias != nullptr && oc < p.OC) ? elem_to_float(__ldg(p.bias + oc)) : 0.0f;
-            }
-#pragma unroll
-        for (int mi = 0; mi < 3; mi++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int m = wm * 48 + mi * 16 + g + 8 * h, s = rowsamp[m];
-                if (s < 0 || n0 + s >= p.N)
-                    continue;
+        for (int h = 0; h < 2; h++) {
+            const int m = wg * 64 + wq * 16 + g + 8 * h, s = rowsamp[m];
+            if (s >= 0 && n0 + s < p.N) {
                 uint16_t *yr = yb + rowout[m];
 #pragma unroll
-                for (int ni = 0; ni < 8; ni++)
+                for (int jn = 0; jn < FT_BN / 8; jn++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        const int oc = wn * 64 + ni * 8 + 2 * t4 + e;
-                        if (oc >= p.OC)
-                            continue;
-                        float v = acc[mi][ni][2 * h + e] + bv[ni][e];
+                        const int oc = jn * 8 + 2 * t4 + e;
+                        float v = acc[4 * jn + 2 * h + e] + biasf[oc];
                         if (p.relu)
                             v = fmaxf(v, 0.0f);
-                        yr[(size_t)oc * p.ohw] = elem_from_float<uint16_t>(v);
+                        if (oc < p.OC)
+                            yr[(size_t)oc * p.ohw] = elem_from_float<uint16_t>(v);
                     }
             }
+        }
+#pragma unroll
+        for (int i = 0; i < 64; i++)
+            acc[i] = 0.0f;
     }
     dg_cp_async_wait<0>(); /* only empty groups remain; leave nothing in flight */
 }
 
 /*
- * out[step][oc][half][j] = w[oc][c = ci * 8 + j][tap = 2 * tp + half] for step = ci * ntp + tp;
- * zero past OC, C and the taps (the dummy tap of an odd count).
+ * The weights as wgmma's B tiles: tile t holds k16 steps 4t .. 4t + 3 (step = ci * ntp + tp;
+ * its k = half * 8 + j is channel ci * 8 + j of tap 2 tp + half), one 128-byte row an oc,
+ * the 16-byte chunk kk * 2 + half of a row stored at chunk (kk * 2 + half) ^ (oc % 8):
+ * the 128-byte swizzle, so that a plain copy lands it as the descriptor describes.
+ * Zero past OC, C and the taps (the dummy taps).
  */
 __global__ void ft_pack_w_kernel(const uint16_t *w, int OC, int C, int taps, int ntp, int steps,
                                  uint16_t *out)
 {
     const int total = steps * FT_BN * 16;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        const int j = i & 7, half = (i >> 3) & 1, n = (i >> 4) % FT_BN, step = (i >> 4) / FT_BN;
-        const int c = (step / ntp) * FT_CC + j, tap = 2 * (step % ntp) + half;
-        out[i] = (n < OC && c < C && tap < taps) ? w[((size_t)n * C + c) * taps + tap] : (uint16_t)0;
+        const int j = i & 7, oc = (i >> 6) & (FT_BN - 1), tile = i >> 13;
+        const int chunk = ((i >> 3) & 7) ^ (oc & 7), step = tile * FT_KPS + (chunk >> 1);
+        const int c = (step / ntp) * FT_CC + j, tap = 2 * (step % ntp) + (chunk & 1);
+        out[i] = (oc < OC && c < C && tap < taps) ? w[((size_t)oc * C + c) * taps + tap] : (uint16_t)0;
     }
 }
 
