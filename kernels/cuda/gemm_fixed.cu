@@ -127,25 +127,22 @@ cublasStatus_t algo_choose(gk_cuda_blas *bl, const gk_cuda_gemm *g, cublasLtMatm
     const uint32_t align_a = alignment_of(g->lda, g->stride_a, g->batch, es);
     const uint32_t align_b = alignment_of(g->ldb, g->stride_b, g->batch, es);
     const uint32_t align_c = alignment_of(g->ldc, g->stride_c, g->batch, type_size(g->c_type));
+    const struct {
+        cublasLtMatmulPreferenceAttributes_t attr;
+        const void *value;
+        size_t size;
+    } prefs[] = {
+        {CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws},
+        {CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_split, sizeof no_split},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c},
+    };
     st = cublasLtMatmulPreferenceInit(pref);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                  &ws, sizeof ws);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                  &no_split, sizeof no_split);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                  &align_a, sizeof align_a);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                  &align_b, sizeof align_b);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                  &align_c, sizeof align_c);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                  &align_c, sizeof align_c);
+    for (size_t i = 0; st == CUBLAS_STATUS_SUCCESS && i < sizeof prefs / sizeof prefs[0]; i++)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, prefs[i].attr, prefs[i].value,
+                                                  prefs[i].size);
     if (st != CUBLAS_STATUS_SUCCESS)
         return st;
     cublasLtMatmulHeuristicResult_t found;
