@@ -202,6 +202,19 @@ static void usage(FILE *out)
                  "2 on a usage error.\n");
 }
 
+/* A whole number in lo..hi for option name, or a message and -1. */
+static int option_int(const char *name, const char *text, long lo, long hi, int *out)
+{
+    char *end;
+    long v = strtol(text, &end, 10);
+    if (*text == '\0' || *end != '\0' || v < lo || v > hi) {
+        fprintf(stderr, "gpucdctl: %s '%s' is not a number in %ld..%ld\n", name, text, lo, hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -222,28 +235,14 @@ int main(int argc, char **argv)
         case 'u':
             url = optarg;
             break;
-        case 't': {
-            char *end;
-            long ms = strtol(optarg, &end, 10);
-            if (*end != '\0' || ms < 1 || ms > 86400000) {
-                fprintf(stderr, "gpucdctl: --timeout-ms '%s' is not a number in 1..86400000\n",
-                        optarg);
+        case 't':
+            if (option_int("--timeout-ms", optarg, 1, 86400000, &opts.timeout_ms) != 0)
                 return 2;
-            }
-            opts.timeout_ms = (int)ms;
             break;
-        }
-        case 's': {
-            char *end;
-            long us = strtol(optarg, &end, 10);
-            if (*end != '\0' || us < 0 || us > 1000000) {
-                fprintf(stderr, "gpucdctl: --spin-us '%s' is not a number in 0..1000000\n",
-                        optarg);
+        case 's':
+            if (option_int("--spin-us", optarg, 0, 1000000, &opts.spin_us) != 0)
                 return 2;
-            }
-            opts.spin_us = (int)us;
             break;
-        }
         case 'h':
             usage(stdout);
             return 0;
