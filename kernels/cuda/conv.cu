@@ -500,8 +500,8 @@ struct fwd_tile_plan {
  * Bank-group collisions of the A ldmatrix phases: each 8 consecutive tile rows
  * read 8 slots at the same tap offset; the cost is the sum over those groups
  * of the most rows sharing a slot residue mod 8 (8 groups of 16 bytes a
- * 128-byte bank row).  The best (RS, SS) of 8 x 8 candidates; the last shape's
- * answer is kept per thread (one search per layer, not per call).
+ * 128-byte bank row).  The best (RS, SS) of 8 x 8 candidates; answers are
+ * kept per thread (one search per shape, not per call).
  */
 void fwd_tile_strides(const conv_shape &s, int sb, int *RS, int *SS)
 {
