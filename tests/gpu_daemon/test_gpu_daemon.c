@@ -1064,5 +1064,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_no_allocations_after_start),
         cmocka_unit_test(test_device_lost_exits_3),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return th_run_group_tests(tests, setup, teardown);
 }

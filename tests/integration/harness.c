@@ -243,3 +243,39 @@ void th_fill_nmmo3_obs(uint8_t *obs, size_t batch)
             o[1697 + i] = i < 9 ? (uint8_t)(th_rand_u64() % 256) : 0;
     }
 }
+
+/* ---- group setup and teardown, counted (harness.h) ---------------------------- */
+
+static th_group_fn group_setup_fn, group_teardown_fn;
+/* Raised before each hook and lowered when it returns 0: a hook left by a failed assertion
+ * (cmocka jumps out of it) counts as failed too. */
+static int group_failures;
+
+void th_group_hooks(th_group_fn setup, th_group_fn teardown)
+{
+    group_setup_fn = setup;
+    group_teardown_fn = teardown;
+    group_failures = 0;
+}
+
+static int group_hook_run(th_group_fn fn, void **state)
+{
+    group_failures++;
+    int rc = fn != NULL ? fn(state) : 0;
+    if (rc == 0)
+        group_failures--;
+    return rc;
+}
+
+int th_group_setup(void **state) { return group_hook_run(group_setup_fn, state); }
+
+int th_group_teardown(void **state) { return group_hook_run(group_teardown_fn, state); }
+
+int th_group_verdict(int cmocka_failed)
+{
+    if (cmocka_failed != 0)
+        return cmocka_failed;
+    if (group_failures != 0)
+        fprintf(stderr, "harness: the group's setup or teardown failed\n");
+    return group_failures != 0;
+}

@@ -40,6 +40,22 @@ void th_daemon_dump_log(const th_daemon *d);
 
 gpucd_client *th_connect(const char *url);
 
+/*
+ * cmocka's group runner with the group's setup and teardown counted: cmocka
+ * 1.1 (Debian 12's) prints a failed group teardown but returns 0, so a daemon
+ * that exited with an error at the end (valgrind's error exit code, a
+ * sanitizer's) passed.  Use instead of cmocka_run_group_tests (tests is the
+ * array of tests; setup and teardown may be NULL).
+ */
+typedef int (*th_group_fn)(void **state);
+void th_group_hooks(th_group_fn setup, th_group_fn teardown);
+int th_group_setup(void **state);
+int th_group_teardown(void **state);
+int th_group_verdict(int cmocka_failed);
+#define th_run_group_tests(tests, setup, teardown)                                                 \
+    (th_group_hooks((setup), (teardown)),                                                          \
+     th_group_verdict(cmocka_run_group_tests((tests), th_group_setup, th_group_teardown)))
+
 /* Uniform in [-1, 1); never all zeros. */
 /* malloc that fails the test instead of returning NULL (n = 0 allowed). */
 void *th_xmalloc(size_t n);

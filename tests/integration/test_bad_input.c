@@ -478,5 +478,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_hostile_regions),
         cmocka_unit_test(test_hostile_resident),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return th_run_group_tests(tests, group_setup, group_teardown);
 }

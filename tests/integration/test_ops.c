@@ -499,5 +499,5 @@ int main(int argc, char **argv)
         cmocka_unit_test_prestate(test_nmmo3_encode, daemon_.ipc_url),
         cmocka_unit_test_prestate(test_nmmo3_encode, daemon_.tcp_url),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return th_run_group_tests(tests, group_setup, group_teardown);
 }

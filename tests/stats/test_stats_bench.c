@@ -340,5 +340,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bad_options_exit_2),
         cmocka_unit_test(test_failures_are_errors),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return th_run_group_tests(tests, group_setup, group_teardown);
 }

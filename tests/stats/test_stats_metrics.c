@@ -253,5 +253,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_stats_json_agrees),
         cmocka_unit_test(test_health_and_unknown_paths),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return th_run_group_tests(tests, group_setup, group_teardown);
 }

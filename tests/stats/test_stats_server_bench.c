@@ -213,5 +213,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plain_request_has_no_bench_timings),
         cmocka_unit_test(test_limits_and_non_compute_refused),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return th_run_group_tests(tests, group_setup, group_teardown);
 }
