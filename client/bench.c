@@ -100,6 +100,7 @@ typedef struct bench_level {
     double seconds, rps, rows_per_s;
     double p50, p90, p95, p99, max; /* microseconds */
     double transport, queue, batch_wait, copy_in, compute, copy_out, server_other; /* means, us */
+    double overhead_p50, overhead_p99; /* the daemon's own time a request: queue + other, us */
     char first_error[256];
 } bench_level;
 
@@ -484,8 +485,12 @@ static int level_run(bench_run *r, int concurrency, double rate, bench_level *lv
             snprintf(lv->first_error, sizeof lv->first_error, "%s", w->first_msg);
     }
     uint64_t *lat = malloc((n ? n : 1) * sizeof *lat);
-    if (lat == NULL)
+    uint64_t *overhead = malloc((n ? n : 1) * sizeof *overhead);
+    if (lat == NULL || overhead == NULL) {
+        free(lat);
+        free(overhead);
         return GPUCD_ENOMEM;
+    }
     size_t m = 0;
     double sums[7] = {0};
     for (int i = 0; i < concurrency; i++) {
@@ -503,11 +508,16 @@ static int level_run(bench_run *r, int concurrency, double rate, bench_level *lv
             sums[2] += (double)t->copy_in_us;
             sums[3] += (double)t->compute_us;
             sums[4] += (double)t->copy_out_us;
-            sums[5] += t->total_us > parts ? (double)(t->total_us - parts) : 0;
+            const uint64_t other = t->total_us > parts ? t->total_us - parts : 0;
+            sums[5] += (double)other;
             sums[6] += (double)t->batch_wait_us;
+            overhead[m - 1] = t->queue_us + other;
         }
     }
     qsort(lat, m, sizeof *lat, cmp_u64);
+    qsort(overhead, m, sizeof *overhead, cmp_u64);
+    lv->overhead_p50 = pct(overhead, m, 0.50);
+    lv->overhead_p99 = pct(overhead, m, 0.99);
     lv->requests = m;
     lv->seconds = (double)(hi - lo) * 1e-6;
     lv->rps = lv->seconds > 0 ? (double)m / lv->seconds : 0;
@@ -522,6 +532,7 @@ static int level_run(bench_run *r, int concurrency, double rate, bench_level *lv
     for (int k = 0; k < 7; k++)
         *means[k] = m ? sums[k] / (double)m : 0;
     free(lat);
+    free(overhead);
     return 0;
 }
 
@@ -549,6 +560,8 @@ static void print_level(FILE *f, const bench_level *lv)
             lv->max, lv->transport, lv->queue, lv->batch_wait, lv->copy_in, lv->compute,
             lv->copy_out, lv->server_other, lv->windows, lv->stable ? "" : " (unstable)",
             lv->errors);
+    fprintf(f, "       daemon overhead (queue + other) a request: p50 %.0f us, p99 %.0f us\n",
+            lv->overhead_p50, lv->overhead_p99);
     if (lv->errors > 0)
         fprintf(f, "       errors: %" PRIu64 " (%" PRIu64 " with unwritten outputs); first: %s\n",
                 lv->errors, lv->wrong, lv->first_error);
@@ -617,9 +630,9 @@ static int write_json(const char *path, const bench_run *r, const bench_level *l
                 l->p50, l->p90, l->p95, l->p99, l->max);
         fprintf(f, "\"split_us\":{\"client_transport\":%.2f,\"server_queue\":%.2f,"
                    "\"batch_wait\":%.2f,\"copy_in\":%.2f,\"compute\":%.2f,\"copy_out\":%.2f,"
-                   "\"server_other\":%.2f}",
+                   "\"server_other\":%.2f},\"daemon_overhead_us\":{\"p50\":%.0f,\"p99\":%.0f}",
                 l->transport, l->queue, l->batch_wait, l->copy_in, l->compute, l->copy_out,
-                l->server_other);
+                l->server_other, l->overhead_p50, l->overhead_p99);
         if (l->errors > 0) {
             fprintf(f, ",\"first_error\":");
             json_string(f, l->first_error);
@@ -639,16 +652,17 @@ static int write_csv(const char *path, const bench_run *r, const bench_level *lv
     }
     fprintf(f, "op,tensors,batch,dtype,concurrency,rate,windows,stable,requests,errors,"
                "requests_per_s,rows_per_s,p50_us,p90_us,p95_us,p99_us,max_us,client_transport_us,"
-               "server_queue_us,batch_wait_us,copy_in_us,compute_us,copy_out_us,server_other_us\n");
+               "server_queue_us,batch_wait_us,copy_in_us,compute_us,copy_out_us,server_other_us,"
+               "overhead_p50_us,overhead_p99_us\n");
     for (int i = 0; i < n; i++) {
         const bench_level *l = &lv[i];
         fprintf(f, "%s,%s,%" PRId64 ",%s,%d,%g,%d,%d,%" PRIu64 ",%" PRIu64 ",%.2f,%.1f,%.0f,%.0f,"
-                   "%.0f,%.0f,%.0f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n",
+                   "%.0f,%.0f,%.0f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.0f,%.0f\n",
                 r->o->preset->name, r->use_region ? "region" : "inline", r->o->shape.batch,
                 gpucd_dtype_name(r->o->shape.dtype), l->concurrency, l->rate, l->windows,
                 l->stable, l->requests, l->errors, l->rps, l->rows_per_s, l->p50, l->p90, l->p95,
                 l->p99, l->max, l->transport, l->queue, l->batch_wait, l->copy_in, l->compute,
-                l->copy_out, l->server_other);
+                l->copy_out, l->server_other, l->overhead_p50, l->overhead_p99);
     }
     return fclose(f) == 0 ? 0 : -1;
 }

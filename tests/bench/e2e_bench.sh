@@ -104,7 +104,8 @@ for variant in defaults lowlat lowlat_clientspin; do
     for b in $SIZES; do
         encode "$work/e2e_b${b}_$variant.csv" "$b" 1 --warmup-s 2 --window-s 2
         csv_fields "$work/e2e_b${b}_$variant.csv" batch requests_per_s p50_us p99_us \
-            client_transport_us server_queue_us copy_in_us compute_us copy_out_us server_other_us
+            client_transport_us server_queue_us copy_in_us compute_us copy_out_us server_other_us \
+            overhead_p50_us overhead_p99_us
     done
     daemon_stop
 done
