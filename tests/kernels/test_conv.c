@@ -144,7 +144,12 @@ static const conv_case cases[] = {
 
 static void check_case(const conv_case *k, gk_dtype dt)
 {
-    const double tol = dt == GK_F32 ? 2e-6 : 1e-2;
+    /*
+     * f32: issue 4's tolerance against float64.  2e-6 was tighter than that and failed about
+     * one random draw in 30: a single output channel summing 490 products
+     * (seed 1796031506664103449, c7 k14x5 oc1) reached 4.3e-6 with fp32 rounding alone.
+     */
+    const double tol = dt == GK_F32 ? 1e-5 : 1e-2;
     conv_run r = run_new(k, dt);
     run_forward(&r);
     double *ref = malloc(sizeof *ref * (size_t)r.y.n);
