@@ -4,8 +4,8 @@
 # shared-memory region and the projected hidden (512, bf16) back, weights
 # resident.  Run ON the GPU machine from the repository root, after a build
 # (default build folder build-gpu; argument 1 overrides it).  Environment:
-# WINDOW_US, PROCS, MAX_BATCHES, SIZES, LOW_LATENCY_FLAGS, CLIENT_SPIN_FLAGS, BACKEND
-# (below).
+# WINDOW_US, PROCS, MAX_BATCHES, SIZES, LOW_LATENCY_FLAGS, CLIENT_SPIN_FLAGS, BACKEND,
+# QUICK (below).
 #
 #  1. one client, B = 1024 and B = 32768: latency percentiles and the split
 #     that gpucdctl bench reports (socket round trip, queue, copy in, compute,
@@ -28,6 +28,13 @@ work=$(mktemp -d /tmp/gpucd-e2e-XXXXXX)
 WINDOW_US=${WINDOW_US:-1000}
 PROCS=${PROCS:-64}
 MAX_BATCHES=${MAX_BATCHES:-1024 2048 4096 8192} # --max-batch values of the batching-on runs
+# Seconds of warm-up and of each measured window: ping, encode, crowd (QUICK=1: a smoke test
+# of the script, its figures meaningless).
+if [ "${QUICK:-0}" = 1 ]; then
+    PING_S=0.2 ENCODE_S=0.2 CROWD_WARMUP_S=0.2 CROWD_S=0.5 WINDOWS=3
+else
+    PING_S=1 ENCODE_S=2 CROWD_WARMUP_S=2 CROWD_S=4 WINDOWS=
+fi
 SIZES=${SIZES:-1024 32768}  # the one-client batch sizes
 BACKEND=${BACKEND:-cuda}    # cpu: to try the script itself on a machine without a GPU
 sock="ipc://$(mktemp -u /tmp/gpucd-e2e-XXXXXX).sock"
@@ -77,7 +84,8 @@ ping() { # csv [gpucdctl bench flags]
     local csv=$1
     shift
     # shellcheck disable=SC2086 # the flags are words
-    "$ctl" --url "$sock" $client_flags bench --op ping --concurrency 1 --warmup-s 1 --window-s 1 --csv "$csv" "$@" >/dev/null
+    "$ctl" --url "$sock" $client_flags bench --op ping --concurrency 1 --warmup-s "$PING_S" --window-s "$PING_S" \
+        ${WINDOWS:+--max-windows "$WINDOWS"} --csv "$csv" "$@" >/dev/null
     csv_fields "$csv" requests_per_s p50_us p99_us client_transport_us server_queue_us server_other_us
 }
 echo "== ping, --spin-us 0"
@@ -102,7 +110,8 @@ for variant in defaults lowlat lowlat_clientspin; do
     ping "$work/e2e_ping_$variant.csv"
     ping "$work/e2e_ping_slow_$variant.csv" --rate 1500
     for b in $SIZES; do
-        encode "$work/e2e_b${b}_$variant.csv" "$b" 1 --warmup-s 2 --window-s 2
+        encode "$work/e2e_b${b}_$variant.csv" "$b" 1 --warmup-s "$ENCODE_S" --window-s "$ENCODE_S" \
+            ${WINDOWS:+--max-windows "$WINDOWS"}
         csv_fields "$work/e2e_b${b}_$variant.csv" batch requests_per_s p50_us p99_us \
             client_transport_us server_queue_us copy_in_us compute_us copy_out_us server_other_us \
             overhead_p50_us overhead_p99_us
@@ -115,12 +124,13 @@ client_flags=
 # every worker, as RL workers of one learner do), each a closed loop of B = 64 requests.
 crowd() { # label
     "$build/tests/bench/crowd_bench" "$sock" --workers "$PROCS" --batch 64 --hidden 512 \
-        --warmup-s 2 --seconds 4 | sed "s/^/$1: /"
+        --warmup-s "$CROWD_WARMUP_S" --seconds "$CROWD_S" | sed "s/^/$1: /"
 }
 
 echo "== $PROCS processes sending pings: the request rate of the transport and request path alone"
 daemon_start
-"$build/tests/bench/crowd_bench" "$sock" --workers "$PROCS" --ping 1 --warmup-s 1 --seconds 3
+"$build/tests/bench/crowd_bench" "$sock" --workers "$PROCS" --ping 1 --warmup-s "$CROWD_WARMUP_S" \
+    --seconds "$CROWD_S"
 daemon_stop
 echo "== $PROCS processes x B = 64 sharing the weights, batching off, then on (window $WINDOW_US us)"
 daemon_start
