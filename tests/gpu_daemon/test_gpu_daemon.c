@@ -1041,11 +1041,7 @@ static int setup(void **state)
     return 0;
 }
 
-static int teardown(void **state)
-{
-    assert_int_equal(th_daemon_stop(&daemon_), 0);
-    return 0;
-}
+static int teardown(void **state) { return th_daemon_stop_checked(&daemon_); }
 
 int main(int argc, char **argv)
 {

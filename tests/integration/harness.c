@@ -244,6 +244,14 @@ void th_fill_nmmo3_obs(uint8_t *obs, size_t batch)
     }
 }
 
+int th_daemon_stop_checked(th_daemon *d)
+{
+    int rc = th_daemon_stop(d);
+    if (rc != 0)
+        fprintf(stderr, "daemon exit status %d, expected 0\n", rc);
+    return rc != 0 ? -1 : 0;
+}
+
 /* ---- group setup and teardown, counted (harness.h) ---------------------------- */
 
 static th_group_fn group_setup_fn, group_teardown_fn;

@@ -457,7 +457,7 @@ static int group_teardown(void **state)
     th_raw_close(&other_);
     th_raw_close(&raw_);
     munmap(region_base_, REGION_SIZE);
-    return th_daemon_stop(&daemon_) == 0 ? 0 : -1;
+    return th_daemon_stop_checked(&daemon_);
 }
 
 int main(int argc, char **argv)

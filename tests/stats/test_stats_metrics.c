@@ -234,15 +234,7 @@ static int group_setup(void **state)
     return 0;
 }
 
-static int group_teardown(void **state)
-{
-    int rc = th_daemon_stop(&daemon_);
-    if (rc != 0) {
-        fprintf(stderr, "daemon exit status %d, expected 0\n", rc);
-        return -1;
-    }
-    return 0;
-}
+static int group_teardown(void **state) { return th_daemon_stop_checked(&daemon_); }
 
 int main(int argc, char **argv)
 {

@@ -200,10 +200,7 @@ static int group_setup(void **state)
     return 0;
 }
 
-static int group_teardown(void **state)
-{
-    return th_daemon_stop(&daemon_) == 0 ? 0 : -1;
-}
+static int group_teardown(void **state) { return th_daemon_stop_checked(&daemon_); }
 
 int main(int argc, char **argv)
 {
