@@ -1,15 +1,7 @@
 /* call.c - one request/reply exchange: send, wait, decode, check, deliver outputs. */
 #include <string.h>
-#include <time.h>
 
 #include "internal.h"
-
-static uint64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
 
 void gpucdc_reply_free(gpucdc_reply *r)
 {
@@ -123,7 +115,7 @@ static void timings_fill(gpucd_timings *t, const Gpucd__V1__Reply *rep, uint64_t
 
 int gpucdc_call(gpucdc_request *req, gpucd_timings *t, gpucdc_reply *out)
 {
-    uint64_t start = now_us();
+    uint64_t start = gpucdc_now_us();
     gpucdc_clear_error();
     nng_msg *msg, *reply_msg;
     int rv = gpucdc_request_pack(req, &msg);
@@ -138,7 +130,7 @@ int gpucdc_call(gpucdc_request *req, gpucd_timings *t, gpucdc_reply *out)
     if (rv == 0)
         rv = gpucdc_reply_accept(req, &r);
     if (t != NULL)
-        timings_fill(t, r.reply, now_us() - start);
+        timings_fill(t, r.reply, gpucdc_now_us() - start);
     if (rv == 0 && out != NULL)
         *out = r;
     else

@@ -140,7 +140,7 @@ static void slot_done(void *arg)
     atomic_store_explicit(&s->done, 1, memory_order_release);
 }
 
-static uint64_t now_us(void)
+uint64_t gpucdc_now_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -155,8 +155,8 @@ static uint64_t now_us(void)
 static void slot_wait(const gpucd_client *c, gpucdc_slot *s)
 {
     if (c->spin_us > 0) {
-        const uint64_t until = now_us() + c->spin_us;
-        while (!atomic_load_explicit(&s->done, memory_order_acquire) && now_us() < until)
+        const uint64_t until = gpucdc_now_us() + c->spin_us;
+        while (!atomic_load_explicit(&s->done, memory_order_acquire) && gpucdc_now_us() < until)
             ;
     }
     nng_aio_wait(s->aio);

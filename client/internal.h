@@ -32,6 +32,9 @@ int gpucdc_status_code(int status);
 
 /* ---- the connection (client.c) -------------------------------------------------- */
 
+/* CLOCK_MONOTONIC in microseconds: round trips and polling deadlines. */
+uint64_t gpucdc_now_us(void);
+
 /* One nng context and its aio, used by one call at a time. */
 typedef struct gpucdc_slot {
     nng_ctx ctx;
