@@ -210,6 +210,16 @@ static int slot_fail(gcd_backend *b, exec_slot *s, cudaError_t e, const char *wh
                    sticky ? " (the device is lost; the daemon is restarting)" : "");
 }
 
+/*
+ * After run_kernel returned rc != 0 on slot s: a kernel wrapper's own failure
+ * (shapes, workspace) leaves the device healthy, a launch failure may not
+ * have; the error for the request.
+ */
+static int kernel_fail(gcd_backend *b, exec_slot *s, int rc, const gk_err *err)
+{
+    return slot_recover(b, s, cudaSuccess, err->msg) && rc != GK_EDEVICE ? GK_EDEVICE : rc;
+}
+
 /* ---- slots ---------------------------------------------------------------------- */
 
 static exec_slot *slot_take(gcd_backend *b)
@@ -1090,9 +1100,7 @@ static int slot_run_pipelined(gcd_backend *b, exec_slot *s, gcd_op *op, arg_plac
         int rc = run_kernel(b, s, op, cpl, scratch_off, err);
         if (rc != 0) {
             pipe_drain(s);
-            if (slot_recover(b, s, cudaSuccess, err->msg) && rc != GK_EDEVICE)
-                rc = GK_EDEVICE;
-            return rc;
+            return kernel_fail(b, s, rc, err);
         }
         PIPE_CHECK(records_fetch(s, op, scratch_off, s->records + c * GK_CUDA_NMMO3_RECORDS),
                    "copying the error records");
@@ -1113,19 +1121,23 @@ static int slot_run_pipelined(gcd_backend *b, exec_slot *s, gcd_op *op, arg_plac
     /* The slot's next user starts after the last copy out. */
     PIPE_CHECK(cudaStreamWaitEvent(s->stream, s->ev[EV_COPIED_OUT], 0), "cudaStreamWaitEvent");
     clock->wait = gcd_now_us();
+    /* The copies, then the kernels' stream (EV_COMPUTED, read for the timings, is on it). */
     PIPE_CHECK(cudaEventSynchronize(s->ev[EV_COPIED_OUT]), "running the request");
     PIPE_CHECK(cudaStreamSynchronize(s->stream), "running the request");
     clock->done = gcd_now_us();
 #undef PIPE_CHECK
-    for (int c = 0; c < chunks; c++) {
-        if (records_clean(s->records + c * GK_CUDA_NMMO3_RECORDS, op))
-            continue;
+    int dirty = 0;
+    for (int c = 0; c < chunks; c++)
+        dirty |= !records_clean(s->records + c * GK_CUDA_NMMO3_RECORDS, op);
+    if (dirty) {
         int rc = run_kernel(b, s, op, pl, scratch_off, err);
-        if (rc == 0 && (e = records_fetch(s, op, scratch_off, s->records)) == cudaSuccess)
+        if (rc != 0)
+            return kernel_fail(b, s, rc, err);
+        if ((e = records_fetch(s, op, scratch_off, s->records)) == cudaSuccess)
             e = cudaStreamSynchronize(s->stream);
-        if (rc == 0 && e != cudaSuccess)
+        if (e != cudaSuccess)
             return slot_fail(b, s, e, "checking the observations", err);
-        return rc != 0 ? rc : run_status(b, s, op, pl, scratch_off, err);
+        return run_status(b, s, op, pl, scratch_off, err);
     }
     timing->copy_in_us = elapsed_us(s->ev[EV_START], s->ev[EV_COPIED_IN]);
     timing->compute_us = elapsed_us(s->ev[EV_COPIED_IN], s->ev[EV_COMPUTED]);
@@ -1172,14 +1184,8 @@ static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *ti
     RUN_CHECK(cudaEventRecord(s->ev[EV_COPIED_IN], s->stream), "cudaEventRecord");
     if (op->kind == GCD_OP_CONV2D_FORWARD && atomic_exchange(&b->fault_armed, 0))
         pl[CONV_FWD_X].dev.data = (void *)(uintptr_t)SLOT_ALIGN; /* never mapped */
-    rc = run_kernel(b, s, op, pl, scratch_off, err);
-    if (rc != 0) {
-        /* A kernel wrapper's own failure (shapes, workspace) leaves the device healthy;
-         * a launch failure may not have. */
-        if (slot_recover(b, s, cudaSuccess, err->msg) && rc != GK_EDEVICE)
-            rc = GK_EDEVICE;
-        return rc;
-    }
+    if ((rc = run_kernel(b, s, op, pl, scratch_off, err)) != 0)
+        return kernel_fail(b, s, rc, err);
     RUN_CHECK(records_fetch(s, op, scratch_off, s->records), "copying the error records");
     RUN_CHECK(cudaEventRecord(s->ev[EV_COMPUTED], s->stream), "cudaEventRecord");
     for (int i = 0; i < op->nargs; i++) {
