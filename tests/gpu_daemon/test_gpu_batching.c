@@ -94,10 +94,8 @@ static const int weight_ndim[7] = {4, 1, 4, 1, 2, 2, 1};
 /* Fresh random encoder weights of dtype dt, resident and owned by owner. */
 static void weights_put(gpucd_client *owner, gpucd_dtype dt, gpucd_tensor w[7])
 {
-    const int64_t(*shapes)[4] = weight_shapes;
-    const int *nd = weight_ndim;
     for (int i = 0; i < 7; i++) {
-        gpucd_tensor h = gpucd_tensor_host(NULL, dt, nd[i], shapes[i]);
+        gpucd_tensor h = gpucd_tensor_host(NULL, dt, weight_ndim[i], weight_shapes[i]);
         size_t n = (size_t)gpucd_tensor_numel(&h);
         float *f = malloc(n * 4);
         assert_non_null(f);
@@ -117,7 +115,7 @@ static void weights_put(gpucd_client *owner, gpucd_dtype dt, gpucd_tensor w[7])
         uint64_t id;
         assert_int_equal(gpucd_tensor_put(owner, &h, &id), 0);
         free(h.data);
-        w[i] = gpucd_tensor_resident(id, dt, nd[i], shapes[i]);
+        w[i] = gpucd_tensor_resident(id, dt, weight_ndim[i], weight_shapes[i]);
     }
 }
 
