@@ -26,48 +26,12 @@
 #include <vector>
 
 #include "bench_check.cuh"
+#include "bench_data.cuh"
 #include "gk.h"
 #include "gk_cuda.h"
 #include "gk_cuda_nmmo3.h"
 
 static const int64_t HIDDEN = 512;
-static uint64_t g_rng = 0x2545f4914f6cdd1dull;
-
-static uint64_t rnd(uint64_t n)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng % n;
-}
-
-static void *dev_upload(const void *h, size_t bytes)
-{
-    void *d = NULL;
-    CK(cudaMalloc(&d, bytes));
-    CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-    return d;
-}
-
-/* Random values in [-scale, scale) as f32 or bf16 (truncated: any finite value will do). */
-static void *dev_floats(size_t n, gk_dtype dt, float scale)
-{
-    const size_t es = gk_dtype_size(dt);
-    std::vector<uint8_t> h(n * es);
-    for (size_t i = 0; i < n; i++) {
-        float f = scale * (float)((double)rnd(1u << 24) / (double)(1u << 23) - 1.0);
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        if (dt == GK_BF16) {
-            uint16_t b = (uint16_t)(u >> 16);
-            memcpy(&h[i * 2], &b, 2);
-        } else {
-            memcpy(&h[i * 4], &f, 4);
-        }
-    }
-    return dev_upload(h.data(), h.size());
-}
-
 static void *dev_obs(int64_t rows)
 {
     static const int factors[10] = {4, 4, 17, 5, 3, 5, 5, 5, 7, 4};
@@ -76,13 +40,13 @@ static void *dev_obs(int64_t rows)
         uint8_t *o = &h[(size_t)b * GK_NMMO3_OBS_BYTES];
         for (int t = 0; t < 165; t++)
             for (int f = 0; f < 10; f++)
-                o[t * 10 + f] = (uint8_t)rnd((uint64_t)factors[f]);
+                o[t * 10 + f] = (uint8_t)bench_rnd((uint64_t)factors[f]);
         for (int i = 0; i < GK_NMMO3_PLAYER_COUNT; i++)
-            o[GK_NMMO3_PLAYER_OFFSET + i] = (uint8_t)rnd(GK_NMMO3_EMBED_VOCAB);
+            o[GK_NMMO3_PLAYER_OFFSET + i] = (uint8_t)bench_rnd(GK_NMMO3_EMBED_VOCAB);
         for (int i = 0; i < GK_NMMO3_REWARD_COUNT; i++)
-            o[GK_NMMO3_REWARD_OFFSET + i] = (uint8_t)rnd(256);
+            o[GK_NMMO3_REWARD_OFFSET + i] = (uint8_t)bench_rnd(256);
     }
-    return dev_upload(h.data(), h.size());
+    return bench_upload(h.data(), h.size());
 }
 
 static double median_of(std::vector<double> v)
@@ -108,7 +72,7 @@ static weights weights_make(gk_dtype dt)
     for (int i = 0; i < 7; i++) {
         gk_tensor shape = gk_tensor_make(NULL, dt, nd[i], shapes[i]);
         const size_t n = (size_t)gk_tensor_numel(&shape);
-        *w[i] = gk_tensor_make(dev_floats(n, dt, 0.1f), dt, nd[i], shapes[i]);
+        *w[i] = gk_tensor_make(bench_dev_floats(n, dt, 0.1f), dt, nd[i], shapes[i]);
         void *gd = NULL;
         CK(cudaMalloc(&gd, n * 4));
         *g[i] = gk_tensor_make(gd, GK_F32, nd[i], shapes[i]);
@@ -169,7 +133,7 @@ int main(int argc, char **argv)
             void *feat = NULL, *hid = NULL;
             CK(cudaMalloc(&feat, (size_t)B * GK_NMMO3_FEATURES * es));
             CK(cudaMalloc(&hid, (size_t)B * HIDDEN * es));
-            void *dout = dev_floats((size_t)B * HIDDEN, dt, 1.0f);
+            void *dout = bench_dev_floats((size_t)B * HIDDEN, dt, 1.0f);
             const int64_t os[2] = {B, GK_NMMO3_OBS_BYTES}, fs[2] = {B, GK_NMMO3_FEATURES},
                           hs[2] = {B, HIDDEN};
             gk_tensor to = gk_tensor_make(obs, GK_U8, 2, os);

@@ -42,49 +42,18 @@
 #include "gk_cuda_nmmo3.h"
 #include "nmmo3_rows.h"
 #include "bench_check.cuh"
+#include "bench_data.cuh"
 
 
 static int g_warmup = 20, g_iters = 200;
 static int g_conv1_only; /* --conv1: conv1 bf16 at B = 32768 only, a few calls (for a profiler) */
 static int g_big_bf16;   /* --conv1 or --forward: bf16 at B = 32768 only */
 static cudaStream_t g_stream;
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-
-static uint64_t rnd(uint64_t n)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng % n;
-}
-
 static void *dev_alloc(size_t bytes)
 {
     void *p = NULL;
     CK(cudaMalloc(&p, bytes));
     return p;
-}
-
-/* Random floats in [-1, 1) in f32 or bf16 (truncated: any finite value will do). */
-static void *dev_floats(size_t n, gk_dtype dt)
-{
-    size_t es = gk_dtype_size(dt);
-    uint8_t *h = (uint8_t *)malloc(n * es);
-    for (size_t i = 0; i < n; i++) {
-        float f = (float)((double)rnd(1u << 24) / (double)(1u << 23) - 1.0);
-        if (dt == GK_BF16) {
-            uint32_t u;
-            memcpy(&u, &f, 4);
-            uint16_t b = (uint16_t)(u >> 16);
-            memcpy(h + i * 2, &b, 2);
-        } else {
-            memcpy(h + i * 4, &f, 4);
-        }
-    }
-    void *d = dev_alloc(n * es);
-    CK(cudaMemcpy(d, h, n * es, cudaMemcpyHostToDevice));
-    free(h);
-    return d;
 }
 
 typedef int (*op_fn)(void *ctx, const gk_cuda_exec *ex, gk_err *err);
@@ -298,8 +267,8 @@ static int nmmo3_bench(const gk_cuda_exec *ex0, int sms)
         uint8_t *h = (uint8_t *)malloc((size_t)(B * L));
         for (int64_t n = 0; n < B; n++)
             for (int64_t i = 0; i < L; i++)
-                h[n * L + i] = i < 1650 ? (uint8_t)rnd((uint64_t)gk_nmmo3_layout.slots[i % 10])
-                                        : (uint8_t)rnd(128);
+                h[n * L + i] = i < 1650 ? (uint8_t)bench_rnd((uint64_t)gk_nmmo3_layout.slots[i % 10])
+                                        : (uint8_t)bench_rnd(128);
         void *obs = dev_alloc((size_t)(B * L));
         CK(cudaMemcpy(obs, h, (size_t)(B * L), cudaMemcpyHostToDevice));
         free(h);
@@ -314,8 +283,8 @@ static int nmmo3_bench(const gk_cuda_exec *ex0, int sms)
             c1_ctx c;
             const int64_t wshape[4] = {128, 59, 5, 5}, bshape[1] = {128}, cshape[4] = {B, 128, 3, 4};
             const int64_t mshape[4] = {B, 59, 11, 15};
-            c.w = gk_tensor_make(dev_floats(128 * 1475, dt), dt, 4, wshape);
-            c.b = gk_tensor_make(dev_floats(128, dt), dt, 1, bshape);
+            c.w = gk_tensor_make(bench_dev_floats(128 * 1475, dt, 1.0f), dt, 4, wshape);
+            c.b = gk_tensor_make(bench_dev_floats(128, dt, 1.0f), dt, 1, bshape);
             c.obs = gk_tensor_make(obs, GK_U8, 2, oshape);
             c.c1 = gk_tensor_make(dev_alloc((size_t)(B * 1536) * es), dt, 4, cshape);
             c.mh = gk_tensor_make(dev_alloc((size_t)(B * 59 * 165) * es), dt, 4, mshape);
@@ -380,9 +349,9 @@ static int nmmo3_bench(const gk_cuda_exec *ex0, int sms)
             const int64_t c2shape[4] = {B, 128, 1, 2};
             f.w.conv1_w = c.w;
             f.w.conv1_b = c.b;
-            f.w.conv2_w = gk_tensor_make(dev_floats(128 * 1152, dt), dt, 4, w2shape);
-            f.w.conv2_b = gk_tensor_make(dev_floats(128, dt), dt, 1, bshape);
-            f.w.embed = gk_tensor_make(dev_floats(128 * 32, dt), dt, 2, eshape);
+            f.w.conv2_w = gk_tensor_make(bench_dev_floats(128 * 1152, dt, 1.0f), dt, 4, w2shape);
+            f.w.conv2_b = gk_tensor_make(bench_dev_floats(128, dt, 1.0f), dt, 1, bshape);
+            f.w.embed = gk_tensor_make(bench_dev_floats(128 * 32, dt, 1.0f), dt, 2, eshape);
             f.obs = c.obs;
             f.c1 = c.c1;
             f.c2 = gk_tensor_make(dev_alloc((size_t)(B * 256) * es), dt, 4, c2shape);
@@ -415,8 +384,8 @@ static int nmmo3_bench(const gk_cuda_exec *ex0, int sms)
             }
             for (int proj = 0; proj < 2; proj++) {
                 if (proj) {
-                    f.w.proj_w = gk_tensor_make(dev_floats((size_t)HID * GK_NMMO3_FEATURES, dt), dt, 2, pshape);
-                    f.w.proj_b = gk_tensor_make(dev_floats(HID, dt), dt, 1, pbshape);
+                    f.w.proj_w = gk_tensor_make(bench_dev_floats((size_t)HID * GK_NMMO3_FEATURES, dt, 1.0f), dt, 2, pshape);
+                    f.w.proj_b = gk_tensor_make(bench_dev_floats(HID, dt, 1.0f), dt, 1, pbshape);
                     f.hidden = gk_tensor_make(dev_alloc((size_t)(B * HID) * es), dt, 2, hshape);
                 }
                 size_t wf = 0;
@@ -528,13 +497,13 @@ int main(int argc, char **argv)
         uint8_t *h = (uint8_t *)malloc((size_t)(B * L));
         for (int64_t n = 0; n < B; n++)
             for (int64_t i = 0; i < L; i++)
-                h[n * L + i] = i < 1650 ? (uint8_t)rnd((uint64_t)gk_nmmo3_layout.slots[i % 10])
-                                        : (uint8_t)rnd(128);
+                h[n * L + i] = i < 1650 ? (uint8_t)bench_rnd((uint64_t)gk_nmmo3_layout.slots[i % 10])
+                                        : (uint8_t)bench_rnd(128);
         void *obs = dev_alloc((size_t)(B * L));
         CK(cudaMemcpy(obs, h, (size_t)(B * L), cudaMemcpyHostToDevice));
         uint8_t *hi = (uint8_t *)malloc((size_t)(B * P));
         for (int64_t i = 0; i < B * P; i++)
-            hi[i] = (uint8_t)rnd((uint64_t)V);
+            hi[i] = (uint8_t)bench_rnd((uint64_t)V);
         void *idx = dev_alloc((size_t)(B * P));
         CK(cudaMemcpy(idx, hi, (size_t)(B * P), cudaMemcpyHostToDevice));
         free(h);
@@ -562,9 +531,9 @@ int main(int argc, char **argv)
             const size_t obytes = (size_t)(B * P * D) * es;
             emb_ctx ec;
             ec.idx = gk_tensor_make(idx, GK_U8, 2, ishape);
-            ec.table = gk_tensor_make(dev_floats((size_t)(V * D), dt), dt, 2, tshape);
+            ec.table = gk_tensor_make(bench_dev_floats((size_t)(V * D), dt, 1.0f), dt, 2, tshape);
             ec.out = gk_tensor_make(dev_alloc(obytes), dt, 3, oshape);
-            ec.dout = gk_tensor_make(dev_floats((size_t)(B * P * D), dt), dt, 3, oshape);
+            ec.dout = gk_tensor_make(bench_dev_floats((size_t)(B * P * D), dt, 1.0f), dt, 3, oshape);
             ec.dtable = gk_tensor_make(dev_alloc((size_t)(V * D) * 4), GK_F32, 2, tshape);
             us = time_op(emb_fwd_run, &ec, &ex);
             CK(cudaStreamSynchronize(g_stream));
