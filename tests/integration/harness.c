@@ -252,6 +252,24 @@ int th_daemon_stop_checked(th_daemon *d)
     return rc != 0 ? -1 : 0;
 }
 
+void th_lce_cpu(const gk_lce *p, gk_dtype dt, int64_t n, int64_t d, int64_t v, const void *E,
+                const void *C, const void *bias, const int64_t *targets, float *loss, float *lse,
+                float *dE, float *dC, float *dbias)
+{
+    gk_tensor ge = gk_tensor_make((void *)(uintptr_t)E, dt, 2, TH_SHAPE(n, d));
+    gk_tensor gc = gk_tensor_make((void *)(uintptr_t)C, dt, 2, TH_SHAPE(v, d));
+    gk_tensor gb = gk_tensor_make((void *)(uintptr_t)bias, dt, 1, TH_SHAPE(v));
+    gk_tensor gt = gk_tensor_make((void *)(uintptr_t)targets, GK_I64, 1, TH_SHAPE(n));
+    gk_tensor gl = gk_tensor_make(loss, GK_F32, 1, TH_SHAPE(n));
+    gk_tensor gs = gk_tensor_make(lse, GK_F32, 1, TH_SHAPE(n));
+    gk_tensor gde = gk_tensor_make(dE, GK_F32, 2, TH_SHAPE(n, d));
+    gk_tensor gdc = gk_tensor_make(dC, GK_F32, 2, TH_SHAPE(v, d));
+    gk_tensor gdb = gk_tensor_make(dbias, GK_F32, 1, TH_SHAPE(v));
+    gk_err err;
+    if (gk_cpu_lce(p, &ge, &gc, &gb, &gt, &gl, &gs, &gde, &gdc, &gdb, &err) != 0)
+        th_die("the CPU loss failed: %s", err.msg);
+}
+
 /* ---- group setup and teardown, counted (harness.h) ---------------------------- */
 
 static th_group_fn group_setup_fn, group_teardown_fn;

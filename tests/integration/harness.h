@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "gk.h"
 #include "gpucd.h"
 
 typedef struct th_daemon {
@@ -41,6 +42,16 @@ int th_daemon_stop_checked(th_daemon *d);
 void th_daemon_dump_log(const th_daemon *d);
 
 gpucd_client *th_connect(const char *url);
+
+/*
+ * The reference the daemon's loss is compared with: gk_cpu_lce with params p
+ * on E (n x d), C (v x d) and bias (v) of dtype dt, int64 targets, into f32
+ * per-row loss and LSE and every gradient (p->reduction must be none).  Ends
+ * the test process if the CPU kernel fails.
+ */
+void th_lce_cpu(const gk_lce *p, gk_dtype dt, int64_t n, int64_t d, int64_t v, const void *E,
+                const void *C, const void *bias, const int64_t *targets, float *loss, float *lse,
+                float *dE, float *dC, float *dbias);
 
 /*
  * cmocka's group runner with the group's setup and teardown counted: cmocka

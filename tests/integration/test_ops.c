@@ -266,17 +266,7 @@ static void test_linear_cross_entropy(void **state)
     kp.reduction = GK_REDUCE_NONE;
     kp.softcap = 15.0f;
     kp.shift = 1;
-    gk_tensor ge = gk_tensor_make(E, GK_F32, 2, TH_SHAPE(N, D));
-    gk_tensor gc = gk_tensor_make(C, GK_F32, 2, TH_SHAPE(V, D));
-    gk_tensor gb = gk_tensor_make(bias, GK_F32, 1, TH_SHAPE(V));
-    gk_tensor gt = gk_tensor_make(tg, GK_I64, 1, TH_SHAPE(N));
-    gk_tensor gl = gk_tensor_make(wloss, GK_F32, 1, TH_SHAPE(N));
-    gk_tensor gs = gk_tensor_make(wlse, GK_F32, 1, TH_SHAPE(N));
-    gk_tensor gde = gk_tensor_make(wdE, GK_F32, 2, TH_SHAPE(N, D));
-    gk_tensor gdc = gk_tensor_make(wdC, GK_F32, 2, TH_SHAPE(V, D));
-    gk_tensor gdb = gk_tensor_make(wdb, GK_F32, 1, TH_SHAPE(V));
-    gk_err err;
-    assert_int_equal(gk_cpu_lce(&kp, &ge, &gc, &gb, &gt, &gl, &gs, &gde, &gdc, &gdb, &err), 0);
+    th_lce_cpu(&kp, GK_F32, N, D, V, E, C, bias, tg, wloss, wlse, wdE, wdC, wdb);
     assert_same_bytes(loss, wloss, sizeof loss, "loss");
     assert_same_bytes(lse, wlse, sizeof lse, "lse");
     assert_same_bytes(dE, wdE, (size_t)N * D * 4, "dE");
@@ -290,8 +280,12 @@ static void test_linear_cross_entropy(void **state)
     assert_int_equal(gpucd_linear_cross_entropy(c, &p, &te, &tc, NULL, &tt, &tm, NULL, NULL,
                                                 NULL, NULL, NULL), 0);
     gk_lce_defaults(&kp);
+    gk_tensor ge = gk_tensor_make(E, GK_F32, 2, TH_SHAPE(N, D));
+    gk_tensor gc = gk_tensor_make(C, GK_F32, 2, TH_SHAPE(V, D));
+    gk_tensor gt = gk_tensor_make(tg, GK_I64, 1, TH_SHAPE(N));
     gk_tensor gm = gk_tensor_make(&wmean, GK_F32, 0, NULL);
     gk_tensor none = {0};
+    gk_err err;
     assert_int_equal(gk_cpu_lce(&kp, &ge, &gc, &none, &gt, &gm, &none, &none, &none, &none, &err),
                      0);
     assert_same_bytes(&mean, &wmean, 4, "mean loss");
