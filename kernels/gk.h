@@ -201,6 +201,31 @@ int gk_nmmo3_forward_check(const gk_nmmo3_weights *w, const gk_tensor *obs,
 int gk_nmmo3_backward_check(const gk_nmmo3_weights *w, const gk_tensor *obs,
                             const gk_tensor *dout, const gk_nmmo3_weights *grads, gk_err *err);
 
+/*
+ * Saved activations: what a forward keeps so that its backward need not
+ * recompute them (resident between the two calls).  One row of bytes an
+ * agent, row b belonging to obs row b (so a range of rows can be split off
+ * with its observations); its contents are the backend's own, and a backend
+ * accepts what it wrote itself.  Both backends lay a row out alike, in the
+ * weights' dtype: [features, 1817 padded to 1824 (with a projection only) |
+ * conv1's output after its ReLU (128, 3, 4) | with a projection, its ReLU
+ * mask: bit h%8 of byte h/8 set where hidden h is positive, padded to 16].
+ * The bytes are hostile like any input: nothing is addressed through them.
+ */
+/* Bytes one row of saved activations takes (a multiple of 16); 0 if w is not checkable. */
+size_t gk_nmmo3_saved_row_bytes(const gk_nmmo3_weights *w);
+/* saved: u8 (B, gk_nmmo3_saved_row_bytes(w)), B = obs's rows; w and obs as the forward's. */
+int gk_nmmo3_saved_check(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *saved,
+                         gk_err *err);
+/* The forward's check, saved's, and saved (written) overlapping no other tensor. */
+int gk_nmmo3_forward_save_check(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                const gk_tensor *features, const gk_tensor *hidden,
+                                const gk_tensor *saved, gk_err *err);
+/* The backward's check, saved's, and no gradient overlapping saved. */
+int gk_nmmo3_backward_saved_check(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                  const gk_tensor *saved, const gk_tensor *dout,
+                                  const gk_nmmo3_weights *grads, gk_err *err);
+
 /* ---- the CPU backend (kernels/cpu/) --------------------------------------- */
 
 int gk_cpu_conv2d_forward(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w,
@@ -221,6 +246,18 @@ int gk_cpu_nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor *obs,
                          const gk_tensor *features, const gk_tensor *hidden, gk_err *err);
 int gk_cpu_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *dout,
                           const gk_nmmo3_weights *grads, gk_err *err);
+/* gk_cpu_nmmo3_forward that also fills saved (gk_nmmo3_saved_check). */
+int gk_cpu_nmmo3_forward_save(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                              const gk_tensor *features, const gk_tensor *hidden,
+                              const gk_tensor *saved, gk_err *err);
+/*
+ * gk_cpu_nmmo3_backward from the activations gk_cpu_nmmo3_forward_save kept
+ * in saved instead of recomputing them: the same gradients, bit for bit.
+ * Every observation value is still checked before any gradient is written.
+ */
+int gk_cpu_nmmo3_backward_saved(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                const gk_tensor *saved, const gk_tensor *dout,
+                                const gk_nmmo3_weights *grads, gk_err *err);
 
 #ifdef __cplusplus
 }
