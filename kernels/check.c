@@ -490,3 +490,66 @@ int gk_nmmo3_backward_check(const gk_nmmo3_weights *w, const gk_tensor *obs,
     v[15] = (named_tensor){dout, "dout"};
     return tensors_check_disjoint(v, 16, 7, err);
 }
+
+/* The features' row in saved activations: 1817 padded to 16 bytes of bf16 (both backends'). */
+enum { NMMO3_SAVED_FEAT_LD = 1824 };
+
+size_t gk_nmmo3_saved_row_bytes(const gk_nmmo3_weights *w)
+{
+    gk_err err;
+    int64_t nh = 0;
+    if (nmmo3_check_weights(w, &nh, &err) != GK_OK)
+        return 0;
+    const size_t es = gk_dtype_size(w->conv1_w.dtype);
+    size_t row = (size_t)GK_NMMO3_CONV_CH * 12 * es; /* conv1's output, (128, 3, 4) */
+    if (nh > 0)
+        row += NMMO3_SAVED_FEAT_LD * es + ((size_t)nh + 127) / 128 * 16; /* features, ReLU mask */
+    return row;
+}
+
+int gk_nmmo3_saved_check(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *saved,
+                         gk_err *err)
+{
+    int64_t nh = 0;
+    int rc;
+    if ((rc = nmmo3_check_weights(w, &nh, err)) || (rc = nmmo3_check_obs(obs, err)) ||
+        (rc = tensor_require(saved, "saved (the activations the forward keeps)", err)))
+        return rc;
+    const int64_t want[2] = {obs->shape[0], (int64_t)gk_nmmo3_saved_row_bytes(w)};
+    char why[96];
+    snprintf(why, sizeof why, "u8 (B, %" PRId64 "): a row of saved activations an agent", want[1]);
+    return tensor_check_shape(saved, "saved", 2, want, GK_U8, why, err);
+}
+
+int gk_nmmo3_forward_save_check(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                const gk_tensor *features, const gk_tensor *hidden,
+                                const gk_tensor *saved, gk_err *err)
+{
+    int rc;
+    if ((rc = gk_nmmo3_forward_check(w, obs, features, hidden, err)) ||
+        (rc = gk_nmmo3_saved_check(w, obs, saved, err)))
+        return rc;
+    static const char *const names[7] = {"conv1_w", "conv1_b", "conv2_w", "conv2_b",
+                                         "embed",   "proj_w",  "proj_b"};
+    named_tensor v[11] = {{saved, "saved"}, {features, "features"}, {hidden, "hidden"},
+                          {obs, "obs"}};
+    nmmo3_list(w, names, v + 4);
+    return tensors_check_disjoint(v, 11, 1, err);
+}
+
+int gk_nmmo3_backward_saved_check(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                  const gk_tensor *saved, const gk_tensor *dout,
+                                  const gk_nmmo3_weights *grads, gk_err *err)
+{
+    int rc;
+    if ((rc = gk_nmmo3_backward_check(w, obs, dout, grads, err)) ||
+        (rc = gk_nmmo3_saved_check(w, obs, saved, err)))
+        return rc;
+    static const char *const gnames[7] = {"grads.conv1_w", "grads.conv1_b", "grads.conv2_w",
+                                          "grads.conv2_b", "grads.embed",   "grads.proj_w",
+                                          "grads.proj_b"};
+    named_tensor v[8];
+    nmmo3_list(grads, gnames, v);
+    v[7] = (named_tensor){saved, "saved"};
+    return tensors_check_disjoint(v, 8, 7, err);
+}

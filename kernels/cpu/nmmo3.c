@@ -17,6 +17,12 @@
  * backward recomputes the activations (the call is stateless) and sums every
  * weight gradient over groups of agents fixed by the batch size, then over the
  * groups in order: the same bits at any thread count.
+ *
+ * With saved activations (gk_cpu_nmmo3_forward_save) the forward also keeps,
+ * per agent, the values the backward would recompute: conv1's output, the
+ * features and the projection's ReLU mask, exact in the weights' dtype (they
+ * are rounded to it anyway); the backward then reads them instead, and runs
+ * the same arithmetic on the same values: the same gradients, bit for bit.
  */
 #include "cpu_ops.h"
 #include "cpu_tensor.h"
@@ -273,19 +279,81 @@ static int nmmo3_chunk_forward(const nmmo3_f32 *f, const uint8_t *obs, int64_t n
     return GK_OK;
 }
 
+/* Where a row of saved activations keeps what (gk.h's layout), over the saved tensor. */
+enum { SAVED_FEAT_LD = 1824 };
+typedef struct saved_rows {
+    uint8_t *base;
+    size_t row, feat_at, c1_at, mask_at;
+    gk_dtype dt;
+} saved_rows;
+
+static saved_rows saved_rows_make(const gk_nmmo3_weights *w, const gk_tensor *saved)
+{
+    const gk_dtype dt = w->conv1_w.dtype;
+    const size_t es = gk_dtype_size(dt);
+    const int projecting = gk_tensor_present(&w->proj_w);
+    saved_rows r = {saved->data, gk_nmmo3_saved_row_bytes(w), 0, 0, 0, dt};
+    r.c1_at = projecting ? SAVED_FEAT_LD * es : 0;
+    r.mask_at = r.c1_at + (size_t)CH * C1_P * es;
+    return r;
+}
+
+/* Agents [n0, n0 + nb)'s activations into their rows; before the projection's ReLU. */
+static void saved_store(const saved_rows *r, int64_t n0, int64_t nb, const nmmo3_act *a,
+                        int64_t hidden)
+{
+    static const float zeros[SAVED_FEAT_LD - FEAT];
+    for (int64_t n = 0; n < nb; n++) {
+        uint8_t *row = r->base + (size_t)(n0 + n) * r->row;
+        gk_cpu_store_f32(row + r->c1_at, r->dt, 0, CH * C1_P, a->c1 + n * CH * C1_P);
+        if (hidden == 0)
+            continue;
+        gk_cpu_store_f32(row + r->feat_at, r->dt, 0, FEAT, a->feat + n * FEAT);
+        gk_cpu_store_f32(row + r->feat_at, r->dt, FEAT, SAVED_FEAT_LD - FEAT, zeros);
+        uint8_t *mask = row + r->mask_at;
+        memset(mask, 0, r->row - r->mask_at);
+        for (int64_t h = 0; h < hidden; h++)
+            if (a->pre[n * hidden + h] > 0.0f)
+                mask[h / 8] |= (uint8_t)(1u << (h % 8));
+    }
+}
+
+/*
+ * Agents [n0, n0 + nb)'s activations from their rows, as nmmo3_chunk_forward
+ * leaves them for the backward: pre holds 1 where the projection's ReLU
+ * passes, else 0 (the backward only asks pre > 0).
+ */
+static void saved_load(const saved_rows *r, int64_t n0, int64_t nb, nmmo3_act *a, int64_t hidden)
+{
+    for (int64_t n = 0; n < nb; n++) {
+        const uint8_t *row = r->base + (size_t)(n0 + n) * r->row;
+        gk_cpu_load_f32(row + r->c1_at, r->dt, 0, CH * C1_P, a->c1 + n * CH * C1_P);
+        if (hidden == 0)
+            continue;
+        gk_cpu_load_f32(row + r->feat_at, r->dt, 0, FEAT, a->feat + n * FEAT);
+        const uint8_t *mask = row + r->mask_at;
+        for (int64_t h = 0; h < hidden; h++)
+            a->pre[n * hidden + h] = mask[h / 8] >> (h % 8) & 1u ? 1.0f : 0.0f;
+    }
+}
+
 /*
  * Threads take whole chunks (one parallel region a call: on a shared machine,
  * many short regions cost more than they compute); a batch of one chunk runs
  * alone, its convolutions and products spreading over the threads instead.
+ * saved NULL: nothing kept.
  */
-int gk_cpu_nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor *obs,
-                         const gk_tensor *features, const gk_tensor *hidden, gk_err *err)
+static int nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                         const gk_tensor *features, const gk_tensor *hidden,
+                         const gk_tensor *saved, gk_err *err)
 {
-    int rc = gk_nmmo3_forward_check(w, obs, features, hidden, err);
+    int rc = saved != NULL ? gk_nmmo3_forward_save_check(w, obs, features, hidden, saved, err)
+                           : gk_nmmo3_forward_check(w, obs, features, hidden, err);
     if (rc == GK_OK)
         rc = nmmo3_validate(obs->data, obs->shape[0], err);
     if (rc != GK_OK)
         return rc;
+    saved_rows sr = saved != NULL ? saved_rows_make(w, saved) : (saved_rows){0};
     nmmo3_f32 f;
     const int64_t b = obs->shape[0], nchunks = (b + CHUNK - 1) / CHUNK;
     if ((rc = nmmo3_f32_init(&f, w)) != GK_OK)
@@ -301,6 +369,8 @@ int gk_cpu_nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor *obs,
                 continue;
             if (gk_tensor_present(features))
                 gk_cpu_store_f32(features->data, features->dtype, n0 * FEAT, nb * FEAT, a.feat);
+            if (saved != NULL)
+                saved_store(&sr, n0, nb, &a, f.hidden);
             if (f.pw != NULL) {
                 for (int64_t i = 0; i < nb * f.hidden; i++)
                     a.pre[i] = a.pre[i] > 0.0f ? a.pre[i] : 0.0f;
@@ -317,6 +387,22 @@ int gk_cpu_nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor *obs,
 out:
     nmmo3_f32_free(&f);
     return rc == GK_OK ? GK_OK : gk_fail(err, rc, "nmmo3 forward: out of memory for scratch");
+}
+
+int gk_cpu_nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                         const gk_tensor *features, const gk_tensor *hidden, gk_err *err)
+{
+    return nmmo3_forward(w, obs, features, hidden, NULL, err);
+}
+
+int gk_cpu_nmmo3_forward_save(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                              const gk_tensor *features, const gk_tensor *hidden,
+                              const gk_tensor *saved, gk_err *err)
+{
+    if (saved == NULL)
+        return gk_fail(err, GK_EINVAL, "saved (the activations the forward keeps) is required "
+                                       "but missing");
+    return nmmo3_forward(w, obs, features, hidden, saved, err);
 }
 
 /* Every weight's gradient, f32, conv1's transposed (59*25, 128); carved from one buffer. */
@@ -369,13 +455,18 @@ static int nmmo3_grad_scratch_init(nmmo3_grad_scratch *g, int64_t hidden)
                                                                                 : GK_ENOMEM;
 }
 
-/* Adds the gradients of agents [n0, n0 + nb) to acc, recomputing their forward. */
+/*
+ * Adds the gradients of agents [n0, n0 + nb) to acc, recomputing their
+ * forward, or reading it from saved rows where sr is given.
+ */
 static int nmmo3_chunk_backward(const nmmo3_f32 *f, const uint8_t *obs, const gk_tensor *dout,
-                                int64_t n0, int64_t nb, nmmo3_act *a, nmmo3_grad_scratch *g,
-                                const nmmo3_grad *acc)
+                                const saved_rows *sr, int64_t n0, int64_t nb, nmmo3_act *a,
+                                nmmo3_grad_scratch *g, const nmmo3_grad *acc)
 {
-    int rc = nmmo3_chunk_forward(f, obs, n0, nb, a);
-    if (rc != GK_OK)
+    int rc = GK_OK;
+    if (sr != NULL)
+        saved_load(sr, n0, nb, a, f->hidden);
+    else if ((rc = nmmo3_chunk_forward(f, obs, n0, nb, a)) != GK_OK)
         return rc;
     const int64_t nh = f->hidden, nout = f->pw != NULL ? nh : FEAT;
     gk_cpu_load_f32(dout->data, dout->dtype, n0 * nout, nb * nout, g->dout);
@@ -417,12 +508,14 @@ enum { NMMO3_MAX_GROUPS = 8 };
 /*
  * The chunks form groups fixed by the batch size alone; each group sums its
  * chunks in order into its own partial gradients, and the partials are added
- * in group order: the same bits at any thread count.
+ * in group order: the same bits at any thread count.  saved NULL: recompute.
  */
-int gk_cpu_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *dout,
+static int nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                          const gk_tensor *saved, const gk_tensor *dout,
                           const gk_nmmo3_weights *grads, gk_err *err)
 {
-    int rc = gk_nmmo3_backward_check(w, obs, dout, grads, err);
+    int rc = saved != NULL ? gk_nmmo3_backward_saved_check(w, obs, saved, dout, grads, err)
+                           : gk_nmmo3_backward_check(w, obs, dout, grads, err);
     if (rc == GK_OK)
         rc = nmmo3_validate(obs->data, obs->shape[0], err);
     if (rc != GK_OK)
@@ -430,6 +523,7 @@ int gk_cpu_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const
     const int64_t b = obs->shape[0], nchunks = (b + CHUNK - 1) / CHUNK;
     const int64_t per_group = (nchunks + NMMO3_MAX_GROUPS - 1) / NMMO3_MAX_GROUPS;
     const int64_t groups = (nchunks + per_group - 1) / per_group;
+    const saved_rows sr = saved != NULL ? saved_rows_make(w, saved) : (saved_rows){0};
     nmmo3_f32 f;
     float *parts = NULL;
     if ((rc = nmmo3_f32_init(&f, w)) != GK_OK)
@@ -453,7 +547,8 @@ int gk_cpu_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const
                                               c < nchunks;
                  c++) {
                 const int64_t n0 = c * CHUNK, nb = b - n0 < CHUNK ? b - n0 : CHUNK;
-                trc = nmmo3_chunk_backward(&f, obs->data, dout, n0, nb, &a, &g, &acc);
+                trc = nmmo3_chunk_backward(&f, obs->data, dout, saved != NULL ? &sr : NULL, n0,
+                                           nb, &a, &g, &acc);
             }
         }
         if (trc != GK_OK) {
@@ -486,4 +581,20 @@ out:
     free(parts);
     nmmo3_f32_free(&f);
     return rc == GK_OK ? GK_OK : gk_fail(err, rc, "nmmo3 backward: out of memory for scratch");
+}
+
+int gk_cpu_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *dout,
+                          const gk_nmmo3_weights *grads, gk_err *err)
+{
+    return nmmo3_backward(w, obs, NULL, dout, grads, err);
+}
+
+int gk_cpu_nmmo3_backward_saved(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                const gk_tensor *saved, const gk_tensor *dout,
+                                const gk_nmmo3_weights *grads, gk_err *err)
+{
+    if (saved == NULL)
+        return gk_fail(err, GK_EINVAL, "saved (the activations the forward keeps) is required "
+                                       "but missing");
+    return nmmo3_backward(w, obs, saved, dout, grads, err);
 }

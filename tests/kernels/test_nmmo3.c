@@ -3,7 +3,9 @@
  * against a double-precision reference written here from REFERENCE.md
  * section 1, and its gradients against finite differences of that reference;
  * f32 and bf16, with and without the projection, batches across the kernel's
- * chunking; out-of-range observations; determinism; a timing print.
+ * chunking; out-of-range observations; determinism; the saved-activations
+ * pair (forward_save, backward_saved) against the stateless calls, bit for
+ * bit, and its bad inputs; a timing print.
  */
 #include "ktest.h"
 
@@ -512,6 +514,214 @@ static void test_nmmo3_deterministic(void **state)
     nm_free(&r);
 }
 
+/* ---- saved activations (gk_cpu_nmmo3_forward_save / backward_saved) ----------- */
+
+/* A saved tensor for r, its bytes set to fill. */
+static gk_tensor saved_new(const nm_run *r, int fill)
+{
+    const int64_t shape[2] = {r->b, (int64_t)gk_nmmo3_saved_row_bytes(&r->kw)};
+    gk_tensor t = gk_tensor_make(malloc((size_t)(shape[0] * shape[1])), GK_U8, 2, shape);
+    assert_non_null(t.data);
+    memset(t.data, fill, (size_t)(shape[0] * shape[1]));
+    return t;
+}
+
+static void grads_poison(nm_run *r)
+{
+    for (int i = 0; i < 7; i++)
+        if (r->g[i].n > 0)
+            ktensor_poison(&r->g[i]);
+}
+
+/*
+ * forward_save gives the stateless forward's outputs and writes every byte of
+ * saved (the same bytes over two different fills); backward_saved from them
+ * gives the stateless backward's gradients bit for bit; with a projection the
+ * features are optional and saved does not change without them.
+ */
+static void check_saved(int64_t b, int64_t hidden, gk_dtype dt)
+{
+    nm_run r = nm_new(b, hidden, dt);
+    gk_err err = {{0}};
+    ktest_check(nm_forward(&r, &err) == GK_OK, "forward: %s", err.msg);
+    ktest_check(nm_backward(&r, &err) == GK_OK, "backward: %s", err.msg);
+    const size_t fb = (size_t)gk_tensor_bytes(&r.feat.t);
+    const size_t hb = hidden > 0 ? (size_t)gk_tensor_bytes(&r.hid.t) : 0;
+    void *feat0 = malloc(fb), *hid0 = malloc(hb > 0 ? hb : 1), *g0[7] = {0};
+    memcpy(feat0, r.feat.t.data, fb);
+    memcpy(hid0, r.hid.t.data, hb);
+    for (int i = 0; i < 7; i++) {
+        size_t gb = r.g[i].n > 0 ? (size_t)gk_tensor_bytes(&r.g[i].t) : 0;
+        g0[i] = malloc(gb > 0 ? gb : 1);
+        memcpy(g0[i], r.g[i].t.data, gb);
+    }
+    gk_tensor s0 = saved_new(&r, 0x00), s1 = saved_new(&r, 0xff);
+    const size_t sb = (size_t)gk_tensor_bytes(&s0);
+    for (int pass = 0; pass < 2; pass++) {
+        ktensor_poison(&r.feat);
+        if (hidden > 0)
+            ktensor_poison(&r.hid);
+        ktest_check(gk_cpu_nmmo3_forward_save(&r.kw, &r.tobs, &r.feat.t, &r.hid.t,
+                                              pass ? &s1 : &s0, &err) == GK_OK,
+                    "forward_save: %s", err.msg);
+        ktest_check(memcmp(feat0, r.feat.t.data, fb) == 0 && memcmp(hid0, r.hid.t.data, hb) == 0,
+                    "forward_save %s B=%lld hidden=%lld: outputs differ from the forward's",
+                    gk_dtype_name(dt), (long long)b, (long long)hidden);
+    }
+    ktest_check(memcmp(s0.data, s1.data, sb) == 0,
+                "forward_save %s B=%lld hidden=%lld: saved bytes depend on what was there",
+                gk_dtype_name(dt), (long long)b, (long long)hidden);
+    if (hidden > 0) {
+        memset(s1.data, 0x5a, sb);
+        ktensor_poison(&r.hid);
+        ktest_check(gk_cpu_nmmo3_forward_save(&r.kw, &r.tobs, NULL, &r.hid.t, &s1, &err) == GK_OK,
+                    "forward_save without features: %s", err.msg);
+        ktest_check(memcmp(s0.data, s1.data, sb) == 0 && memcmp(hid0, r.hid.t.data, hb) == 0,
+                    "forward_save without features: saved or hidden differ");
+    }
+    grads_poison(&r);
+    ktest_check(gk_cpu_nmmo3_backward_saved(&r.kw, &r.tobs, &s0, &r.dout.t, &r.kg, &err) == GK_OK,
+                "backward_saved: %s", err.msg);
+    for (int i = 0; i < (hidden ? 7 : 5); i++)
+        ktest_check(memcmp(g0[i], r.g[i].t.data, (size_t)gk_tensor_bytes(&r.g[i].t)) == 0,
+                    "backward_saved %s B=%lld hidden=%lld: d%s differs from the stateless one",
+                    gk_dtype_name(dt), (long long)b, (long long)hidden, WNAMES[i]);
+    for (int i = 0; i < 7; i++)
+        free(g0[i]);
+    free(feat0);
+    free(hid0);
+    free(s0.data);
+    free(s1.data);
+    nm_free(&r);
+}
+
+static void test_nmmo3_saved_matches_stateless(void **state)
+{
+    check_saved(1, 0, GK_F32);
+    check_saved(70, 16, GK_F32);
+    check_saved(ktest_int(2, 140), 24, GK_BF16);
+    check_saved(65, 0, GK_BF16);
+    check_saved(3, 520, GK_BF16); /* a mask of 65 bytes, padded to 80 */
+}
+
+static void test_nmmo3_saved_row_bytes(void **state)
+{
+    nm_run a = nm_new(1, 0, GK_F32), b = nm_new(1, 0, GK_BF16), c = nm_new(1, 512, GK_BF16),
+           d = nm_new(1, 20, GK_F32);
+    assert_int_equal(gk_nmmo3_saved_row_bytes(&a.kw), 128 * 12 * 4);
+    assert_int_equal(gk_nmmo3_saved_row_bytes(&b.kw), 128 * 12 * 2);
+    assert_int_equal(gk_nmmo3_saved_row_bytes(&c.kw), 128 * 12 * 2 + 1824 * 2 + 64);
+    assert_int_equal(gk_nmmo3_saved_row_bytes(&d.kw), 128 * 12 * 4 + 1824 * 4 + 16);
+    assert_int_equal(gk_nmmo3_saved_row_bytes(NULL), 0);
+    a.kw.conv1_w.dtype = GK_F16;
+    assert_int_equal(gk_nmmo3_saved_row_bytes(&a.kw), 0);
+    nm_free(&a);
+    nm_free(&b);
+    nm_free(&c);
+    nm_free(&d);
+}
+
+/* Each bad saved tensor refused by both calls, with a message naming the problem. */
+static void test_nmmo3_saved_check(void **state)
+{
+    nm_run r = nm_new(3, 16, GK_BF16);
+    gk_tensor good = saved_new(&r, 0);
+    const int64_t row = good.shape[1];
+    uint8_t *big = malloc((size_t)(4 * (row + 16)));
+    const int64_t s1[1] = {3 * row}, s_rows[2] = {4, row}, s_row[2] = {3, row + 16},
+                  s_f32[2] = {3, row / 4}, s_zero[2] = {3, 0};
+    struct {
+        gk_tensor t;
+        int code;
+        const char *want;
+    } bad[] = {
+        {gk_tensor_make(NULL, GK_U8, 2, good.shape), GK_EINVAL, "saved (the activations"},
+        {gk_tensor_make(big, GK_U8, 1, s1), GK_EINVAL, "saved: expected 2 dimensions, got 1"},
+        {gk_tensor_make(big, GK_F32, 2, s_f32), GK_EDTYPE, "saved: dtype f32, expected u8"},
+        {gk_tensor_make(big, GK_U8, 2, s_rows), GK_EINVAL, "saved: dimension 0 is 4, expected 3"},
+        {gk_tensor_make(big, GK_U8, 2, s_row), GK_EINVAL, "saved: dimension 1 is"},
+        {gk_tensor_make(big, GK_U8, 2, s_zero), GK_EINVAL, "saved: dimension 1 is 0"},
+        {gk_tensor_make(r.obs, GK_U8, 2, good.shape), GK_EINVAL, "overlaps"},
+        {gk_tensor_make(r.hid.t.data, GK_U8, 2, good.shape), GK_EINVAL, "overlaps"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        gk_err err = {{0}};
+        int rc = gk_cpu_nmmo3_forward_save(&r.kw, &r.tobs, &r.feat.t, &r.hid.t, &bad[i].t, &err);
+        ktest_check(rc == bad[i].code && strstr(err.msg, bad[i].want) != NULL,
+                    "forward_save, bad saved %zu: rc %d '%s' lacks '%s'", i, rc, err.msg,
+                    bad[i].want);
+        /* the backward only reads saved: sharing bytes with obs or hidden is no fault there */
+        if (i >= 6)
+            continue;
+        rc = gk_cpu_nmmo3_backward_saved(&r.kw, &r.tobs, &bad[i].t, &r.dout.t, &r.kg, &err);
+        ktest_check(rc == bad[i].code && strstr(err.msg, bad[i].want) != NULL,
+                    "backward_saved, bad saved %zu: rc %d '%s' lacks '%s'", i, rc, err.msg,
+                    bad[i].want);
+    }
+    gk_err err = {{0}};
+    gk_tensor on_grad = gk_tensor_make(r.g[5].t.data, GK_U8, 2, good.shape);
+    int rc = gk_cpu_nmmo3_backward_saved(&r.kw, &r.tobs, &on_grad, &r.dout.t, &r.kg, &err);
+    ktest_check(rc == GK_EINVAL && strstr(err.msg, "grads.proj_w overlaps input saved") != NULL,
+                "saved on a gradient: rc %d '%s'", rc, err.msg);
+    assert_int_equal(gk_cpu_nmmo3_forward_save(&r.kw, &r.tobs, &r.feat.t, &r.hid.t, NULL, &err),
+                     GK_EINVAL);
+    assert_int_equal(gk_cpu_nmmo3_backward_saved(&r.kw, &r.tobs, NULL, &r.dout.t, &r.kg, &err),
+                     GK_EINVAL);
+    for (int k = 0; k < 7; k++)
+        for (int64_t i = 0; i < r.g[k].n; i++)
+            ktest_check(isnan(ktensor_get(&r.g[k], i)), "grads written on a refused call");
+    free(big);
+    free(good.data);
+    nm_free(&r);
+}
+
+/*
+ * A bad observation value fails forward_save before saved is written and
+ * backward_saved (given good saved rows) before any gradient is.
+ */
+static void test_nmmo3_saved_out_of_range(void **state)
+{
+    for (int t = 0; t < 4; t++) {
+        nm_run r = nm_new(70, t % 2 ? 16 : 0, t < 2 ? GK_F32 : GK_BF16);
+        gk_err err = {{0}};
+        gk_tensor saved = saved_new(&r, 0);
+        ktest_check(gk_cpu_nmmo3_forward_save(&r.kw, &r.tobs, &r.feat.t, &r.hid.t, &saved,
+                                              &err) == GK_OK,
+                    "forward_save: %s", err.msg);
+        const size_t sb = (size_t)gk_tensor_bytes(&saved);
+        uint8_t *keep = malloc(sb);
+        memcpy(keep, saved.data, sb);
+        int64_t n = ktest_int(0, r.b - 1);
+        char want[128];
+        if (t % 2 == 0) {
+            int h = (int)ktest_int(0, 10), w = (int)ktest_int(0, 14), f = (int)ktest_int(0, 9);
+            r.obs[n * OBS + (h * 15 + w) * 10 + f] = (uint8_t)(FACTORS[f] + ktest_int(0, 200));
+            snprintf(want, sizeof want, "agent %lld, tile (h %d, w %d), feature %d", (long long)n,
+                     h, w, f);
+        } else {
+            int i = (int)ktest_int(0, 46);
+            r.obs[n * OBS + MAPB + i] = (uint8_t)ktest_int(128, 255);
+            snprintf(want, sizeof want, "agent %lld, player value %d", (long long)n, i);
+        }
+        grads_poison(&r);
+        assert_int_equal(gk_cpu_nmmo3_backward_saved(&r.kw, &r.tobs, &saved, &r.dout.t, &r.kg,
+                                                     &err),
+                         GK_ERANGE);
+        ktest_check(strstr(err.msg, want) != NULL, "'%s' lacks '%s'", err.msg, want);
+        for (int k = 0; k < 7; k++)
+            for (int64_t i = 0; i < r.g[k].n; i++)
+                ktest_check(isnan(ktensor_get(&r.g[k], i)), "grads written on failure");
+        assert_int_equal(gk_cpu_nmmo3_forward_save(&r.kw, &r.tobs, &r.feat.t, &r.hid.t, &saved,
+                                                   &err),
+                         GK_ERANGE);
+        ktest_check(strstr(err.msg, want) != NULL, "'%s' lacks '%s'", err.msg, want);
+        ktest_check(memcmp(keep, saved.data, sb) == 0, "saved written on failure");
+        free(keep);
+        free(saved.data);
+        nm_free(&r);
+    }
+}
+
 /* Prints how long a rollout-sized batch takes; asserts nothing about time. */
 static void test_nmmo3_timing(void **state)
 {
@@ -550,6 +760,10 @@ int main(void)
         cmocka_unit_test(test_nmmo3_finite_differences),
         cmocka_unit_test(test_nmmo3_out_of_range),
         cmocka_unit_test(test_nmmo3_deterministic),
+        cmocka_unit_test(test_nmmo3_saved_matches_stateless),
+        cmocka_unit_test(test_nmmo3_saved_row_bytes),
+        cmocka_unit_test(test_nmmo3_saved_check),
+        cmocka_unit_test(test_nmmo3_saved_out_of_range),
         cmocka_unit_test(test_nmmo3_timing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
