@@ -47,6 +47,17 @@ static int output_check(const gpucdc_request *req, const gpucdc_reply *r, int i)
         if (ref->where_case != GPUCD__V1__TENSOR_REF__WHERE_RESIDENT)
             return gpucdc_fail(GPUCD_EPROTO, "%s: reply output %d carries no resident id",
                                req->op, i);
+        if (req->outputs[i].tensor->ndim != 0)
+            return 0;
+        /* Sent without a shape: the daemon chose it, and the reply must say what it is. */
+        if (gpucd_dtype_size((gpucd_dtype)ref->dtype) == 0 || ref->n_shape == 0 ||
+            ref->n_shape > GPUCD_MAX_DIMS)
+            return gpucdc_fail(GPUCD_EPROTO, "%s: reply output %d: dtype %d, %zu dimensions",
+                               req->op, i, (int)ref->dtype, ref->n_shape);
+        for (size_t k = 0; k < ref->n_shape; k++)
+            if (ref->shape[k] < 0)
+                return gpucdc_fail(GPUCD_EPROTO, "%s: reply output %d: dimension %zu is %lld",
+                                   req->op, i, k, (long long)ref->shape[k]);
         return 0;
     default: /* written in place: a region or an existing resident tensor */
         return 0;
@@ -63,6 +74,12 @@ static void output_deliver(const gpucdc_request *req, const gpucdc_reply *r, int
     } else if (t->where == GPUCD_NEW_RESIDENT) {
         t->resident = ref->resident;
         t->where = GPUCD_RESIDENT;
+        if (t->ndim == 0) { /* the daemon's shape, checked by output_check */
+            t->dtype = (gpucd_dtype)ref->dtype;
+            t->ndim = (int)ref->n_shape;
+            for (int k = 0; k < t->ndim; k++)
+                t->shape[k] = ref->shape[k];
+        }
     }
 }
 

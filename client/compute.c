@@ -283,26 +283,44 @@ static int nmmo3_weights_input(gpucdc_request *req, const gpucd_nmmo3_weights *w
     return 0;
 }
 
-int gpucd_nmmo3_encode(gpucd_client *client, const gpucd_nmmo3_weights *w,
-                       const gpucd_tensor *obs, gpucd_tensor *features, gpucd_tensor *hidden,
-                       gpucd_timings *t)
+/*
+ * The saved activations as an output: a resident tensor, new (ndim 0: the
+ * daemon sizes it) or one made by an earlier forward.
+ */
+static int nmmo3_saved_output(gpucdc_request *req, gpucd_tensor *saved,
+                              Gpucd__V1__TensorRef **slot)
+{
+    if (saved != NULL && saved->where != GPUCD_RESIDENT && saved->where != GPUCD_NEW_RESIDENT)
+        return gpucdc_fail(GPUCD_EINVAL, "%s: saved must be a resident tensor (new or existing)",
+                           req->op);
+    if (saved != NULL && saved->where == GPUCD_NEW_RESIDENT && saved->ndim != 0)
+        return gpucdc_fail(GPUCD_EINVAL, "%s: a new saved tensor is sized by the daemon: give "
+                                         "ndim 0 (got %d)", req->op, saved->ndim);
+    return gpucdc_request_output(req, "saved", saved, false, slot);
+}
+
+/* The forward, keeping the backward's activations in saved unless it is NULL. */
+static int nmmo3_forward(gpucd_client *client, const char *op, const gpucd_nmmo3_weights *w,
+                         const gpucd_tensor *obs, gpucd_tensor *features, gpucd_tensor *hidden,
+                         gpucd_tensor *saved, gpucd_timings *t)
 {
     if (client == NULL)
-        return gpucdc_fail(GPUCD_EINVAL, "nmmo3_encode: client is NULL");
+        return gpucdc_fail(GPUCD_EINVAL, "%s: client is NULL", op);
     gpucdc_request req;
-    gpucdc_request_init(&req, client, "nmmo3_encode");
+    gpucdc_request_init(&req, client, op);
     Gpucd__V1__Nmmo3Encode m = GPUCD__V1__NMMO3_ENCODE__INIT;
     Gpucd__V1__Nmmo3Weights weights;
     int rv;
     if ((rv = nmmo3_weights_input(&req, w, &weights)) < 0)
         return rv;
     if (features == NULL && hidden == NULL)
-        return gpucdc_fail(GPUCD_EINVAL, "nmmo3_encode: features and hidden are both NULL");
+        return gpucdc_fail(GPUCD_EINVAL, "%s: features and hidden are both NULL", op);
     if (hidden != NULL && w->proj_w == NULL)
-        return gpucdc_fail(GPUCD_EINVAL, "nmmo3_encode: hidden needs the projection proj_w/proj_b");
+        return gpucdc_fail(GPUCD_EINVAL, "%s: hidden needs the projection proj_w/proj_b", op);
     if ((rv = gpucdc_request_input(&req, "obs", obs, true, &m.obs)) < 0 ||
         (rv = gpucdc_request_output(&req, "features", features, false, &m.features)) < 0 ||
-        (rv = gpucdc_request_output(&req, "hidden", hidden, false, &m.hidden)) < 0)
+        (rv = gpucdc_request_output(&req, "hidden", hidden, false, &m.hidden)) < 0 ||
+        (rv = nmmo3_saved_output(&req, saved, &m.saved)) < 0)
         return rv;
     m.weights = &weights;
     req.msg.op_case = GPUCD__V1__REQUEST__OP_NMMO3_ENCODE;
@@ -310,26 +328,44 @@ int gpucd_nmmo3_encode(gpucd_client *client, const gpucd_nmmo3_weights *w,
     return gpucdc_call(&req, t, NULL);
 }
 
-int gpucd_nmmo3_encode_backward(gpucd_client *client, const gpucd_nmmo3_weights *w,
-                                const gpucd_tensor *obs, const gpucd_tensor *dout,
-                                const gpucd_nmmo3_weights *grads, gpucd_timings *t)
+int gpucd_nmmo3_encode(gpucd_client *client, const gpucd_nmmo3_weights *w,
+                       const gpucd_tensor *obs, gpucd_tensor *features, gpucd_tensor *hidden,
+                       gpucd_timings *t)
+{
+    return nmmo3_forward(client, "nmmo3_encode", w, obs, features, hidden, NULL, t);
+}
+
+int gpucd_nmmo3_encode_save(gpucd_client *client, const gpucd_nmmo3_weights *w,
+                            const gpucd_tensor *obs, gpucd_tensor *features, gpucd_tensor *hidden,
+                            gpucd_tensor *saved, gpucd_timings *t)
+{
+    if (saved == NULL)
+        return gpucdc_fail(GPUCD_EINVAL, "nmmo3_encode_save: saved is required (got NULL)");
+    return nmmo3_forward(client, "nmmo3_encode_save", w, obs, features, hidden, saved, t);
+}
+
+/* The backward, reading the forward's activations from saved unless it is NULL. */
+static int nmmo3_backward(gpucd_client *client, const char *op, const gpucd_nmmo3_weights *w,
+                          const gpucd_tensor *obs, const gpucd_tensor *saved,
+                          const gpucd_tensor *dout, const gpucd_nmmo3_weights *grads,
+                          gpucd_timings *t)
 {
     if (client == NULL)
-        return gpucdc_fail(GPUCD_EINVAL, "nmmo3_encode_backward: client is NULL");
+        return gpucdc_fail(GPUCD_EINVAL, "%s: client is NULL", op);
     gpucdc_request req;
-    gpucdc_request_init(&req, client, "nmmo3_encode_backward");
+    gpucdc_request_init(&req, client, op);
     Gpucd__V1__Nmmo3Encode m = GPUCD__V1__NMMO3_ENCODE__INIT;
     Gpucd__V1__Nmmo3Weights weights, g;
     int rv;
     if ((rv = nmmo3_weights_input(&req, w, &weights)) < 0 ||
         (rv = gpucdc_request_input(&req, "obs", obs, true, &m.obs)) < 0 ||
-        (rv = gpucdc_request_input(&req, "dout", dout, true, &m.dout)) < 0)
+        (rv = gpucdc_request_input(&req, "dout", dout, true, &m.dout)) < 0 ||
+        (rv = gpucdc_request_input(&req, "saved", saved, false, &m.saved)) < 0)
         return rv;
     if (grads == NULL)
-        return gpucdc_fail(GPUCD_EINVAL, "nmmo3_encode_backward: grads are required (got NULL)");
+        return gpucdc_fail(GPUCD_EINVAL, "%s: grads are required (got NULL)", op);
     if ((grads->proj_w != NULL || grads->proj_b != NULL) && w->proj_w == NULL)
-        return gpucdc_fail(GPUCD_EINVAL,
-                           "nmmo3_encode_backward: projection gradients without a projection");
+        return gpucdc_fail(GPUCD_EINVAL, "%s: projection gradients without a projection", op);
     gpucd__v1__nmmo3_weights__init(&g);
     /* Outputs in Nmmo3Weights field order, which is the order of the reply's outputs. */
     if ((rv = gpucdc_request_output(&req, "grads.conv1_w", grads->conv1_w, true, &g.conv1_w)) < 0 ||
@@ -345,4 +381,22 @@ int gpucd_nmmo3_encode_backward(gpucd_client *client, const gpucd_nmmo3_weights 
     req.msg.op_case = GPUCD__V1__REQUEST__OP_NMMO3_ENCODE;
     req.msg.nmmo3_encode = &m;
     return gpucdc_call(&req, t, NULL);
+}
+
+int gpucd_nmmo3_encode_backward(gpucd_client *client, const gpucd_nmmo3_weights *w,
+                                const gpucd_tensor *obs, const gpucd_tensor *dout,
+                                const gpucd_nmmo3_weights *grads, gpucd_timings *t)
+{
+    return nmmo3_backward(client, "nmmo3_encode_backward", w, obs, NULL, dout, grads, t);
+}
+
+int gpucd_nmmo3_encode_backward_saved(gpucd_client *client, const gpucd_nmmo3_weights *w,
+                                      const gpucd_tensor *obs, const gpucd_tensor *saved,
+                                      const gpucd_tensor *dout, const gpucd_nmmo3_weights *grads,
+                                      gpucd_timings *t)
+{
+    if (saved == NULL)
+        return gpucdc_fail(GPUCD_EINVAL,
+                           "nmmo3_encode_backward_saved: saved is required (got NULL)");
+    return nmmo3_backward(client, "nmmo3_encode_backward_saved", w, obs, saved, dout, grads, t);
 }

@@ -23,7 +23,10 @@
  *                       requests, named by its id (weights, saved activations);
  *   GPUCD_NEW_RESIDENT  outputs only: the daemon creates a resident tensor and
  *                       the call stores its id in the tensor's `resident`
- *                       field (and sets `where` to GPUCD_RESIDENT).
+ *                       field (and sets `where` to GPUCD_RESIDENT); an
+ *                       output whose size the daemon decides (the encoder's
+ *                       saved activations) is passed with ndim 0 and gets
+ *                       its dtype and shape from the reply.
  * An absent optional tensor is passed as NULL.
  */
 #ifndef GPUCD_H
@@ -386,6 +389,29 @@ GPUCD_EXPORT int gpucd_nmmo3_encode(gpucd_client *client, const gpucd_nmmo3_weig
 GPUCD_EXPORT int gpucd_nmmo3_encode_backward(gpucd_client *client, const gpucd_nmmo3_weights *w,
                                              const gpucd_tensor *obs, const gpucd_tensor *dout,
                                              const gpucd_nmmo3_weights *grads, gpucd_timings *t);
+
+/*
+ * A training step without the backward's recompute: the forward of
+ * gpucd_nmmo3_encode that also keeps the activations the backward needs in
+ * saved, on the daemon's device, and the backward that reads them.  saved is
+ * a resident tensor (u8, one row per agent, sized by the daemon): pass
+ * gpucd_tensor_new_resident(GPUCD_U8, 0, NULL) to create one (the call fills
+ * in its id and shape), or a tensor made so before, for the same batch size
+ * and weight shapes, to overwrite it.  The backward must get the same
+ * weights and obs as the forward that wrote saved; it still validates obs.
+ * Free saved with gpucd_tensor_free.
+ */
+GPUCD_EXPORT int gpucd_nmmo3_encode_save(gpucd_client *client, const gpucd_nmmo3_weights *w,
+                                         const gpucd_tensor *obs, gpucd_tensor *features,
+                                         gpucd_tensor *hidden, gpucd_tensor *saved,
+                                         gpucd_timings *t);
+GPUCD_EXPORT int gpucd_nmmo3_encode_backward_saved(gpucd_client *client,
+                                                   const gpucd_nmmo3_weights *w,
+                                                   const gpucd_tensor *obs,
+                                                   const gpucd_tensor *saved,
+                                                   const gpucd_tensor *dout,
+                                                   const gpucd_nmmo3_weights *grads,
+                                                   gpucd_timings *t);
 
 #ifdef __cplusplus
 }

@@ -98,14 +98,24 @@ static int cpu_run_whole(gcd_op *op, gk_err *err)
         break;
     case GCD_OP_NMMO3_FORWARD: {
         gk_nmmo3_weights w = gcd_op_nmmo3_weights(op, NMMO3_W0);
-        rc = gk_cpu_nmmo3_forward(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_FWD_FEATURES),
-                                  arg(op, NMMO3_FWD_HIDDEN), err);
+        if (arg(op, NMMO3_FWD_SAVED)->data != NULL)
+            rc = gk_cpu_nmmo3_forward_save(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_FWD_FEATURES),
+                                           arg(op, NMMO3_FWD_HIDDEN), arg(op, NMMO3_FWD_SAVED),
+                                           err);
+        else
+            rc = gk_cpu_nmmo3_forward(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_FWD_FEATURES),
+                                      arg(op, NMMO3_FWD_HIDDEN), err);
         break;
     }
     case GCD_OP_NMMO3_BACKWARD: {
         gk_nmmo3_weights w = gcd_op_nmmo3_weights(op, NMMO3_W0);
         gk_nmmo3_weights g = gcd_op_nmmo3_weights(op, NMMO3_BWD_G0);
-        rc = gk_cpu_nmmo3_backward(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_BWD_DOUT), &g, err);
+        if (arg(op, NMMO3_BWD_SAVED)->data != NULL)
+            rc = gk_cpu_nmmo3_backward_saved(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_BWD_SAVED),
+                                             arg(op, NMMO3_BWD_DOUT), &g, err);
+        else
+            rc = gk_cpu_nmmo3_backward(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_BWD_DOUT), &g,
+                                       err);
         break;
     }
     default:

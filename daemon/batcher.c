@@ -62,7 +62,9 @@ void gcd_batcher_fini(gcd_batcher *b)
 
 int gcd_batcher_accepts(const gcd_op *op)
 {
-    if (op->kind != GCD_OP_NMMO3_FORWARD || op->args[NMMO3_OBS].resident)
+    /* Saved activations are a training step's: one request's rows in one resident tensor. */
+    if (op->kind != GCD_OP_NMMO3_FORWARD || op->args[NMMO3_OBS].resident ||
+        op->args[NMMO3_FWD_SAVED].t.data != NULL)
         return 0;
     for (int i = NMMO3_W0; i < NMMO3_W0 + NMMO3_NWEIGHTS; i++)
         if (op->args[i].t.data != NULL && !op->args[i].resident)

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "status.h"
+
 static gk_dtype dtype_from_wire(Gpucd__V1__DType d)
 {
     switch (d) {
@@ -18,6 +20,15 @@ static gk_dtype dtype_from_wire(Gpucd__V1__DType d)
     }
 }
 
+/* gk_dtype and the wire's DType number the dtypes alike, so a gk_dtype goes out as it is. */
+_Static_assert((int)GK_F32 == (int)GPUCD__V1__DTYPE__F32 &&
+                   (int)GK_BF16 == (int)GPUCD__V1__DTYPE__BF16 &&
+                   (int)GK_F16 == (int)GPUCD__V1__DTYPE__F16 &&
+                   (int)GK_U8 == (int)GPUCD__V1__DTYPE__U8 &&
+                   (int)GK_I32 == (int)GPUCD__V1__DTYPE__I32 &&
+                   (int)GK_I64 == (int)GPUCD__V1__DTYPE__I64,
+               "gk_dtype and gpucd.v1.DType differ");
+
 static int same_shape(const gk_tensor *a, const gk_tensor *b)
 {
     if (a->dtype != b->dtype || a->ndim != b->ndim)
@@ -28,17 +39,37 @@ static int same_shape(const gk_tensor *a, const gk_tensor *b)
     return 1;
 }
 
-/* Binds one reference; fills b and the view t (data set). */
+/* A new resident output sent without a shape: the operation says what it is. */
+static int shape_left_to_daemon(const gcd_ref *ref, int output)
+{
+    return output && ref->where_case == GPUCD__V1__TENSOR_REF__WHERE_NEW_RESIDENT &&
+           ref->n_shape == 0;
+}
+
+/*
+ * Binds one reference; fills b and the view t (data set).  implied: the
+ * dtype and shape the operation gives an output whose shape the request
+ * left out (shape_left_to_daemon), else NULL.
+ */
 static gcd_status bind_one(const gcd_bind_ctx *ctx, const gcd_ref *ref, int output,
-                           const char *name, gcd_binding *b, gk_tensor *t, char *why,
-                           size_t whylen)
+                           const char *name, const gk_tensor *implied, gcd_binding *b,
+                           gk_tensor *t, char *why, size_t whylen)
 {
     gcd_daemon *d = ctx->daemon;
     memset(t, 0, sizeof *t);
     b->ref = ref;
     b->write = output;
-    t->dtype = dtype_from_wire(ref->dtype);
-    if (t->dtype == GK_DTYPE_INVALID) {
+    if (implied != NULL) {
+        if (ref->dtype != GPUCD__V1__DTYPE__DTYPE_UNSPECIFIED &&
+            dtype_from_wire(ref->dtype) != implied->dtype) {
+            snprintf(why, whylen, "%s: dtype %d given, but this output is %s", name,
+                     (int)ref->dtype, gk_dtype_name(implied->dtype));
+            return GCD_INVALID_ARGUMENT;
+        }
+        *t = *implied;
+        t->data = NULL;
+    }
+    if (implied == NULL && (t->dtype = dtype_from_wire(ref->dtype)) == GK_DTYPE_INVALID) {
         snprintf(why, whylen, "%s: dtype %d is not one of f32, bf16, f16, u8, i32, i64", name,
                  (int)ref->dtype);
         return GCD_INVALID_ARGUMENT;
@@ -47,7 +78,8 @@ static gcd_status bind_one(const gcd_bind_ctx *ctx, const gcd_ref *ref, int outp
         snprintf(why, whylen, "%s: %zu dimensions, at most %d", name, ref->n_shape, GK_MAX_DIMS);
         return GCD_INVALID_ARGUMENT;
     }
-    t->ndim = (int)ref->n_shape;
+    if (implied == NULL)
+        t->ndim = (int)ref->n_shape;
     for (size_t i = 0; i < ref->n_shape; i++) {
         if (ref->shape[i] < 0) {
             snprintf(why, whylen, "%s: dimension %zu is negative (%lld)", name, i,
@@ -195,8 +227,19 @@ gcd_status gcd_bind(const gcd_bind_ctx *ctx, gcd_op *op, const gcd_ref *const re
     for (int i = 0; i < op->nargs && st == GCD_OK; i++) {
         if (refs[i] == NULL)
             continue;
-        st = bind_one(ctx, refs[i], op->args[i].output, names[i], &bound->b[i], &op->args[i].t,
-                      why, whylen);
+        gk_tensor implied;
+        const int implies = shape_left_to_daemon(refs[i], op->args[i].output);
+        if (implies) {
+            gk_err err = {{0}};
+            int rc = gcd_op_output_shape(op, i, &implied, &err);
+            if (rc != 0) {
+                snprintf(why, whylen, "%s: the daemon cannot size it: %s", names[i], err.msg);
+                st = gcd_status_from_gk(rc);
+                break;
+            }
+        }
+        st = bind_one(ctx, refs[i], op->args[i].output, names[i], implies ? &implied : NULL,
+                      &bound->b[i], &op->args[i].t, why, whylen);
         op->args[i].resident = bound->b[i].resident != NULL;
     }
     for (int i = 0; i < op->nargs && st == GCD_OK; i++) {
@@ -276,7 +319,7 @@ void gcd_bound_describe(const gcd_bound *bound, int i, const gk_tensor *t,
 {
     const gcd_binding *b = &bound->b[i];
     gpucd__v1__tensor_ref__init(out);
-    out->dtype = b->ref->dtype;
+    out->dtype = (Gpucd__V1__DType)t->dtype; /* the tensor's: the daemon may have chosen it */
     for (int k = 0; k < t->ndim; k++)
         shape[k] = t->shape[k];
     out->n_shape = (size_t)t->ndim;

@@ -240,6 +240,7 @@ gcd_status gcd_decode_compute(const Gpucd__V1__Request *req, gcd_op *op,
             }
             refs[NMMO3_BWD_DOUT] = present(m->dout);
             set_weights(m->grads, refs, NMMO3_BWD_G0);
+            refs[NMMO3_BWD_SAVED] = present(m->saved);
         } else {
             op->kind = GCD_OP_NMMO3_FORWARD;
             if (m->grads != NULL) {
@@ -248,6 +249,7 @@ gcd_status gcd_decode_compute(const Gpucd__V1__Request *req, gcd_op *op,
             }
             refs[NMMO3_FWD_FEATURES] = present(m->features);
             refs[NMMO3_FWD_HIDDEN] = present(m->hidden);
+            refs[NMMO3_FWD_SAVED] = present(m->saved);
         }
         break;
     }

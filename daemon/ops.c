@@ -1,6 +1,8 @@
 /* ops.c - what each compute operation takes and gives, independent of the wire. */
 #include "ops.h"
 
+#include <string.h>
+
 static const char *const conv_fwd_args[] = {"x", "w", "b", "y"};
 static const char *const conv_bwd_args[] = {"x", "w", "y", "dy", "dx", "dw", "db"};
 static const char *const multihot_args[] = {"obs", "out"};
@@ -9,11 +11,12 @@ static const char *const emb_bwd_args[] = {"indices", "dout", "dtable"};
 static const char *const lce_args[] = {"e", "c", "bias", "targets", "loss", "lse", "d_e", "d_c",
                                        "d_bias"};
 static const char *const nmmo3_fwd_args[] = {"obs", "conv1_w", "conv1_b", "conv2_w", "conv2_b",
-                                             "embed", "proj_w", "proj_b", "features", "hidden"};
+                                             "embed", "proj_w", "proj_b", "features", "hidden",
+                                             "saved"};
 static const char *const nmmo3_bwd_args[] = {
     "obs", "conv1_w", "conv1_b", "conv2_w", "conv2_b", "embed", "proj_w", "proj_b", "dout",
     "grads.conv1_w", "grads.conv1_b", "grads.conv2_w", "grads.conv2_b", "grads.embed",
-    "grads.proj_w", "grads.proj_b"};
+    "grads.proj_w", "grads.proj_b", "saved"};
 
 #define BIT(i) (1u << (i))
 #define NMMO3_WEIGHTS_REQUIRED (BIT(NMMO3_W0) | BIT(NMMO3_W0 + 1) | BIT(NMMO3_W0 + 2) | \
@@ -40,7 +43,8 @@ const gcd_op_desc gcd_op_descs[GCD_OP_COUNT] = {
                                          BIT(LCE_DBIAS),
                                      BIT(LCE_E) | BIT(LCE_C) | BIT(LCE_TARGETS) | BIT(LCE_LOSS)},
     [GCD_OP_NMMO3_FORWARD] = {"nmmo3_encode", NMMO3_FWD_NARGS, nmmo3_fwd_args,
-                              BIT(NMMO3_FWD_FEATURES) | BIT(NMMO3_FWD_HIDDEN),
+                              BIT(NMMO3_FWD_FEATURES) | BIT(NMMO3_FWD_HIDDEN) |
+                                  BIT(NMMO3_FWD_SAVED),
                               BIT(NMMO3_OBS) | NMMO3_WEIGHTS_REQUIRED},
     [GCD_OP_NMMO3_BACKWARD] = {"nmmo3_encode backward", NMMO3_BWD_NARGS, nmmo3_bwd_args,
                                ((BIT(NMMO3_NWEIGHTS) - 1) << NMMO3_BWD_G0),
@@ -96,15 +100,50 @@ int gcd_op_check(const gcd_op *op, gk_err *err)
                             arg(op, LCE_DE), arg(op, LCE_DC), arg(op, LCE_DBIAS), err);
     case GCD_OP_NMMO3_FORWARD: {
         gk_nmmo3_weights w = gcd_op_nmmo3_weights(op, NMMO3_W0);
+        if (arg(op, NMMO3_FWD_SAVED)->data != NULL)
+            return gk_nmmo3_forward_save_check(&w, arg(op, NMMO3_OBS),
+                                               arg(op, NMMO3_FWD_FEATURES),
+                                               arg(op, NMMO3_FWD_HIDDEN),
+                                               arg(op, NMMO3_FWD_SAVED), err);
         return gk_nmmo3_forward_check(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_FWD_FEATURES),
                                       arg(op, NMMO3_FWD_HIDDEN), err);
     }
     case GCD_OP_NMMO3_BACKWARD: {
         gk_nmmo3_weights w = gcd_op_nmmo3_weights(op, NMMO3_W0);
         gk_nmmo3_weights g = gcd_op_nmmo3_weights(op, NMMO3_BWD_G0);
+        if (arg(op, NMMO3_BWD_SAVED)->data != NULL)
+            return gk_nmmo3_backward_saved_check(&w, arg(op, NMMO3_OBS),
+                                                 arg(op, NMMO3_BWD_SAVED),
+                                                 arg(op, NMMO3_BWD_DOUT), &g, err);
         return gk_nmmo3_backward_check(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_BWD_DOUT), &g, err);
     }
     default:
         return gk_fail(err, GK_EINVAL, "unknown operation %d", (int)op->kind);
     }
+}
+
+int gcd_op_output_shape(const gcd_op *op, int slot, gk_tensor *t, gk_err *err)
+{
+    if (op->kind != GCD_OP_NMMO3_FORWARD || slot != NMMO3_FWD_SAVED)
+        return gk_fail(err, GK_EINVAL, "only the encoder forward's saved activations may leave "
+                                       "their shape to the daemon");
+    /*
+     * The size follows from the weights and the obs, which must be valid
+     * first; the outputs are not placed yet (an inline one has no bytes).
+     */
+    gk_nmmo3_weights w = gcd_op_nmmo3_weights(op, NMMO3_W0);
+    const gk_tensor *obs = arg(op, NMMO3_OBS);
+    const size_t row = gk_nmmo3_saved_row_bytes(&w);
+    if (row == 0 || obs->ndim != 2 || obs->dtype != GK_U8 || obs->shape[1] != GK_NMMO3_OBS_BYTES) {
+        /* The forward's check tests the weights and the obs first: its message names the fault. */
+        int rc = gk_nmmo3_forward_check(&w, obs, arg(op, NMMO3_FWD_FEATURES),
+                                        arg(op, NMMO3_FWD_HIDDEN), err);
+        return rc != 0 ? rc : gk_fail(err, GK_EINVAL, "the weights or obs are not the encoder's");
+    }
+    memset(t, 0, sizeof *t);
+    t->dtype = GK_U8;
+    t->ndim = 2;
+    t->shape[0] = arg(op, NMMO3_OBS)->shape[0];
+    t->shape[1] = (int64_t)row;
+    return 0;
 }

@@ -69,9 +69,10 @@ enum { LCE_E, LCE_C, LCE_BIAS, LCE_TARGETS, LCE_LOSS, LCE_LSE, LCE_DE, LCE_DC, L
        LCE_NARGS };
 /* NMMO3: the obs, then the 7 weights (gk_nmmo3_weights order), then the op's own. */
 enum { NMMO3_OBS, NMMO3_W0, NMMO3_NWEIGHTS = 7,
-       NMMO3_FWD_FEATURES = NMMO3_W0 + NMMO3_NWEIGHTS, NMMO3_FWD_HIDDEN, NMMO3_FWD_NARGS,
-       NMMO3_BWD_DOUT = NMMO3_W0 + NMMO3_NWEIGHTS, NMMO3_BWD_G0, NMMO3_BWD_NARGS =
-           NMMO3_BWD_G0 + NMMO3_NWEIGHTS };
+       NMMO3_FWD_FEATURES = NMMO3_W0 + NMMO3_NWEIGHTS, NMMO3_FWD_HIDDEN, NMMO3_FWD_SAVED,
+       NMMO3_FWD_NARGS,
+       NMMO3_BWD_DOUT = NMMO3_W0 + NMMO3_NWEIGHTS, NMMO3_BWD_G0,
+       NMMO3_BWD_SAVED = NMMO3_BWD_G0 + NMMO3_NWEIGHTS, NMMO3_BWD_NARGS };
 
 /* What an operation takes: its slots' names, which are outputs, which are required. */
 typedef struct gcd_op_desc {
@@ -88,6 +89,14 @@ const char *gcd_op_name(gcd_op_kind kind);
 
 /* Runs the shape checks of kernels/ for op; 0 or a gk_code with err set. */
 int gcd_op_check(const gcd_op *op, gk_err *err);
+
+/*
+ * The shape an output takes when the request leaves it to the daemon (a new
+ * resident tensor sent without one): the encoder forward's saved
+ * activations, sized from its weights and rows once the slots before it are
+ * bound.  0 with *t's dtype and shape set, or a gk_code with err set.
+ */
+int gcd_op_output_shape(const gcd_op *op, int slot, gk_tensor *t, gk_err *err);
 
 /* Views slots [first, first+7) as NMMO3 weights. */
 gk_nmmo3_weights gcd_op_nmmo3_weights(const gcd_op *op, int first);

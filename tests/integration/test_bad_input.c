@@ -435,6 +435,55 @@ static void test_hostile_resident(void **state)
     expect_ping();
 }
 
+/*
+ * Only the encoder forward's saved activations may be sent without a shape,
+ * and the daemon sizes them only from valid weights and obs.
+ */
+static void test_output_shape_left_to_daemon(void **state)
+{
+    (void)state;
+    conv_req c;
+    conv_req_init(&c);
+    gpucd__v1__tensor_ref__init(&c.y.t);
+    c.y.t.where_case = GPUCD__V1__TENSOR_REF__WHERE_NEW_RESIDENT;
+    c.y.t.new_resident = 1;
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "only the encoder forward's saved activations");
+
+    Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
+    Gpucd__V1__Nmmo3Encode m = GPUCD__V1__NMMO3_ENCODE__INIT;
+    Gpucd__V1__Nmmo3Weights w = GPUCD__V1__NMMO3_WEIGHTS__INIT;
+    ref obs, wt[5], hidden, saved;
+    m.obs = ref_region(&obs, GPUCD__V1__DTYPE__U8, region_id_, 0, 2, TH_SHAPE(2, 1707));
+    /* conv1_w of the wrong shape: the weights say nothing about a row's size. */
+    w.conv1_w = ref_region(&wt[0], GPUCD__V1__DTYPE__BF16, region_id_, 4096, 2, TH_SHAPE(2, 2));
+    w.conv1_b = ref_region(&wt[1], GPUCD__V1__DTYPE__BF16, region_id_, 8192, 1, TH_SHAPE(128));
+    w.conv2_w = ref_region(&wt[2], GPUCD__V1__DTYPE__BF16, region_id_, 8192, 1, TH_SHAPE(128));
+    w.conv2_b = ref_region(&wt[3], GPUCD__V1__DTYPE__BF16, region_id_, 8192, 1, TH_SHAPE(128));
+    w.embed = ref_region(&wt[4], GPUCD__V1__DTYPE__BF16, region_id_, 8192, 1, TH_SHAPE(128));
+    m.weights = &w;
+    m.hidden = ref_region(&hidden, GPUCD__V1__DTYPE__BF16, region_id_, 65536, 2, TH_SHAPE(2, 8));
+    gpucd__v1__tensor_ref__init(&saved.t);
+    saved.t.where_case = GPUCD__V1__TENSOR_REF__WHERE_NEW_RESIDENT;
+    saved.t.new_resident = 1;
+    m.saved = &saved.t;
+    req.op_case = GPUCD__V1__REQUEST__OP_NMMO3_ENCODE;
+    req.nmmo3_encode = &m;
+    expect(th_raw_call(&raw_, &req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "saved: the daemon cannot size it: weights.conv1_w");
+    /* As the backward's input, saved must exist: new_resident is for outputs. */
+    ref dout;
+    m.hidden = NULL;
+    m.dout = ref_region(&dout, GPUCD__V1__DTYPE__BF16, region_id_, 65536, 2, TH_SHAPE(2, 8));
+    saved.t.n_shape = 2;
+    saved.t.shape = saved.shape;
+    saved.shape[0] = 2, saved.shape[1] = 64;
+    saved.t.dtype = GPUCD__V1__DTYPE__U8;
+    expect(th_raw_call(&raw_, &req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "only for outputs");
+    expect_ping();
+}
+
 static int group_setup(void **state)
 {
     static const char *const extra[] = {"--max-message-mb", "2", NULL};
@@ -477,6 +526,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_out_of_range_observation),
         cmocka_unit_test(test_hostile_regions),
         cmocka_unit_test(test_hostile_resident),
+        cmocka_unit_test(test_output_shape_left_to_daemon),
     };
     return th_run_group_tests(tests, group_setup, group_teardown);
 }

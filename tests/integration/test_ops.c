@@ -406,6 +406,63 @@ static void test_nmmo3_encode(void **state)
     for (int i = 0; i < 7; i++)
         assert_same_bytes(g[i], gwant[i], h.n[i] * 4, "nmmo3 gradient");
 
+    /*
+     * The training step with saved activations: a forward into a new resident
+     * tensor the daemon sizes, the backward from it (the same gradients as
+     * the CPU kernels' saved path), then a second step that reuses the tensor.
+     */
+    const size_t row = gk_nmmo3_saved_row_bytes(&gw);
+    assert_true(row > 0 && row % 16 == 0);
+    uint8_t *want_saved = th_xmalloc((size_t)B * row);
+    gk_tensor gs = gk_tensor_make(want_saved, GK_U8, 2, TH_SHAPE(B, (int64_t)row));
+    gpucd_tensor saved = gpucd_tensor_new_resident(GPUCD_U8, 0, NULL);
+    for (int step = 0; step < 2; step++) {
+        th_fill_nmmo3_obs(base, B); /* fresh observations each step */
+        poison(base + hid_off, (size_t)B * HID * 4);
+        rc = gpucd_nmmo3_encode_save(c, &w, &tobs, NULL, &th, &saved, NULL);
+        if (rc != 0)
+            fail_msg("nmmo3_encode_save step %d: %s: %s", step, gpucd_strerror(rc),
+                     gpucd_errmsg(c));
+        assert_int_equal(saved.where, GPUCD_RESIDENT);
+        assert_int_equal(saved.dtype, GPUCD_U8);
+        assert_int_equal(saved.ndim, 2);
+        assert_int_equal(saved.shape[0], B);
+        assert_int_equal(saved.shape[1], (int64_t)row);
+        assert_int_equal(gk_cpu_nmmo3_forward_save(&gw, &gobs, NULL, &gh, &gs, &err), 0);
+        assert_same_bytes(base + hid_off, wh, (size_t)B * HID * 4, "hidden (forward_save)");
+        th_fill_f32(dout, (size_t)B * HID);
+        for (int i = 0; i < 7; i++)
+            poison(g[i], h.n[i] * 4);
+        rc = gpucd_nmmo3_encode_backward_saved(c, &w, &tobs, &saved, &tdo, &grads, NULL);
+        if (rc != 0)
+            fail_msg("nmmo3_encode_backward_saved step %d: %s: %s", step, gpucd_strerror(rc),
+                     gpucd_errmsg(c));
+        assert_int_equal(gk_cpu_nmmo3_backward_saved(&gw, &gobs, &gs, &gdo, &gg, &err), 0);
+        for (int i = 0; i < 7; i++)
+            assert_same_bytes(g[i], gwant[i], h.n[i] * 4, "nmmo3 gradient (saved)");
+    }
+    /* Saved activations of the wrong size are refused, naming them; no gradient is written. */
+    uint64_t short_id;
+    gpucd_tensor short_host =
+        gpucd_tensor_host(want_saved, GPUCD_U8, 2, TH_SHAPE(B, (int64_t)row - 16));
+    assert_int_equal(gpucd_tensor_put(c, &short_host, &short_id), 0);
+    gpucd_tensor short_saved =
+        gpucd_tensor_resident(short_id, GPUCD_U8, 2, TH_SHAPE(B, (int64_t)row - 16));
+    for (int i = 0; i < 7; i++)
+        poison(g[i], h.n[i] * 4);
+    rc = gpucd_nmmo3_encode_backward_saved(c, &w, &tobs, &short_saved, &tdo, &grads, NULL);
+    assert_int_equal(rc, GPUCD_EINVALID_ARGUMENT);
+    assert_non_null(strstr(gpucd_errmsg(c), "saved"));
+    for (int i = 0; i < 7; i++)
+        for (size_t k = 0; k < h.n[i] * 4; k++)
+            assert_int_equal(((const uint8_t *)g[i])[k], 0xff);
+    rc = gpucd_nmmo3_encode_save(c, &w, &tobs, NULL, &th, &short_saved, NULL);
+    assert_int_equal(rc, GPUCD_EINVALID_ARGUMENT);
+    assert_non_null(strstr(gpucd_errmsg(c), "saved"));
+    assert_int_equal(gpucd_tensor_free(c, short_id), 0);
+    assert_int_equal(gpucd_tensor_free(c, saved.resident), 0);
+    free(want_saved);
+
     for (int i = 0; i < 7; i++) {
         assert_int_equal(gpucd_tensor_free(c, ids[i]), 0);
         free(h.w[i]), free(g[i]), free(gwant[i]);
