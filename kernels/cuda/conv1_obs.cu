@@ -603,7 +603,7 @@ __device__ __forceinline__ void features_write(const uint8_t *rw, int b0, int nb
 template <class T, int NSPLIT>
 __global__ void __launch_bounds__(WG_THREADS, 1)
 conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ pack,
-                       const T *__restrict__ bias, T *__restrict__ nchw, T *__restrict__ whc,
+                       const T *__restrict__ bias, T *__restrict__ nchw, int nchw_ld, T *__restrict__ whc,
                        int batch, int tiles, int aligned, unsigned long long *rec,
                        T *__restrict__ feat, int feat_ld, const T *__restrict__ embed,
                        unsigned long long *feat_rec)
@@ -810,7 +810,7 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
 
         /*
          * Epilogue: bias, ReLU, one rounding; acc[4 j + 2 h + e] is row prow[h], channel
-         * 8 j + 2q + e.  nchw (b, oc, oh, ow) = b * 1536 + oc * 12 + pixel, whc (b, ow, oh,
+         * 8 j + 2q + e.  nchw (b, oc, oh, ow) = b * nchw_ld + oc * 12 + pixel, whc (b, ow, oh,
          * oc) = b * 1536 + (ow * 3 + oh) * 128 + oc.
          */
 #pragma unroll
@@ -818,7 +818,7 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
             const int a = prow[h] / PIXELS, agent = tile * AGENTS + a, pix = prow[h] - a * PIXELS;
             if (agent >= batch)
                 continue;
-            T *o = nchw + (size_t)agent * C1_ELEMS + pix;
+            T *o = nchw + (size_t)agent * nchw_ld + pix;
             T *t = whc + (size_t)agent * C1_ELEMS + ((pix & 3) * 3 + (pix >> 2)) * OC;
 #pragma unroll
             for (int j = 0; j < 16; j++) {
@@ -928,8 +928,8 @@ int launch(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *n
 }
 
 template <class T, int NSPLIT>
-int launch_wgmma(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw, void *whc,
-                 const conv1_obs_features *f, const gk_cuda_exec *ex, gk_err *err)
+int launch_wgmma(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw, int nchw_ld,
+                 void *whc, const conv1_obs_features *f, const gk_cuda_exec *ex, gk_err *err)
 {
     using G = wgeom<NSPLIT>;
     auto kernel = conv1_obs_wgmma_kernel<T, NSPLIT>;
@@ -947,7 +947,7 @@ int launch_wgmma(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, v
     kernel<<<(unsigned)grid, WG_THREADS, G::SMEM, ex->stream>>>(
         (const uint8_t *)obs->data,
         (const uint16_t *)((uint8_t *)ex->workspace + GK_CUDA_OBS_RECORD_BYTES), (const T *)b->data,
-        (T *)nchw, (T *)whc, batch, tiles, aligned, (unsigned long long *)ex->workspace,
+        (T *)nchw, nchw_ld, (T *)whc, batch, tiles, aligned, (unsigned long long *)ex->workspace,
         f ? (T *)f->rows : nullptr, f ? f->ld : 0, f ? (const T *)f->embed : nullptr, f ? f->rec : nullptr);
     return obs_launch_check("nmmo3 conv1", err);
 }
@@ -963,13 +963,29 @@ int conv1_obs_enqueue(const gk_tensor *w, const gk_tensor *b, const gk_tensor *o
     if ((uintptr_t)ex->workspace % 16 != 0)
         return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): the workspace must be 16-byte aligned");
     if (variant == CONV1_OBS_WGMMA)
-        return w->dtype == GK_BF16 ? launch_wgmma<uint16_t, 1>(w, b, obs, nchw, whc, NULL, ex, err)
-                                   : launch_wgmma<float, 3>(w, b, obs, nchw, whc, NULL, ex, err);
+        return w->dtype == GK_BF16 ? launch_wgmma<uint16_t, 1>(w, b, obs, nchw, C1_ELEMS, whc, NULL, ex, err)
+                                   : launch_wgmma<float, 3>(w, b, obs, nchw, C1_ELEMS, whc, NULL, ex, err);
     if (variant == CONV1_OBS_WEIGHTS_A)
         return w->dtype == GK_BF16 ? launch<uint16_t, 1, true>(w, b, obs, nchw, whc, ex, err)
                                    : launch<float, 3, true>(w, b, obs, nchw, whc, ex, err);
     return w->dtype == GK_BF16 ? launch<uint16_t, 1, false>(w, b, obs, nchw, whc, ex, err)
                                : launch<float, 3, false>(w, b, obs, nchw, whc, ex, err);
+}
+
+int conv1_obs_enqueue_strided(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw,
+                              int64_t nchw_ld, void *whc, const gk_cuda_exec *ex, gk_err *err)
+{
+    int rc;
+    const size_t es = gk_dtype_size(w->dtype);
+    if (nchw_ld < C1_ELEMS || nchw_ld > INT32_MAX || (uintptr_t)nchw % 16 != 0 || (size_t)nchw_ld * es % 16 != 0)
+        return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): strided rows must be 16-byte aligned, of >= %d "
+                       "elements a multiple of 16 bytes (got %lld)", C1_ELEMS, (long long)nchw_ld);
+    if ((rc = obs_workspace_check(ex, pack_bytes(w->dtype), "nmmo3 conv1", err)))
+        return rc;
+    if ((uintptr_t)ex->workspace % 16 != 0)
+        return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): the workspace must be 16-byte aligned");
+    return w->dtype == GK_BF16 ? launch_wgmma<uint16_t, 1>(w, b, obs, nchw, (int)nchw_ld, whc, NULL, ex, err)
+                               : launch_wgmma<float, 3>(w, b, obs, nchw, (int)nchw_ld, whc, NULL, ex, err);
 }
 
 int conv1_obs_enqueue_features(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs,
@@ -987,8 +1003,8 @@ int conv1_obs_enqueue_features(const gk_tensor *w, const gk_tensor *b, const gk_
         return rc;
     if ((uintptr_t)ex->workspace % 16 != 0)
         return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): the workspace must be 16-byte aligned");
-    return w->dtype == GK_BF16 ? launch_wgmma<uint16_t, 1>(w, b, obs, nchw, whc, f, ex, err)
-                               : launch_wgmma<float, 3>(w, b, obs, nchw, whc, f, ex, err);
+    return w->dtype == GK_BF16 ? launch_wgmma<uint16_t, 1>(w, b, obs, nchw, C1_ELEMS, whc, f, ex, err)
+                               : launch_wgmma<float, 3>(w, b, obs, nchw, C1_ELEMS, whc, f, ex, err);
 }
 
 extern "C" int gk_cuda_nmmo3_conv1_workspace_bytes(const gk_tensor *conv1_w, size_t *bytes,

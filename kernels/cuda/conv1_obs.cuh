@@ -43,6 +43,13 @@ int conv1_obs_enqueue(const gk_tensor *w, const gk_tensor *b, const gk_tensor *o
                       void *whc, int variant, const gk_cuda_exec *ex, gk_err *err);
 
 /*
+ * conv1_obs_enqueue with the default (wgmma) kernel, agent a's nchw values at
+ * nchw + a * nchw_ld (elements; >= 1536, rows 16-byte aligned): conv1's
+ * output straight into the rows of the saved activations.
+ */
+int conv1_obs_enqueue_strided(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw,
+                              int64_t nchw_ld, void *whc, const gk_cuda_exec *ex, gk_err *err);
+/*
  * The nmmo3 features columns that do not depend on conv1: per agent, columns
  * [256, ld) of its row: the 47 player embeddings (a value >= 128 gives zeros
  * and lowers rec to agent * 47 + i, the forward's player-value record), the

@@ -77,6 +77,44 @@ int gk_cuda_nmmo3_backward_workspace_bytes(const gk_nmmo3_weights *w, const gk_t
 int gk_cuda_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *dout,
                            const gk_nmmo3_weights *grads, const gk_cuda_exec *ex, gk_err *err);
 
+/*
+ * Saved activations (gk.h: gk_nmmo3_saved_check), for training steps whose
+ * activations stay resident between the forward and the backward.
+ * forward_save is gk_cuda_nmmo3_forward that also writes every byte of saved
+ * (16-byte aligned; a cuBLAS handle required): conv1 writes its output into
+ * the saved rows besides its own, the features rows are assembled there
+ * (with a projection) and projected in place, and the projection's ReLU mask
+ * is made from hidden (hidden > 0: the same as the fp32 test but where a
+ * positive value rounds to 0, below 2^-133 in bf16).  Its values are checked
+ * as the forward's: gk_cuda_nmmo3_status after a synchronisation.
+ *
+ * backward_saved is gk_cuda_nmmo3_backward reading conv1's output, the
+ * features and the mask from saved instead of recomputing them (it skips
+ * conv1, conv2, the assembly and the projection's product), so its workspace
+ * is smaller.  It checks every observation value first and waits for the
+ * verdict, as the backward does.  Its gradients equal the stateless
+ * backward's up to the recompute's rounding: the same conv1 kernel, but
+ * conv2, the features and the pre-activations there come from products of
+ * another order than the forward's (see tests/gpu_nmmo3).  Nothing is
+ * addressed through saved's bytes: garbage in them gives garbage gradients,
+ * never a fault.
+ */
+int gk_cuda_nmmo3_forward_save_workspace_bytes(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                               const gk_tensor *features, const gk_tensor *hidden,
+                                               const gk_tensor *saved, int sm_count, size_t *bytes,
+                                               gk_err *err);
+int gk_cuda_nmmo3_forward_save(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                               const gk_tensor *features, const gk_tensor *hidden,
+                               const gk_tensor *saved, const gk_cuda_exec *ex, gk_err *err);
+int gk_cuda_nmmo3_backward_saved_workspace_bytes(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                                 const gk_tensor *saved, const gk_tensor *dout,
+                                                 const gk_nmmo3_weights *grads, int sm_count,
+                                                 size_t budget, size_t *bytes, gk_err *err);
+int gk_cuda_nmmo3_backward_saved(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                 const gk_tensor *saved, const gk_tensor *dout,
+                                 const gk_nmmo3_weights *grads, const gk_cuda_exec *ex,
+                                 gk_err *err);
+
 #ifdef __cplusplus
 }
 #endif

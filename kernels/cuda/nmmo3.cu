@@ -152,19 +152,20 @@ __device__ __forceinline__ void store16(__nv_bfloat16 *p, const float (&v)[8])
 }
 
 /*
- * The features rows with padded rows (FEAT_LD) and a 16-byte aligned
- * embedding: a thread makes 16 bytes of a row at a time (its columns never
- * straddle two parts: 256, 1760 and FEAT_LD are multiples of 8) and stores
- * them at once; the same values as assemble_kernel.  Columns [0, VEC * ch)
- * of each row: all of them, or conv2's alone where conv1's kernel wrote the
- * others (NMMO3_ROWS_FUSED).
+ * The features rows padded to FEAT_LD, rows ld elements apart (FEAT_LD, or
+ * the saved activations' row), 16-byte aligned: a thread makes 16 bytes of a
+ * row at a time (its columns never straddle two parts: 256, 1760 and FEAT_LD
+ * are multiples of 8) and stores them at once; the same values as
+ * assemble_kernel.  Columns [0, VEC * ch) of each row: all of them, or
+ * conv2's alone where conv1's kernel wrote the others (NMMO3_ROWS_FUSED).
+ * The embedding rows are read 16 bytes at a time where embed16 (aligned).
  */
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
 assemble16_kernel(const uint8_t *__restrict__ obs, const T *__restrict__ c2,
                   const float *__restrict__ c2acc, const T *__restrict__ b2,
-                  const T *__restrict__ embed, T *__restrict__ feat, unsigned rows, unsigned ch,
-                  unsigned long long *rec)
+                  const T *__restrict__ embed, bool embed16, T *__restrict__ feat, size_t ld,
+                  unsigned rows, unsigned ch, unsigned long long *rec)
 {
     constexpr unsigned VEC = 16 / sizeof(T), HALF = VEC / 2;
     const size_t total = (size_t)rows * ch;
@@ -200,8 +201,12 @@ assemble16_kernel(const uint8_t *__restrict__ obs, const T *__restrict__ c2,
         } else if (c0 < RAW_AT) {
             const unsigned j = (c0 - CONV2_OUT) / GK_NMMO3_EMBED_DIM, d = (c0 - CONV2_OUT) % GK_NMMO3_EMBED_DIM;
             const unsigned x = o[GK_NMMO3_PLAYER_OFFSET + j];
-            if (x < GK_NMMO3_EMBED_VOCAB) {
+            if (x < GK_NMMO3_EMBED_VOCAB && embed16) {
                 load16(embed + x * GK_NMMO3_EMBED_DIM + d, v);
+            } else if (x < GK_NMMO3_EMBED_VOCAB) {
+#pragma unroll
+                for (unsigned e = 0; e < VEC; e++)
+                    v[e] = to_f(embed[x * GK_NMMO3_EMBED_DIM + d + e]);
             } else {
 #pragma unroll
                 for (unsigned e = 0; e < VEC; e++)
@@ -219,7 +224,7 @@ assemble16_kernel(const uint8_t *__restrict__ obs, const T *__restrict__ c2,
                            : 0.0f;
             }
         }
-        store16(feat + (size_t)b * FEAT_LD + c0, v);
+        store16(feat + (size_t)b * ld + c0, v);
     }
 }
 
@@ -275,6 +280,30 @@ bias_relu_kernel(const float *acc, const T *__restrict__ bias, T *out, unsigned 
     }
 }
 
+/*
+ * The projection's ReLU mask into the saved rows: byte k of a row's mask holds
+ * bit e set where hidden column 8k + e is positive (the ReLU passed its
+ * gradient), zeros past the last column up to mask_bytes.
+ */
+template <typename T>
+__global__ void __launch_bounds__(THREADS)
+relu_mask_kernel(const T *__restrict__ hidden, unsigned rows, unsigned cols,
+                 uint8_t *__restrict__ mask, size_t pitch, unsigned mask_bytes)
+{
+    const size_t total = (size_t)rows * mask_bytes;
+    for (size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x; i < total; i += (size_t)gridDim.x * THREADS) {
+        const unsigned r = (unsigned)(i / mask_bytes), k = (unsigned)(i - (size_t)r * mask_bytes);
+        unsigned bits = 0;
+#pragma unroll
+        for (unsigned e = 0; e < 8; e++) {
+            const unsigned h = 8 * k + e;
+            if (h < cols && to_f(hidden[(size_t)r * cols + h]) > 0.0f)
+                bits |= 1u << e;
+        }
+        mask[(size_t)r * pitch + k] = (uint8_t)bits;
+    }
+}
+
 /* conv2_w (oc, c, kh, kw) -> (oc, kw, kh, c), the order of conv1's (B, 4, 3, 128) windows. */
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
@@ -320,7 +349,7 @@ const gk_conv2d conv2_params = {1, 1, 0, 0, 0, 0};
 const gk_conv2d proj_params = {1, 1, 0, 0, 1, 0};
 
 int layout_make(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *features,
-                const gk_tensor *hidden, int sm_count, nmmo3_layout *l, gk_err *err)
+                const gk_tensor *hidden, int saving, int sm_count, nmmo3_layout *l, gk_err *err)
 {
     const int64_t B = obs->shape[0];
     const gk_dtype dt = w->conv1_w.dtype;
@@ -352,8 +381,8 @@ int layout_make(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor
     at += align256((size_t)GK_NMMO3_CONV_CH * GK_NMMO3_CONV_CH * 9 * es);
     l->feat_bytes = (size_t)B * FEAT_LD * es;
     l->feat = at;
-    if (!gk_tensor_present(features))
-        at += align256(l->feat_bytes);
+    if ((!gk_tensor_present(features) || gk_tensor_present(hidden)) && !saving)
+        at += align256(l->feat_bytes); /* saving: they are made in the saved rows */
     l->scratch = at;
     if (gk_tensor_present(hidden)) {
         /* cuBLAS path: the fp32 GEMM output (bf16 only: f32 writes hidden), the padded proj_w */
@@ -388,20 +417,60 @@ extern "C" int gk_cuda_nmmo3_forward_workspace_bytes(const gk_nmmo3_weights *w,
     if (rc != GK_OK)
         return rc;
     nmmo3_layout l;
-    if ((rc = layout_make(w, obs, features, hidden, sm_count, &l, err)) != GK_OK)
+    if ((rc = layout_make(w, obs, features, hidden, 0, sm_count, &l, err)) != GK_OK)
         return rc;
     *bytes = l.total;
     return GK_OK;
 }
 
-extern "C" int nmmo3_forward_rows(const gk_nmmo3_weights *w, const gk_tensor *obs,
-                                  const gk_tensor *features, const gk_tensor *hidden,
-                                  const gk_tensor *c1_out, int rows_way, const gk_cuda_exec *ex,
-                                  gk_err *err)
+extern "C" int gk_cuda_nmmo3_forward_save_workspace_bytes(const gk_nmmo3_weights *w,
+                                                          const gk_tensor *obs,
+                                                          const gk_tensor *features,
+                                                          const gk_tensor *hidden,
+                                                          const gk_tensor *saved, int sm_count,
+                                                          size_t *bytes, gk_err *err)
 {
-    int rc = gk_nmmo3_forward_check(w, obs, features, hidden, err);
+    int rc = gk_nmmo3_forward_save_check(w, obs, features, hidden, saved, err);
     if (rc != GK_OK)
         return rc;
+    nmmo3_layout l;
+    if ((rc = layout_make(w, obs, features, hidden, 1, sm_count, &l, err)) != GK_OK)
+        return rc;
+    *bytes = l.total;
+    return GK_OK;
+}
+
+namespace {
+
+/* The ReLU mask of hidden into the saved rows (nothing without saved rows). */
+int relu_mask_enqueue(const gk_tensor *hidden, uint8_t *sv, size_t srow, size_t s_mask, const gk_cuda_exec *ex,
+                      gk_err *err)
+{
+    if (sv == NULL)
+        return GK_OK;
+    const unsigned rows = (unsigned)hidden->shape[0], cols = (unsigned)hidden->shape[1];
+    const unsigned mask_bytes = (unsigned)(srow - s_mask);
+    const unsigned g = grid_for((size_t)rows * mask_bytes, ex->sm_count);
+    if (hidden->dtype == GK_BF16)
+        relu_mask_kernel<__nv_bfloat16><<<g, THREADS, 0, ex->stream>>>(
+            (const __nv_bfloat16 *)hidden->data, rows, cols, sv + s_mask, srow, mask_bytes);
+    else
+        relu_mask_kernel<float><<<g, THREADS, 0, ex->stream>>>((const float *)hidden->data, rows, cols,
+                                                              sv + s_mask, srow, mask_bytes);
+    return obs_launch_check("nmmo3 forward", err);
+}
+
+/*
+ * The forward; saved given (checked by the caller, 16-byte aligned, a cuBLAS
+ * handle present): conv1 writes its nchw output into the saved rows, the
+ * assembly writes the padded features there (with a projection), which the
+ * projection reads in place, and the ReLU mask follows the projection.
+ */
+int forward_run(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *features,
+                const gk_tensor *hidden, const gk_tensor *c1_out, const gk_tensor *saved,
+                int rows_way, const gk_cuda_exec *ex, gk_err *err)
+{
+    int rc;
     if (gk_tensor_present(c1_out) &&
         (c1_out->dtype != w->conv1_w.dtype || gk_tensor_numel(c1_out) != obs->shape[0] * GK_NMMO3_CONV_CH * 12))
         return gk_fail(err, GK_EINVAL, "nmmo3 forward (cuda): c1 must be (B, 128, 3, 4) of the weights' dtype");
@@ -411,7 +480,8 @@ extern "C" int nmmo3_forward_rows(const gk_nmmo3_weights *w, const gk_tensor *ob
         return gk_fail(err, GK_EINVAL, "nmmo3 forward (cuda): %lld agents: the CUDA kernels take "
                        "fewer than %d (split the batch)", (long long)obs->shape[0], INT32_MAX / FEAT_LD);
     nmmo3_layout l;
-    if ((rc = layout_make(w, obs, features, hidden, ex->sm_count, &l, err)) != GK_OK)
+    const int saving = saved != NULL;
+    if ((rc = layout_make(w, obs, features, hidden, saving, ex->sm_count, &l, err)) != GK_OK)
         return rc;
     if (ex->workspace == NULL || ex->workspace_bytes < l.total)
         return gk_fail(err, GK_ENOMEM, "nmmo3 forward (cuda): needs %zu bytes of workspace, has %zu",
@@ -422,6 +492,12 @@ extern "C" int nmmo3_forward_rows(const gk_nmmo3_weights *w, const gk_tensor *ob
     int64_t c1_shape[4] = {B, GK_NMMO3_CONV_CH, 3, 4};
     int64_t c2_shape[4] = {B, GK_NMMO3_CONV_CH, 1, 2};
     const int blas = ex->blas != NULL;
+    const size_t es = gk_dtype_size(dt);
+    /* The saved rows (gk.h): [features padded to FEAT_LD, with a projection | c1 | ReLU mask]. */
+    const size_t srow = saving ? gk_nmmo3_saved_row_bytes(w) : 0;
+    const size_t s_c1 = gk_tensor_present(hidden) ? (size_t)FEAT_LD * es : 0;
+    const size_t s_mask = s_c1 + (size_t)GK_NMMO3_CONV_CH * 12 * es;
+    uint8_t *sv = saving ? (uint8_t *)saved->data : NULL;
     /*
      * conv2 through one fixed cuBLASLt algorithm in both dtypes (gemm_fixed.cu): the
      * convolution kernel splits k by the batch's tile count, so a row's f32 bits depended on
@@ -433,7 +509,17 @@ extern "C" int nmmo3_forward_rows(const gk_nmmo3_weights *w, const gk_tensor *ob
     void *c1_nchw = gk_tensor_present(c1_out) ? c1_out->data : conv2_gemm ? NULL : ws + l.c1;
     void *c1_whc = conv2_gemm ? ws + l.c1 : NULL;
     gk_tensor c2 = view(ws + l.c2, dt, 4, c2_shape);
-    void *feat = gk_tensor_present(features) ? features->data : ws + l.feat;
+    /*
+     * The rows the projection reads are padded (FEAT_LD) in the workspace whenever cuBLAS
+     * projects, so that it runs an aligned kernel (with the caller's 1817-wide rows it took 526
+     * us at bf16 B = 32768, measured by encoder_bench); the caller's features, when asked for
+     * too, then get a strided copy of them.
+     */
+    const int padded = blas && gk_tensor_present(hidden);
+    void *feat = saving && padded ? (void *)sv
+                 : padded || !gk_tensor_present(features) ? (void *)(ws + l.feat) : features->data;
+    /* The padded rows' stride in elements: the saved row's when they live there. */
+    const size_t feat_ld = saving && padded ? srow / es : FEAT_LD;
 
     gk_cuda_exec e_c1 = exec_at(ex, l.conv1, l.conv1_bytes);
     gk_cuda_exec e_conv = exec_at(ex, l.scratch, ex->workspace_bytes - l.scratch);
@@ -442,16 +528,19 @@ extern "C" int nmmo3_forward_rows(const gk_nmmo3_weights *w, const gk_tensor *ob
     if (ce != cudaSuccess)
         return gk_fail(err, GK_EDEVICE, "nmmo3 forward (cuda): resetting the error record: %s",
                        cudaGetErrorString(ce));
-    /* The workspace's features get padded rows when cuBLAS will read them. */
-    const unsigned ld = !gk_tensor_present(features) && blas ? FEAT_LD : GK_NMMO3_FEATURES;
+    const unsigned ld = padded ? FEAT_LD : GK_NMMO3_FEATURES;
     /*
      * Padded rows and an aligned embedding: 16-byte pieces of rows; fused, conv1's kernel
      * writes every column but conv2's while it runs (its producer warps have the bytes at
      * hand), and conv2's follow.
      */
-    const int rows16 = ld == FEAT_LD && (uintptr_t)w->embed.data % 16 == 0;
-    const int fused = rows16 && rows_way == NMMO3_ROWS_FUSED;
-    if (fused) {
+    const int embed16 = (uintptr_t)w->embed.data % 16 == 0;
+    const int rows16 = ld == FEAT_LD && (embed16 || saving);
+    const int fused = rows16 && !saving && rows_way == NMMO3_ROWS_FUSED;
+    if (saving) {
+        rc = conv1_obs_enqueue_strided(&w->conv1_w, &w->conv1_b, obs, sv + s_c1, (int64_t)(srow / es), c1_whc,
+                                       &e_c1, err);
+    } else if (fused) {
         const conv1_obs_features f = {feat, FEAT_LD, w->embed.data, rec};
         rc = conv1_obs_enqueue_features(&w->conv1_w, &w->conv1_b, obs, c1_nchw, c1_whc, &f, &e_c1, err);
     } else {
@@ -500,11 +589,11 @@ extern "C" int nmmo3_forward_rows(const gk_nmmo3_weights *w, const gk_tensor *ob
         if (dt == GK_BF16)
             assemble16_kernel<__nv_bfloat16><<<vg, THREADS, 0, ex->stream>>>(
                 o, (const __nv_bfloat16 *)c2.data, c2acc, (const __nv_bfloat16 *)w->conv2_b.data,
-                (const __nv_bfloat16 *)w->embed.data, (__nv_bfloat16 *)feat, rows, ch, rec);
+                (const __nv_bfloat16 *)w->embed.data, embed16, (__nv_bfloat16 *)feat, feat_ld, rows, ch, rec);
         else
             assemble16_kernel<float><<<vg, THREADS, 0, ex->stream>>>(
                 o, (const float *)c2.data, c2acc, (const float *)w->conv2_b.data,
-                (const float *)w->embed.data, (float *)feat, rows, ch, rec);
+                (const float *)w->embed.data, embed16, (float *)feat, feat_ld, rows, ch, rec);
     } else if (dt == GK_BF16) {
         assemble_kernel<__nv_bfloat16><<<grid, THREADS, 0, ex->stream>>>(
             o, (const __nv_bfloat16 *)c2.data, c2acc, (const __nv_bfloat16 *)w->conv2_b.data,
@@ -514,7 +603,17 @@ extern "C" int nmmo3_forward_rows(const gk_nmmo3_weights *w, const gk_tensor *ob
             o, (const float *)c2.data, c2acc, (const float *)w->conv2_b.data,
             (const float *)w->embed.data, (float *)feat, rows, ld, rec);
     }
-    if ((rc = obs_launch_check("nmmo3 forward", err)) != GK_OK || !projecting)
+    if ((rc = obs_launch_check("nmmo3 forward", err)) != GK_OK)
+        return rc;
+    if (padded && gk_tensor_present(features) && B > 0) {
+        ce = cudaMemcpy2DAsync(features->data, GK_NMMO3_FEATURES * es, feat, feat_ld * es,
+                               GK_NMMO3_FEATURES * es, (size_t)B, cudaMemcpyDeviceToDevice,
+                               ex->stream);
+        if (ce != cudaSuccess)
+            return gk_fail(err, GK_EDEVICE, "nmmo3 forward (cuda): copying the features: %s",
+                           cudaGetErrorString(ce));
+    }
+    if (!projecting)
         return rc;
     const int64_t H = w->proj_w.shape[0];
     if (ex->blas == NULL) {
@@ -551,7 +650,7 @@ extern "C" int nmmo3_forward_rows(const gk_nmmo3_weights *w, const gk_tensor *ob
     gk_cuda_gemm gp = {};
     gp.trans_a = CUBLAS_OP_T, gp.trans_b = CUBLAS_OP_N;
     gp.m = (int)H, gp.n = (int)B, gp.k = (int)ld, gp.type = cdt, gp.batch = 1;
-    gp.a = pw, gp.lda = ld, gp.b = feat, gp.ldb = ld, gp.ldc = H;
+    gp.a = pw, gp.lda = ld, gp.b = feat, gp.ldb = ld == FEAT_LD ? (int64_t)feat_ld : ld, gp.ldc = H;
     /*
      * cuBLASLt's epilogue adds the bias and applies the ReLU in fp32 before hidden's one
      * rounding, saving the fp32 round trip through the workspace, where hidden's rows keep its
@@ -566,7 +665,7 @@ extern "C" int nmmo3_forward_rows(const gk_nmmo3_weights *w, const gk_tensor *ob
         gp.c = acc, gp.c_type = CUDA_R_32F, gp.bias = NULL, gp.relu = 0;
     if ((rc = gk_cuda_gemm_fixed(ex->blas, &gp, "nmmo3 forward (cuda): projection", err)) ||
         in_epilogue)
-        return rc;
+        return rc != GK_OK ? rc : relu_mask_enqueue(hidden, sv, srow, s_mask, ex, err);
     if (H % 8 == 0 && (uintptr_t)acc % 16 == 0 && (uintptr_t)hidden->data % 16 == 0) {
         const size_t total = (size_t)B * H * gk_dtype_size(dt) / 16;
         const unsigned vg = grid_for(total, ex->sm_count);
@@ -577,7 +676,8 @@ extern "C" int nmmo3_forward_rows(const gk_nmmo3_weights *w, const gk_tensor *ob
         else
             bias_relu16_kernel<float><<<vg, THREADS, 0, ex->stream>>>(
                 acc, (const float *)w->proj_b.data, (float *)hidden->data, total, (unsigned)H);
-        return obs_launch_check("nmmo3 forward", err);
+        rc = obs_launch_check("nmmo3 forward", err);
+        return rc != GK_OK ? rc : relu_mask_enqueue(hidden, sv, srow, s_mask, ex, err);
     }
     const int pairs = H % 2 == 0 && (uintptr_t)acc % 8 == 0 &&
                       (uintptr_t)hidden->data % (2 * gk_dtype_size(dt)) == 0;
@@ -588,7 +688,36 @@ extern "C" int nmmo3_forward_rows(const gk_nmmo3_weights *w, const gk_tensor *ob
     else
         bias_relu_kernel<float><<<grid, THREADS, 0, ex->stream>>>(
             acc, (const float *)w->proj_b.data, (float *)hidden->data, rows, (unsigned)H, pairs);
-    return obs_launch_check("nmmo3 forward", err);
+    rc = obs_launch_check("nmmo3 forward", err);
+    return rc != GK_OK ? rc : relu_mask_enqueue(hidden, sv, srow, s_mask, ex, err);
+}
+
+} // namespace
+
+extern "C" int nmmo3_forward_rows(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                  const gk_tensor *features, const gk_tensor *hidden,
+                                  const gk_tensor *c1_out, int rows_way, const gk_cuda_exec *ex,
+                                  gk_err *err)
+{
+    int rc = gk_nmmo3_forward_check(w, obs, features, hidden, err);
+    return rc != GK_OK ? rc : forward_run(w, obs, features, hidden, c1_out, NULL, rows_way, ex, err);
+}
+
+extern "C" int gk_cuda_nmmo3_forward_save(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                          const gk_tensor *features, const gk_tensor *hidden,
+                                          const gk_tensor *saved, const gk_cuda_exec *ex,
+                                          gk_err *err)
+{
+    if (saved == NULL)
+        return gk_fail(err, GK_EINVAL, "saved (the activations the forward keeps) is required but missing");
+    int rc = gk_nmmo3_forward_save_check(w, obs, features, hidden, saved, err);
+    if (rc != GK_OK)
+        return rc;
+    if ((uintptr_t)saved->data % 16 != 0)
+        return gk_fail(err, GK_EINVAL, "nmmo3 forward_save (cuda): saved must be 16-byte aligned");
+    if (ex->blas == NULL)
+        return gk_fail(err, GK_EINVAL, "nmmo3 forward_save (cuda): needs a cuBLAS handle (gk_cuda_exec.blas)");
+    return forward_run(w, obs, features, hidden, NULL, saved, NMMO3_ROWS_DEFAULT, ex, err);
 }
 
 extern "C" int gk_cuda_nmmo3_forward_keep(const gk_nmmo3_weights *w, const gk_tensor *obs,

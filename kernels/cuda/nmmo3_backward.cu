@@ -120,14 +120,16 @@ template <int VW> __device__ __forceinline__ void store_w(__nv_bfloat16 *p, cons
 /*
  * The projection's ReLU and bias gradient in one pass: dpre = dout where
  * pre + proj_b > 0 (the forward's hidden before its ReLU, in fp32: the same
- * test as relu on the rounded hidden), else 0 (exact in any dtype: a value of
- * dout or 0).  A thread: VW adjacent columns (cols % VW == 0), rows
- * threadIdx.y, +8, ... of the block's SUM_ROWS; the block's column sums of
- * dpre go to part[blockIdx.y][col], the 8 row lanes added in a fixed order.
+ * test as relu on the rounded hidden), or with MASKED where the saved ReLU
+ * mask's bit is set (row r's at mask + r * pitch), else 0 (exact in any
+ * dtype: a value of dout or 0).  A thread: VW adjacent columns
+ * (cols % VW == 0), rows threadIdx.y, +8, ... of the block's SUM_ROWS; the
+ * block's column sums of dpre go to part[blockIdx.y][col], the 8 row lanes
+ * added in a fixed order.
  */
-template <typename T, int VW>
-__global__ void proj_relu_grad_kernel(const float *pre, const T *bias, const T *dout, T *dpre, size_t rows,
-                                      int cols, float *part)
+template <typename T, int VW, bool MASKED>
+__global__ void proj_relu_grad_kernel(const float *pre, const T *bias, const uint8_t *mask, size_t pitch,
+                                      const T *dout, T *dpre, size_t rows, int cols, float *part)
 {
     __shared__ float lanes[8][32 * VW + 1];
     const int col = (blockIdx.x * 32 + threadIdx.x) * VW;
@@ -139,12 +141,18 @@ __global__ void proj_relu_grad_kernel(const float *pre, const T *bias, const T *
     if (col < cols) {
         float b[VW];
         for (int k = 0; k < VW; k++)
-            b[k] = ld(bias, col + k);
+            b[k] = MASKED ? 0.0f : ld(bias, col + k);
 #pragma unroll 4
         for (size_t r = r0 + threadIdx.y; r < r1; r += 8) {
             const size_t i = r * cols + col;
             float p[VW], d[VW];
-            load_w<VW>(pre + i, p);
+            if constexpr (MASKED) { /* VW <= 4 columns from col on: bits of one byte */
+                const unsigned m = mask[r * pitch + col / 8] >> (col % 8);
+                for (int k = 0; k < VW; k++)
+                    p[k] = m >> k & 1u ? 1.0f : 0.0f;
+            } else {
+                load_w<VW>(pre + i, p);
+            }
             load_w<VW>(dout + i, d);
             for (int k = 0; k < VW; k++) {
                 d[k] = p[k] + b[k] > 0.0f ? d[k] : 0.0f;
@@ -196,7 +204,7 @@ template <typename T> __global__ void pad_rows_kernel(const T *src, T *dst, unsi
  */
 template <typename T>
 __global__ void assemble_kernel(const uint8_t *obs, const float *c2acc, const T *b2, const T *embed, T *feat,
-                                unsigned rows)
+                                unsigned rows, bool embed16)
 {
     constexpr unsigned V = 16 / sizeof(T), GROUPS = FEAT_LD / V;
     const unsigned n = rows * GROUPS;
@@ -204,13 +212,23 @@ __global__ void assemble_kernel(const uint8_t *obs, const float *c2acc, const T 
         const unsigned r = i / GROUPS, c0 = (i - r * GROUPS) * V;
         const uint8_t *o = obs + (size_t)r * GK_NMMO3_OBS_BYTES;
         float v[V];
-        if (c0 < (unsigned)EMB_AT) {
+        if (c0 < (unsigned)EMB_AT) { /* 16-byte aligned fp32 runs */
+            const float4 *acc = (const float4 *)(c2acc + (size_t)r * EMB_AT + c0);
+#pragma unroll
+            for (unsigned k = 0; k < V; k += 4) {
+                const float4 x = acc[k / 4];
+                v[k] = x.x, v[k + 1] = x.y, v[k + 2] = x.z, v[k + 3] = x.w;
+            }
 #pragma unroll
             for (unsigned k = 0; k < V; k++)
-                v[k] = c2acc[(size_t)r * EMB_AT + c0 + k] + ld(b2, (c0 + k) / C2_P);
+                v[k] += ld(b2, (c0 + k) / C2_P);
         } else if (c0 < (unsigned)DFEAT_N) {
             const unsigned j = (c0 - EMB_AT) / GK_NMMO3_EMBED_DIM, d = (c0 - EMB_AT) % GK_NMMO3_EMBED_DIM;
             const T *e = embed + (size_t)o[GK_NMMO3_PLAYER_OFFSET + j] * GK_NMMO3_EMBED_DIM + d;
+            if (embed16) { /* copied as is: the features' embedding part is the table's row */
+                *(uint4 *)(feat + (size_t)r * FEAT_LD + c0) = *(const uint4 *)e;
+                continue;
+            }
 #pragma unroll
             for (unsigned k = 0; k < V; k++)
                 v[k] = ld(e, k);
@@ -249,7 +267,7 @@ __global__ void unpad_rows_kernel(const float *src, float *dst, unsigned rows, i
  * Every map byte and player byte of the batch checked before anything is
  * written, into the forward's records (gk_cuda_nmmo3_status reads them): the
  * first bad player value lowers player_rec to agent * 47 + i, the first bad
- * map value map_rec to agent * 1650 + byte (the multihot record).  An agent a
+ * map value map_rec to agent * 1650 + byte (the multihot record).  Two agents a
  * block at a time: threads 0..164 a map pixel each (its 10 bytes, and its
  * conv1 one-hot mask into masks[agent][pixel] where masks is given: the batch
  * is one chunk), the next 47 a player value each.
@@ -257,20 +275,33 @@ __global__ void unpad_rows_kernel(const float *src, float *dst, unsigned rows, i
 __global__ void obs_check_kernel(const uint8_t *obs, size_t agents, uint64_t *masks,
                                  unsigned long long *player_rec, unsigned long long *map_rec)
 {
-    constexpr int PIX = 11 * 15, MAP = PIX * 10;
+    constexpr int PIX = 11 * 15, MAP = PIX * 10, PER = 2; /* agents a block at a time */
     const int t = threadIdx.x;
-    for (size_t a = blockIdx.x; a < agents; a += gridDim.x) {
-        const uint8_t *o = obs + a * GK_NMMO3_OBS_BYTES;
-        if (t < PIX) {
-            int bad;
-            const uint64_t m = nmmo3_conv1_pixel_mask(o + t * 10, &bad);
-            if (bad >= 0)
-                obs_record_offender(map_rec, (unsigned long long)a * MAP + (unsigned)(t * 10 + bad));
-            if (masks != NULL)
-                masks[a * PIX + t] = m;
-        } else if (t < PIX + GK_NMMO3_PLAYER_COUNT) {
-            if (o[GK_NMMO3_PLAYER_OFFSET + t - PIX] >= GK_NMMO3_EMBED_VOCAB)
+    for (size_t a0 = (size_t)blockIdx.x * PER; a0 < agents; a0 += (size_t)gridDim.x * PER) {
+        uint64_t m[PER] = {0, 0};
+        int bad[PER] = {-1, -1};
+        bool player_bad[PER] = {false, false};
+#pragma unroll
+        for (int k = 0; k < PER; k++) { /* both agents' loads in flight before either is tested */
+            const uint8_t *o = obs + (a0 + k < agents ? a0 + k : a0) * GK_NMMO3_OBS_BYTES;
+            if (t < PIX)
+                m[k] = nmmo3_conv1_pixel_mask(o + t * 10, &bad[k]);
+            else if (t < PIX + GK_NMMO3_PLAYER_COUNT)
+                player_bad[k] = o[GK_NMMO3_PLAYER_OFFSET + t - PIX] >= GK_NMMO3_EMBED_VOCAB;
+        }
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            const size_t a = a0 + k;
+            if (a >= agents)
+                break;
+            if (t < PIX) {
+                if (bad[k] >= 0)
+                    obs_record_offender(map_rec, (unsigned long long)a * MAP + (unsigned)(t * 10 + bad[k]));
+                if (masks != NULL)
+                    masks[a * PIX + t] = m[k];
+            } else if (t < PIX + GK_NMMO3_PLAYER_COUNT && player_bad[k]) {
                 obs_record_offender(player_rec, (unsigned long long)a * GK_NMMO3_PLAYER_COUNT + (unsigned)(t - PIX));
+            }
         }
     }
 }
@@ -371,7 +402,8 @@ struct bwd_layout {
         wgrad1, embg, part, total;
 };
 
-int layout_make(const gk_nmmo3_weights *w, int64_t chunk, int sm_count, bwd_layout *l, gk_err *err)
+/* saving: the activations come from saved rows, so no room for their recompute. */
+int layout_make(const gk_nmmo3_weights *w, int64_t chunk, int saving, int sm_count, bwd_layout *l, gk_err *err)
 {
     const gk_dtype dt = w->conv1_w.dtype;
     const size_t es = gk_dtype_size(dt), n = (size_t)chunk;
@@ -381,18 +413,19 @@ int layout_make(const gk_nmmo3_weights *w, int64_t chunk, int sm_count, bwd_layo
     int rc = gk_cuda_nmmo3_conv1_workspace_bytes(&w->conv1_w, &conv1, err);
     if (rc != GK_OK)
         return rc;
+    const size_t recompute = saving ? 0 : 1; /* multiplies the recompute's buffers */
     size_t at = align256(GK_CUDA_NMMO3_RECORDS * (size_t)GK_CUDA_OBS_RECORD_BYTES); /* batch_validate's */
     l->chunk = chunk;
     l->conv1_at = at;
     l->conv1 = conv1;
-    at += align256(conv1);
+    at += recompute * align256(conv1);
     l->c2acc = at; /* conv2's fp32 output, for the features (projection only) */
-    at += projecting ? align256(n * EMB_AT * sizeof(float)) : 0;
+    at += projecting ? recompute * align256(n * EMB_AT * sizeof(float)) : 0;
     /* The projection's: padded features, fp32 pre-activations, dpre, padded proj_w and its gradient. */
     l->feat_pad = at;
-    at += projecting ? align256(n * FEAT_LD * es) : 0;
+    at += projecting ? recompute * align256(n * FEAT_LD * es) : 0;
     l->pre = at;
-    at += align256(n * (size_t)hid * sizeof(float));
+    at += recompute * align256(n * (size_t)hid * sizeof(float));
     l->dpre = at;
     at += align256(n * (size_t)hid * es);
     l->wp_pad = at;
@@ -400,7 +433,7 @@ int layout_make(const gk_nmmo3_weights *w, int64_t chunk, int sm_count, bwd_layo
     l->dwp_pad = at;
     at += align256((size_t)hid * FEAT_LD * sizeof(float));
     l->c1 = at;
-    at += align256(n * CH * C1_P * es);
+    at += recompute * align256(n * CH * C1_P * es);
     l->dfeat = at;
     at += projecting ? align256(n * DFEAT_N * es) : 0;
     l->dc1pre = at; /* conv1's output gradient before its ReLU */
@@ -422,18 +455,18 @@ int layout_make(const gk_nmmo3_weights *w, int64_t chunk, int sm_count, bwd_layo
 }
 
 /* The largest chunk of agents (all of them, or a multiple of MIN_CHUNK) that fits budget. */
-int plan_make(const gk_nmmo3_weights *w, const gk_tensor *obs, int sm_count, size_t budget,
+int plan_make(const gk_nmmo3_weights *w, const gk_tensor *obs, int saving, int sm_count, size_t budget,
               bwd_layout *l, gk_err *err)
 {
     const int64_t B = obs->shape[0];
-    int rc = layout_make(w, B, sm_count, l, err);
+    int rc = layout_make(w, B, saving, sm_count, l, err);
     if (rc != GK_OK || l->total <= budget)
         return rc;
     int64_t lo = 1, hi = (B - 1) / MIN_CHUNK; /* chunks of lo..hi x MIN_CHUNK agents */
     int64_t best = 0;
     while (lo <= hi) {
         const int64_t mid = lo + (hi - lo) / 2;
-        if ((rc = layout_make(w, mid * MIN_CHUNK, sm_count, l, err)) != GK_OK)
+        if ((rc = layout_make(w, mid * MIN_CHUNK, saving, sm_count, l, err)) != GK_OK)
             return rc;
         if (l->total <= budget) {
             best = mid;
@@ -443,7 +476,7 @@ int plan_make(const gk_nmmo3_weights *w, const gk_tensor *obs, int sm_count, siz
         }
     }
     const int64_t least = B < MIN_CHUNK ? B : MIN_CHUNK;
-    if ((rc = layout_make(w, best > 0 ? best * MIN_CHUNK : least, sm_count, l, err)) != GK_OK)
+    if ((rc = layout_make(w, best > 0 ? best * MIN_CHUNK : least, saving, sm_count, l, err)) != GK_OK)
         return rc;
     if (l->total > budget)
         return gk_fail(err, GK_ENOMEM,
@@ -515,19 +548,44 @@ int batch_validate(const gk_tensor *obs, uint64_t *masks, const gk_cuda_exec *ex
     if (ce != cudaSuccess)
         return gk_fail(err, GK_EDEVICE, "nmmo3 backward (cuda): resetting the error records: %s",
                        cudaGetErrorString(ce));
-    const size_t most = (size_t)(ex->sm_count > 0 ? ex->sm_count : 1) * 16;
-    obs_check_kernel<<<(unsigned)(agents < most ? (agents > 0 ? agents : 1) : most), THREADS, 0, ex->stream>>>(
+    const size_t most = (size_t)(ex->sm_count > 0 ? ex->sm_count : 1) * 16, pairs = (agents + 1) / 2;
+    obs_check_kernel<<<(unsigned)(pairs < most ? (pairs > 0 ? pairs : 1) : most), THREADS, 0, ex->stream>>>(
         (const uint8_t *)obs->data, agents, masks, (unsigned long long *)ws,
         (unsigned long long *)(ws + GK_CUDA_OBS_RECORD_BYTES));
     int rc = obs_launch_check("nmmo3 backward", err);
     return rc == GK_OK ? gk_cuda_nmmo3_status(obs, ex, err) : rc; /* it waits for the kernel */
 }
 
-/* One chunk of agents [a0, a0 + n): the recompute, then every gradient added in. */
+/*
+ * A batch's saved rows (gk.h's layout): [features padded to FEAT_LD, with a
+ * projection | c1 | the projection's ReLU mask]; base NULL: none.
+ */
+struct saved_rows {
+    const uint8_t *base;
+    size_t row, c1_at, mask_at;
+};
+
+saved_rows saved_rows_make(const gk_nmmo3_weights *w, const gk_tensor *saved)
+{
+    saved_rows r = {};
+    if (saved == NULL)
+        return r;
+    const size_t es = gk_dtype_size(w->conv1_w.dtype);
+    r.base = (const uint8_t *)saved->data;
+    r.row = gk_nmmo3_saved_row_bytes(w);
+    r.c1_at = gk_tensor_present(&w->proj_w) ? (size_t)FEAT_LD * es : 0;
+    r.mask_at = r.c1_at + (size_t)C1_N * es;
+    return r;
+}
+
+/*
+ * One chunk of agents [a0, a0 + n): the recompute (or the saved rows' values
+ * in its place), then every gradient added in.
+ */
 template <typename T>
-int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *dout,
-                   const gk_nmmo3_weights *g, int64_t a0, int64_t n, const bwd_layout &l,
-                   int first, const gk_cuda_exec *ex, gk_err *err)
+int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const saved_rows &sv,
+                   const gk_tensor *dout, const gk_nmmo3_weights *g, int64_t a0, int64_t n,
+                   const bwd_layout &l, int first, const gk_cuda_exec *ex, gk_err *err)
 {
     const gk_dtype dt = w->conv1_w.dtype;
     const cudaDataType_t cdt = dt == GK_BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -539,8 +597,14 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
     const gemm_rm gm = {ex->blas->handle, cdt, !first};
     const uint8_t *o = (const uint8_t *)obs->data + a0 * GK_NMMO3_OBS_BYTES;
     const T *dy = (const T *)((const uint8_t *)dout->data + (size_t)(a0 * nout) * es);
-    T *c1 = (T *)(ws + l.c1);
     float *part = (float *)(ws + l.part);
+    /* conv1's output and the padded features: the recompute's, or the saved rows' in place. */
+    const uint8_t *srow = sv.base != NULL ? sv.base + (size_t)a0 * sv.row : NULL;
+    T *c1 = srow != NULL ? (T *)(srow + sv.c1_at) : (T *)(ws + l.c1);
+    const size_t c1_ld = srow != NULL ? sv.row / es : (size_t)C1_N;
+    T *fp = srow != NULL ? (T *)srow : (T *)(ws + l.feat_pad);
+    const size_t fp_ld = srow != NULL ? sv.row / es : (size_t)FEAT_LD;
+    int rc = GK_OK;
 
     /*
      * The recompute (values already validated: conv1's record is not read):
@@ -554,16 +618,16 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
     gk_cuda_exec e1 = *ex;
     e1.workspace = ws + l.conv1_at;
     e1.workspace_bytes = l.conv1;
-    int rc = gk_cuda_nmmo3_conv1(&w->conv1_w, &w->conv1_b, &to, &tc, &e1, err);
-    if (rc != GK_OK)
+    if (srow == NULL && (rc = gk_cuda_nmmo3_conv1(&w->conv1_w, &w->conv1_b, &to, &tc, &e1, err)) != GK_OK)
         return rc;
-    if (projecting) {
+    if (projecting && srow == NULL) {
         float *c2acc = (float *)(ws + l.c2acc);
         if ((rc = gemm({gm.h, cdt, 0}, false, true, n, EMB_AT, C1_N, c1, C1_N, ws + l.wbig, C1_N, c2acc,
                        CUDA_R_32F, EMB_AT, "conv2", err)))
             return rc;
         assemble_kernel<T><<<grid_for((size_t)n * FEAT_LD * es / 16, ex->sm_count), THREADS, 0, s>>>(
-            o, c2acc, (const T *)w->conv2_b.data, (const T *)w->embed.data, (T *)(ws + l.feat_pad), (unsigned)n);
+            o, c2acc, (const T *)w->conv2_b.data, (const T *)w->embed.data, (T *)(ws + l.feat_pad), (unsigned)n,
+            (uintptr_t)w->embed.data % 16 == 0);
         if ((rc = launch_check(err)))
             return rc;
     }
@@ -576,23 +640,34 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
     const T *dfeat = dy;
     int64_t dld = FEAT;
     if (projecting) {
-        T *fp = (T *)(ws + l.feat_pad), *dpre = (T *)(ws + l.dpre), *df = (T *)(ws + l.dfeat);
+        T *dpre = (T *)(ws + l.dpre), *df = (T *)(ws + l.dfeat);
         float *pre = (float *)(ws + l.pre), *dwp = (float *)(ws + l.dwp_pad);
         const void *wp = ws + l.wp_pad;
-        if ((rc = gemm({gm.h, cdt, 0}, false, true, n, hid, FEAT_LD, fp, FEAT_LD, wp, FEAT_LD, pre,
-                       CUDA_R_32F, hid, "projection", err)))
+        if (srow == NULL && (rc = gemm({gm.h, cdt, 0}, false, true, n, hid, FEAT_LD, fp, FEAT_LD, wp, FEAT_LD,
+                                       pre, CUDA_R_32F, hid, "projection", err)))
             return rc;
         const unsigned blocks = (unsigned)((n + SUM_ROWS - 1) / SUM_ROWS);
-        if (hid % 4 == 0 && (uintptr_t)dy % (4 * es) == 0) /* pre and dpre: 256-byte aligned */
-            proj_relu_grad_kernel<T, 4><<<dim3((unsigned)(hid + 127) / 128, blocks), dim3(32, 8), 0, s>>>(
-                pre, (const T *)w->proj_b.data, dy, dpre, (size_t)n, (int)hid, part);
-        else
-            proj_relu_grad_kernel<T, 1><<<dim3((unsigned)(hid + 31) / 32, blocks), dim3(32, 8), 0, s>>>(
-                pre, (const T *)w->proj_b.data, dy, dpre, (size_t)n, (int)hid, part);
+        const T *pb = (const T *)w->proj_b.data;
+        const uint8_t *mask = srow != NULL ? srow + sv.mask_at : NULL;
+        const dim3 b4((unsigned)(hid + 127) / 128, blocks), b1((unsigned)(hid + 31) / 32, blocks);
+        if (hid % 4 == 0 && (uintptr_t)dy % (4 * es) == 0) { /* pre and dpre: 256-byte aligned */
+            if (mask != NULL)
+                proj_relu_grad_kernel<T, 4, true><<<b4, dim3(32, 8), 0, s>>>(pre, pb, mask, sv.row, dy, dpre,
+                                                                            (size_t)n, (int)hid, part);
+            else
+                proj_relu_grad_kernel<T, 4, false><<<b4, dim3(32, 8), 0, s>>>(pre, pb, mask, 0, dy, dpre,
+                                                                             (size_t)n, (int)hid, part);
+        } else if (mask != NULL) {
+            proj_relu_grad_kernel<T, 1, true><<<b1, dim3(32, 8), 0, s>>>(pre, pb, mask, sv.row, dy, dpre, (size_t)n,
+                                                                        (int)hid, part);
+        } else {
+            proj_relu_grad_kernel<T, 1, false><<<b1, dim3(32, 8), 0, s>>>(pre, pb, mask, 0, dy, dpre, (size_t)n,
+                                                                         (int)hid, part);
+        }
         column_sums_finish_kernel<<<(unsigned)(hid + THREADS / 32 - 1) / (THREADS / 32), THREADS, 0, s>>>(
             part, (int)blocks, (int)hid, 1, (float *)g->proj_b.data, !first);
         if ((rc = launch_check(err)) ||
-            (rc = gemm({gm.h, cdt, 0}, true, false, hid, FEAT_LD, n, dpre, hid, fp, FEAT_LD, dwp,
+            (rc = gemm({gm.h, cdt, 0}, true, false, hid, FEAT_LD, n, dpre, hid, fp, (int64_t)fp_ld, dwp,
                        CUDA_R_32F, FEAT_LD, "d proj_w", err)))
             return rc;
         unpad_rows_kernel<<<grid_for((size_t)hid * FEAT, ex->sm_count), THREADS, 0, s>>>(
@@ -612,8 +687,8 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
      */
     T *dc1pre = (T *)(ws + l.dc1pre);
     float *g2 = (float *)(ws + l.g2);
-    if ((rc = gemm({gm.h, cdt, 0}, true, false, EMB_AT, C1_N, n, dfeat, dld, c1, C1_N, g2, CUDA_R_32F,
-                   C1_N, "d conv2_w", err)))
+    if ((rc = gemm({gm.h, cdt, 0}, true, false, EMB_AT, C1_N, n, dfeat, dld, c1, (int64_t)c1_ld, g2,
+                   CUDA_R_32F, C1_N, "d conv2_w", err)))
         return rc;
     conv2_wgrad_fold_kernel<<<grid_for((size_t)CH * C2_K, ex->sm_count), THREADS, 0, s>>>(
         g2, (float *)g->conv2_w.data, !first);
@@ -625,7 +700,7 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
         return rc;
 
     /* conv1: weight and bias gradients from the bytes, its ReLU applied on the way. */
-    if ((rc = nmmo3_conv1_wgrad(dt, o, dc1pre, c1, n, (float *)g->conv1_w.data, (float *)g->conv1_b.data,
+    if ((rc = nmmo3_conv1_wgrad(dt, o, dc1pre, c1, c1_ld, n, (float *)g->conv1_w.data, (float *)g->conv1_b.data,
                                 !first, l.chunk >= obs->shape[0], ws + l.wgrad1, ex->sm_count, s, err)) != GK_OK)
         return rc;
 
@@ -636,35 +711,33 @@ int chunk_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_ten
 
 } // namespace
 
-extern "C" int gk_cuda_nmmo3_backward_workspace_bytes(const gk_nmmo3_weights *w,
-                                                      const gk_tensor *obs, const gk_tensor *dout,
-                                                      const gk_nmmo3_weights *grads, int sm_count,
-                                                      size_t budget, size_t *bytes, gk_err *err)
+namespace {
+
+/* The checks of either backward; saved NULL: the stateless one's. */
+int backward_check(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *saved,
+                   const gk_tensor *dout, const gk_nmmo3_weights *grads, gk_err *err)
 {
-    int rc = gk_nmmo3_backward_check(w, obs, dout, grads, err);
+    int rc = saved != NULL ? gk_nmmo3_backward_saved_check(w, obs, saved, dout, grads, err)
+                           : gk_nmmo3_backward_check(w, obs, dout, grads, err);
     if (rc != GK_OK || (rc = obs_numel_check(obs, "nmmo3 backward", "obs", err)) ||
         (rc = obs_numel_check(dout, "nmmo3 backward", "dout", err)))
         return rc;
-    bwd_layout l;
-    if ((rc = plan_make(w, obs, sm_count, budget, &l, err)) != GK_OK)
-        return rc;
-    *bytes = l.total;
+    if (saved != NULL && (uintptr_t)saved->data % 16 != 0)
+        return gk_fail(err, GK_EINVAL, "nmmo3 backward_saved (cuda): saved must be 16-byte aligned");
     return GK_OK;
 }
 
-extern "C" int gk_cuda_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor *obs,
-                                      const gk_tensor *dout, const gk_nmmo3_weights *grads,
-                                      const gk_cuda_exec *ex, gk_err *err)
+int backward_run(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *saved,
+                 const gk_tensor *dout, const gk_nmmo3_weights *grads, const gk_cuda_exec *ex, gk_err *err)
 {
-    int rc = gk_nmmo3_backward_check(w, obs, dout, grads, err);
-    if (rc != GK_OK || (rc = obs_numel_check(obs, "nmmo3 backward", "obs", err)) ||
-        (rc = obs_numel_check(dout, "nmmo3 backward", "dout", err)))
+    int rc = backward_check(w, obs, saved, dout, grads, err);
+    if (rc != GK_OK)
         return rc;
     if (ex->blas == NULL)
         return gk_fail(err, GK_EINVAL, "nmmo3 backward (cuda): needs a cuBLAS handle (gk_cuda_exec.blas)");
     bwd_layout l;
-    if ((rc = plan_make(w, obs, ex->sm_count, ex->workspace == NULL ? 0 : ex->workspace_bytes, &l,
-                        err)) != GK_OK)
+    if ((rc = plan_make(w, obs, saved != NULL, ex->sm_count, ex->workspace == NULL ? 0 : ex->workspace_bytes,
+                        &l, err)) != GK_OK)
         return rc;
     /* One chunk: the check also makes conv1's one-hot masks for the whole batch. */
     const int64_t B = obs->shape[0];
@@ -693,11 +766,66 @@ extern "C" int gk_cuda_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor
     }
     if ((rc = launch_check(err)) != GK_OK)
         return rc;
+    const saved_rows sv = saved_rows_make(w, saved);
     for (int64_t a0 = 0; a0 < B && rc == GK_OK; a0 += l.chunk) {
         const int64_t n = B - a0 < l.chunk ? B - a0 : l.chunk;
         rc = w->conv1_w.dtype == GK_BF16
-                 ? chunk_backward<__nv_bfloat16>(w, obs, dout, grads, a0, n, l, a0 == 0, ex, err)
-                 : chunk_backward<float>(w, obs, dout, grads, a0, n, l, a0 == 0, ex, err);
+                 ? chunk_backward<__nv_bfloat16>(w, obs, sv, dout, grads, a0, n, l, a0 == 0, ex, err)
+                 : chunk_backward<float>(w, obs, sv, dout, grads, a0, n, l, a0 == 0, ex, err);
     }
     return rc;
+}
+
+int workspace_bytes(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *saved,
+                    const gk_tensor *dout, const gk_nmmo3_weights *grads, int sm_count, size_t budget,
+                    size_t *bytes, gk_err *err)
+{
+    int rc = backward_check(w, obs, saved, dout, grads, err);
+    if (rc != GK_OK)
+        return rc;
+    bwd_layout l;
+    if ((rc = plan_make(w, obs, saved != NULL, sm_count, budget, &l, err)) != GK_OK)
+        return rc;
+    *bytes = l.total;
+    return GK_OK;
+}
+
+} // namespace
+
+extern "C" int gk_cuda_nmmo3_backward_workspace_bytes(const gk_nmmo3_weights *w,
+                                                      const gk_tensor *obs, const gk_tensor *dout,
+                                                      const gk_nmmo3_weights *grads, int sm_count,
+                                                      size_t budget, size_t *bytes, gk_err *err)
+{
+    return workspace_bytes(w, obs, NULL, dout, grads, sm_count, budget, bytes, err);
+}
+
+extern "C" int gk_cuda_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                      const gk_tensor *dout, const gk_nmmo3_weights *grads,
+                                      const gk_cuda_exec *ex, gk_err *err)
+{
+    return backward_run(w, obs, NULL, dout, grads, ex, err);
+}
+
+extern "C" int gk_cuda_nmmo3_backward_saved_workspace_bytes(const gk_nmmo3_weights *w,
+                                                            const gk_tensor *obs,
+                                                            const gk_tensor *saved,
+                                                            const gk_tensor *dout,
+                                                            const gk_nmmo3_weights *grads,
+                                                            int sm_count, size_t budget,
+                                                            size_t *bytes, gk_err *err)
+{
+    if (saved == NULL)
+        return gk_fail(err, GK_EINVAL, "saved (the activations the forward keeps) is required but missing");
+    return workspace_bytes(w, obs, saved, dout, grads, sm_count, budget, bytes, err);
+}
+
+extern "C" int gk_cuda_nmmo3_backward_saved(const gk_nmmo3_weights *w, const gk_tensor *obs,
+                                            const gk_tensor *saved, const gk_tensor *dout,
+                                            const gk_nmmo3_weights *grads, const gk_cuda_exec *ex,
+                                            gk_err *err)
+{
+    if (saved == NULL)
+        return gk_fail(err, GK_EINVAL, "saved (the activations the forward keeps) is required but missing");
+    return backward_run(w, obs, saved, dout, grads, ex, err);
 }

@@ -10,8 +10,10 @@
  * one-hot rows are the 64-bit masks of the input pixels (one bit a hot
  * channel), made once per call from the bytes (masks_kernel, or the caller
  * while it checks the batch); a thread makes
- * its mma.sync B fragments in registers from them (two mask bits -> a pair
- * of bf16 0/1), so the 1.2 GB unfolded input of a B = 32768 batch is never
+ * its mma.sync B fragments in registers from them (a row's bits spread to
+ * 0x00/0xff bytes, two rows' bytes permuted into a pair of bf16 0/1 and
+ * masked: two instructions a fragment register), so the 1.2 GB unfolded
+ * input of a B = 32768 batch is never
  * written nor read.
  *
  * Blocks: 5 per chunk of agents, one per kernel row kh (and OC_BLK output
@@ -99,12 +101,6 @@ __device__ __forceinline__ void cp_async_commit()
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
-/* Two bits (bit 0: the lower k) as the packed bf16 pair of an mma fragment: 0 or 1.0 each. */
-__device__ __forceinline__ uint32_t bits_to_bf16x2(uint32_t y)
-{
-    return (y & 1u) * 0x3f80u + (y & 2u) * 0x1fc00000u;
-}
-
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
@@ -140,21 +136,22 @@ __global__ void masks_kernel(const uint8_t *__restrict__ obs, int64_t agents, ui
 
 /*
  * Stages step `a` (na agents) of dc1pre and c1 (the block's output channels
- * oc0.., BLK_C1 contiguous values an agent) and the masks of row kh.
+ * oc0.., BLK_C1 contiguous values an agent; c1's agents c1_ld elements apart)
+ * and the masks of row kh.
  */
 template <int NSPLIT, typename T>
-__device__ __forceinline__ void stage_issue(uint8_t *sm, const T *dpre, const T *c1, const uint64_t *masks,
-                                            int64_t a, int na, int kh, int oc0, int buf)
+__device__ __forceinline__ void stage_issue(uint8_t *sm, const T *dpre, const T *c1, size_t c1_ld,
+                                            const uint64_t *masks, int64_t a, int na, int kh, int oc0, int buf)
 {
     using G = geom<NSPLIT, T>;
     constexpr int VPA = BLK_C1 * (int)sizeof(T) / 16; /* 16-byte pieces an agent */
-    const size_t at = ((size_t)a * C1N + (size_t)oc0 * PIX) * sizeof(T);
-    const uint8_t *gd = (const uint8_t *)dpre + at, *gc = (const uint8_t *)c1 + at;
+    const uint8_t *gd = (const uint8_t *)(dpre + (size_t)a * C1N + (size_t)oc0 * PIX);
+    const uint8_t *gc = (const uint8_t *)(c1 + (size_t)a * c1_ld + (size_t)oc0 * PIX);
     for (int v = threadIdx.x; v < na * VPA; v += THREADS) {
         const int aa = v / VPA;
-        const size_t src = (size_t)aa * C1N * sizeof(T) + (size_t)(v - aa * VPA) * 16;
-        cp_async16(sm + G::RAW_D + v * 16, gd + src);
-        cp_async16(sm + G::RAW_C + v * 16, gc + src);
+        const size_t piece = (size_t)(v - aa * VPA) * 16;
+        cp_async16(sm + G::RAW_D + v * 16, gd + (size_t)aa * C1N * sizeof(T) + piece);
+        cp_async16(sm + G::RAW_C + v * 16, gc + (size_t)aa * c1_ld * sizeof(T) + piece);
     }
     uint64_t *ms = (uint64_t *)(sm + G::MASKS) + buf * G::STEP * ROW_MASKS;
     for (int i = threadIdx.x; i < na * ROW_MASKS; i += THREADS) {
@@ -233,7 +230,7 @@ __device__ __forceinline__ void stage_convert(uint8_t *sm, int na, const float *
 template <int NSPLIT, typename T>
 __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
     wgrad_kernel(const uint64_t *__restrict__ masks, const T *__restrict__ dpre, const T *__restrict__ c1,
-                 int64_t agents, int64_t per_block, float *__restrict__ part)
+                 size_t c1_ld, int64_t agents, int64_t per_block, float *__restrict__ part)
 {
     using G = geom<NSPLIT, T>;
     extern __shared__ __align__(16) uint8_t sm[];
@@ -259,7 +256,7 @@ __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
 
     const int64_t steps = a1 > a0 ? (a1 - a0 + G::STEP - 1) / G::STEP : 0;
     if (steps > 0)
-        stage_issue<NSPLIT, T>(sm, dpre, c1, masks, a0, (int)(a1 - a0 < G::STEP ? a1 - a0 : G::STEP), kh, oc0, 0);
+        stage_issue<NSPLIT, T>(sm, dpre, c1, c1_ld, masks, a0, (int)(a1 - a0 < G::STEP ? a1 - a0 : G::STEP), kh, oc0, 0);
     /* ldmatrix: lanes 0-7 rows 0-7 at k 0, 8-15 rows 8-15 at k 0, 16-23 rows 0-7 at k 8, ... */
     const uint32_t a_lane = smem_u32(sm) + ((lane & 15) * G::APITCH + (lane >> 4) * 8) * 2;
     const int krow = 2 * (lane & 3), shift = lane >> 2;
@@ -272,26 +269,25 @@ __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
         __syncthreads();
         if (s + 1 < steps) {
             const int64_t an = a + G::STEP;
-            stage_issue<NSPLIT, T>(sm, dpre, c1, masks, an, (int)(a1 - an < G::STEP ? a1 - an : G::STEP), kh, oc0,
+            stage_issue<NSPLIT, T>(sm, dpre, c1, c1_ld, masks, an, (int)(a1 - an < G::STEP ? a1 - an : G::STEP), kh, oc0,
                                    (int)((s + 1) & 1));
         }
-        const uint64_t *ms = (const uint64_t *)(sm + G::MASKS) + (s & 1) * G::STEP * ROW_MASKS + kw;
+        /* The 32-bit half of each mask that holds this warp's 32 channels. */
+        const uint32_t *ms = (const uint32_t *)(sm + G::MASKS) + 2 * ((s & 1) * G::STEP * ROW_MASKS + kw) + half;
 #pragma unroll
         for (int k = 0; k < G::K16; k++) {
             const int r = k * 16 + krow;
-            const uint64_t m0 = ms[rowofs[r]], m1 = ms[rowofs[r + 1]];
-            const uint64_t m8 = ms[rowofs[r + 8]], m9 = ms[rowofs[r + 9]];
-            const uint32_t w0 = (uint32_t)(half ? m0 >> 32 : m0) >> shift;
-            const uint32_t w1 = (uint32_t)(half ? m1 >> 32 : m1) >> shift;
-            const uint32_t w8 = (uint32_t)(half ? m8 >> 32 : m8) >> shift;
-            const uint32_t w9 = (uint32_t)(half ? m9 >> 32 : m9) >> shift;
-            const uint32_t z01 = (w0 & 0x01010101u) | (w1 & 0x01010101u) << 1;
-            const uint32_t z89 = (w8 & 0x01010101u) | (w9 & 0x01010101u) << 1;
+            /* Row k's bit of channel 8j + lane/4 at bit 8j, spread to a 0x00/0xff byte j. */
+            const uint32_t t0 = (ms[2 * rowofs[r]] >> shift & 0x01010101u) * 0xffu;
+            const uint32_t t1 = (ms[2 * rowofs[r + 1]] >> shift & 0x01010101u) * 0xffu;
+            const uint32_t t8 = (ms[2 * rowofs[r + 8]] >> shift & 0x01010101u) * 0xffu;
+            const uint32_t t9 = (ms[2 * rowofs[r + 9]] >> shift & 0x01010101u) * 0xffu;
             uint32_t b0[4], b1[4];
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                b0[j] = bits_to_bf16x2(z01 >> (8 * j));
-                b1[j] = bits_to_bf16x2(z89 >> (8 * j));
+            for (int j = 0; j < 4; j++) { /* bytes (j, j, 4 + j, 4 + j) of (lower row, upper row) -> 1.0 or 0 each */
+                const uint32_t sel = (uint32_t)(j | j << 4 | (4 + j) << 8 | (4 + j) << 12);
+                b0[j] = __byte_perm(t0, t1, sel) & 0x3f803f80u;
+                b1[j] = __byte_perm(t8, t9, sel) & 0x3f803f80u;
             }
 #pragma unroll
             for (int p = 0; p < NSPLIT; p++) {
@@ -350,7 +346,7 @@ void split_make(int64_t agents, int sm_count, int64_t *per_block, int64_t *chunk
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 template <int NSPLIT, typename T>
-int wgrad_launch(const uint64_t *masks, const void *dpre, const void *c1, int64_t agents,
+int wgrad_launch(const uint64_t *masks, const void *dpre, const void *c1, size_t c1_ld, int64_t agents,
                  int64_t per_block, int64_t chunks, float *part, cudaStream_t s, gk_err *err)
 {
     using G = geom<NSPLIT, T>;
@@ -360,7 +356,7 @@ int wgrad_launch(const uint64_t *masks, const void *dpre, const void *c1, int64_
         return gk_fail(err, GK_EDEVICE, "nmmo3 conv1 wgrad (cuda): shared memory %d: %s", G::SMEM,
                        cudaGetErrorString(e));
     wgrad_kernel<NSPLIT, T><<<(unsigned)(chunks * BLOCKS_PER_CHUNK), THREADS, G::SMEM, s>>>(
-        masks, (const T *)dpre, (const T *)c1, agents, per_block, part);
+        masks, (const T *)dpre, (const T *)c1, c1_ld, agents, per_block, part);
     return GK_OK;
 }
 
@@ -379,7 +375,7 @@ size_t nmmo3_conv1_wgrad_workspace_bytes(int64_t agents, int sm_count)
 }
 
 int nmmo3_conv1_wgrad(gk_dtype dt, const uint8_t *obs, const void *dc1pre, const void *c1,
-                      int64_t agents, float *dw1, float *db1, int accumulate, int masks_ready,
+                      size_t c1_ld, int64_t agents, float *dw1, float *db1, int accumulate, int masks_ready,
                       void *ws, int sm_count, cudaStream_t s, gk_err *err)
 {
     for (int f = 0; f < NFEAT; f++) /* the kernels' copy of the feature table */
@@ -396,8 +392,8 @@ int nmmo3_conv1_wgrad(gk_dtype dt, const uint8_t *obs, const void *dc1pre, const
     const int64_t blocks = (n + 255) / 256 < cap ? (n + 255) / 256 : cap;
     if (!masks_ready)
         masks_kernel<<<(unsigned)blocks, 256, 0, s>>>(obs, agents, masks);
-    int rc = dt == GK_BF16 ? wgrad_launch<1, __nv_bfloat16>(masks, dc1pre, c1, agents, per, chunks, part, s, err)
-                           : wgrad_launch<3, float>(masks, dc1pre, c1, agents, per, chunks, part, s, err);
+    int rc = dt == GK_BF16 ? wgrad_launch<1, __nv_bfloat16>(masks, dc1pre, c1, c1_ld, agents, per, chunks, part, s, err)
+                           : wgrad_launch<3, float>(masks, dc1pre, c1, c1_ld, agents, per, chunks, part, s, err);
     if (rc != GK_OK)
         return rc;
     reduce_kernel<<<(PART + 255) / 256, 256, 0, s>>>(part, (int)chunks, dw1, db1, accumulate);

@@ -57,15 +57,16 @@ size_t nmmo3_conv1_wgrad_workspace_bytes(int64_t agents, int sm_count);
 /*
  * dw1 (128, 59*25) f32 and db1 (128) f32 (=, or += with accumulate) from
  * conv1's output gradient before its ReLU, dc1pre (agents, 128, 3, 4), and
- * conv1's output after the ReLU, c1 (same shape; the ReLU passes the
- * gradient where c1 > 0), both of dtype dt (f32 or bf16), and the agents'
+ * conv1's output after the ReLU, c1 (same shape, but agents c1_ld
+ * elements apart, 16-byte aligned: 1536 or the saved activations' row; the
+ * ReLU passes the gradient where c1 > 0), both of dtype dt (f32 or bf16), and the agents'
  * observation rows (1707 bytes, values already validated); masks_ready: the
  * masks at the start of ws were made by the caller (else they are made here).
  * Enqueued on s; deterministic (fixed-order sums); ws 256-byte aligned, of
  * the size above.
  */
 int nmmo3_conv1_wgrad(gk_dtype dt, const uint8_t *obs, const void *dc1pre, const void *c1,
-                      int64_t agents, float *dw1, float *db1, int accumulate, int masks_ready,
+                      size_t c1_ld, int64_t agents, float *dw1, float *db1, int accumulate, int masks_ready,
                       void *ws, int sm_count, cudaStream_t s, gk_err *err);
 
 #endif

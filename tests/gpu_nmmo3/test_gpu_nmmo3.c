@@ -12,6 +12,14 @@
  * small a workspace, a missing cuBLAS handle and a batch of 2^31 bytes or
  * more fail with messages that say so.  Hidden sizes 96, 130 and 98 (the
  * last two take the projection's one-column-a-thread path).
+ *
+ * The saved-activations pair (gk_cuda_nmmo3_forward_save, then
+ * gk_cuda_nmmo3_backward_saved) on the same cases: the forward's outputs
+ * against the stateless forward's, every byte of saved written (two
+ * different poisons give the same bytes), the gradients against the CPU's
+ * as above and against the stateless GPU backward's (bitwise or not: the
+ * test prints which), chunked, repeat = same bytes; bad values with saved
+ * given, saved of the wrong size, rows, alignment, no cuBLAS handle.
  * Exits 77 (skipped) without a CUDA device.
  */
 #include <setjmp.h>
@@ -350,6 +358,269 @@ static void test_bad_input(void **state)
     problem_free(&p);
 }
 
+/* ---- saved activations ---------------------------------------------------- */
+
+/* A saved tensor on the device (16 bytes of slack past its end). */
+static gk_tensor saved_make(int64_t rows, int64_t row_bytes)
+{
+    void *d = NULL;
+    TH_CUDA_OK(cudaMalloc(&d, (size_t)(rows * row_bytes) + 16));
+    return gk_tensor_make(d, GK_U8, 2, (int64_t[]){rows, row_bytes});
+}
+
+static size_t saved_row(const problem *p)
+{
+    gk_nmmo3_weights w = set_of(p, p->dw, 0);
+    return gk_nmmo3_saved_row_bytes(&w);
+}
+
+/*
+ * forward_save on the device (hidden alone with a projection, else the
+ * features), saved filled with `poison` first (not when < 0: a tensor that
+ * does not fit its buffer); the forward's value verdict.
+ */
+static int saved_forward(problem *p, const gk_tensor *saved, void *out, int poison, gk_cuda_blas *blas,
+                         gk_err *err)
+{
+    if (poison >= 0)
+        TH_CUDA_OK(cudaMemsetAsync(saved->data, poison, (size_t)gk_tensor_bytes(saved), g_stream));
+    gk_nmmo3_weights w = set_of(p, p->dw, 0);
+    gk_tensor o = gk_tensor_make(p->dobs, GK_U8, 2, (int64_t[]){p->rows, 1707});
+    gk_tensor t = gk_tensor_make(out, p->dt, 2, (int64_t[]){p->rows, p->proj ? p->hidden : 1817});
+    gk_cuda_exec ex = {.stream = g_stream, .workspace = g_ws, .workspace_bytes = WORKSPACE,
+                       .sm_count = g_sms, .blas = blas};
+    int rc = p->proj ? gk_cuda_nmmo3_forward_save(&w, &o, NULL, &t, saved, &ex, err)
+                     : gk_cuda_nmmo3_forward_save(&w, &o, &t, NULL, saved, &ex, err);
+    TH_CUDA_OK(cudaStreamSynchronize(g_stream));
+    return rc != GK_OK ? rc : gk_cuda_nmmo3_status(&o, &ex, err);
+}
+
+/* backward_saved with a workspace of ws_bytes into the (poisoned) device gradients. */
+static int saved_backward(problem *p, const gk_tensor *saved, size_t ws_bytes, gk_cuda_blas *blas, gk_err *err)
+{
+    for (int i = 0; i < NW; i++)
+        TH_CUDA_OK(cudaMemsetAsync(p->dg[i], 0xff, p->n[i] * 4, g_stream));
+    gk_nmmo3_weights w = set_of(p, p->dw, 0), g = set_of(p, (void **)p->dg, 1);
+    gk_tensor o = gk_tensor_make(p->dobs, GK_U8, 2, (int64_t[]){p->rows, 1707});
+    gk_tensor d = gk_tensor_make(p->ddout, p->dt, 2, (int64_t[]){p->rows, p->proj ? p->hidden : 1817});
+    gk_cuda_exec ex = {.stream = g_stream, .workspace = g_ws, .workspace_bytes = ws_bytes,
+                       .sm_count = g_sms, .blas = blas};
+    int rc = gk_cuda_nmmo3_backward_saved(&w, &o, saved, &d, &g, &ex, err);
+    TH_CUDA_OK(cudaStreamSynchronize(g_stream));
+    return rc;
+}
+
+/* The least workspace backward_saved plans with (smaller than the stateless one's). */
+static size_t saved_workspace_min(problem *p, const gk_tensor *saved)
+{
+    gk_nmmo3_weights w = set_of(p, p->dw, 0), g = set_of(p, (void **)p->dg, 1);
+    gk_tensor o = gk_tensor_make(p->dobs, GK_U8, 2, (int64_t[]){p->rows, 1707});
+    gk_tensor d = gk_tensor_make(p->ddout, p->dt, 2, (int64_t[]){p->rows, p->proj ? p->hidden : 1817});
+    size_t bytes = 0, lo = 1, hi = WORKSPACE;
+    gk_err err;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (gk_cuda_nmmo3_backward_saved_workspace_bytes(&w, &o, saved, &d, &g, g_sms, mid, &bytes, &err) ==
+            GK_OK)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+/* Bitwise equal, or the relative error of got against want (printed by the caller). */
+static double compare(const void *got, const void *want, size_t n, gk_dtype dt, int *same)
+{
+    const size_t es = gk_dtype_size(dt);
+    *same = memcmp(got, want, n * es) == 0;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double a = dt == GK_BF16 ? gk_bf16_to_f32(((const uint16_t *)got)[i]) : ((const float *)got)[i];
+        double b = dt == GK_BF16 ? gk_bf16_to_f32(((const uint16_t *)want)[i]) : ((const float *)want)[i];
+        num += (a - b) * (a - b);
+        den += b * b;
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void test_saved_matches(void **state)
+{
+    (void)state;
+    const struct {
+        gk_dtype dt;
+        int64_t rows;
+        int proj;
+        int64_t hidden;
+    } cases[] = {{GK_F32, 37, 1, 96},   {GK_BF16, 300, 1, 96},  {GK_F32, 5, 0, 96},
+                 {GK_BF16, 1, 0, 96},   {GK_BF16, 2100, 1, 96}, {GK_F32, 1000, 0, 96},
+                 {GK_BF16, 77, 1, 130}, {GK_F32, 9, 1, 98},     {GK_BF16, 1000, 1, 512}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        problem p;
+        problem_make(&p, cases[k].dt, cases[k].rows, cases[k].proj, cases[k].hidden);
+        const size_t es = gk_dtype_size(p.dt), nout = (size_t)p.rows * (size_t)(p.proj ? p.hidden : 1817);
+        char what[96];
+        snprintf(what, sizeof what, "%s rows %lld%s hidden %lld", p.dt == GK_BF16 ? "bf16" : "f32",
+                 (long long)p.rows, p.proj ? " proj" : "", (long long)p.hidden);
+        gk_err err;
+        /* The stateless forward's output and gradients, the references of "same as stateless". */
+        void *dout_ref = NULL, *dout_save = NULL;
+        TH_CUDA_OK(cudaMalloc(&dout_ref, nout * es));
+        TH_CUDA_OK(cudaMalloc(&dout_save, nout * es));
+        {
+            gk_nmmo3_weights w = set_of(&p, p.dw, 0);
+            gk_tensor o = gk_tensor_make(p.dobs, GK_U8, 2, (int64_t[]){p.rows, 1707});
+            gk_tensor t = gk_tensor_make(dout_ref, p.dt, 2, (int64_t[]){p.rows, p.proj ? p.hidden : 1817});
+            gk_cuda_exec ex = {g_stream, g_ws, WORKSPACE, g_sms, g_blas};
+            if ((p.proj ? gk_cuda_nmmo3_forward(&w, &o, NULL, &t, &ex, &err)
+                        : gk_cuda_nmmo3_forward(&w, &o, &t, NULL, &ex, &err)) != GK_OK)
+                fail_msg("forward: %s", err.msg);
+            TH_CUDA_OK(cudaStreamSynchronize(g_stream));
+        }
+        if (problem_run(&p, WORKSPACE, g_blas, &err) != GK_OK)
+            fail_msg("backward: %s", err.msg);
+        float *stateless[NW] = {0};
+        problem_check(&p, "stateless", stateless);
+        /* forward_save twice over different poisons: the same outputs and every byte of saved. */
+        const size_t row = saved_row(&p), sb = (size_t)p.rows * row;
+        gk_tensor sv = saved_make(p.rows, (int64_t)row);
+        uint8_t *first = th_xmalloc(sb), *again = th_xmalloc(sb);
+        void *h_ref = th_xmalloc(nout * es), *h_got = th_xmalloc(nout * es);
+        download(h_ref, dout_ref, nout * es);
+        for (int pass = 0; pass < 2; pass++) {
+            TH_CUDA_OK(cudaMemsetAsync(dout_save, 0xff, nout * es, g_stream));
+            if (saved_forward(&p, &sv, dout_save, pass ? 0x00 : 0xff, g_blas, &err) != GK_OK)
+                fail_msg("forward_save %s: %s", what, err.msg);
+            download(pass ? again : first, sv.data, sb);
+            download(h_got, dout_save, nout * es);
+            int same;
+            double e = compare(h_got, h_ref, nout, p.dt, &same);
+            printf("forward_save %s: %s vs the forward: %s (rel err %.3g)\n", what, p.proj ? "hidden" : "features",
+                   same ? "bitwise equal" : "differs", e);
+            if (!(e < (p.dt == GK_BF16 ? 1e-2 : 1e-6)))
+                fail_msg("forward_save %s: output rel err %.3g against the forward", what, e);
+        }
+        if (memcmp(first, again, sb) != 0)
+            fail_msg("forward_save %s: saved bytes depend on what was there before (a byte unwritten)", what);
+        /* backward_saved: against the CPU, the stateless GPU call, itself repeated, and in chunks. */
+        if (saved_backward(&p, &sv, WORKSPACE, g_blas, &err) != GK_OK)
+            fail_msg("backward_saved %s: %s", what, err.msg);
+        float *got[NW] = {0};
+        problem_check(&p, "saved", got);
+        for (int i = 0; i < (p.proj ? NW : 5); i++) {
+            int same;
+            double e = compare(got[i], stateless[i], p.n[i], GK_F32, &same);
+            printf("backward_saved %s d%s vs stateless: %s (rel err %.3g)\n", what, names[i],
+                   same ? "bitwise equal" : "differs", e);
+        }
+        if (saved_backward(&p, &sv, WORKSPACE, g_blas, &err) != GK_OK)
+            fail_msg("backward_saved again: %s", err.msg);
+        for (int i = 0; i < (p.proj ? NW : 5); i++) {
+            float *rep = th_xmalloc(p.n[i] * 4);
+            download(rep, p.dg[i], p.n[i] * 4);
+            if (memcmp(rep, got[i], p.n[i] * 4) != 0)
+                fail_msg("backward_saved %s: d%s differs between two identical calls", what, names[i]);
+            free(rep);
+        }
+        if (p.rows >= 1000) {
+            const size_t least = saved_workspace_min(&p, &sv);
+            printf("backward_saved %s: least workspace %zu bytes (chunks)\n", what, least);
+            if (saved_backward(&p, &sv, least, g_blas, &err) != GK_OK)
+                fail_msg("backward_saved in chunks: %s", err.msg);
+            problem_check(&p, "saved chunks", NULL);
+            assert_int_equal(saved_backward(&p, &sv, least - 1, g_blas, &err), GK_ENOMEM);
+            assert_non_null(strstr(err.msg, "workspace"));
+        }
+        for (int i = 0; i < NW; i++)
+            free(got[i]), free(stateless[i]);
+        free(first), free(again), free(h_ref), free(h_got);
+        cudaFree(sv.data), cudaFree(dout_ref), cudaFree(dout_save);
+        problem_free(&p);
+    }
+}
+
+/* Every gradient still the NaN poison: nothing written. */
+static void grads_untouched(const problem *p, const char *what)
+{
+    for (int i = 0; i < NW; i++) {
+        float *got = th_xmalloc(p->n[i] * 4);
+        download(got, p->dg[i], p->n[i] * 4);
+        for (size_t j = 0; j < p->n[i]; j++)
+            if (!isnan(got[j]))
+                fail_msg("%s: d%s[%zu] written by a failed call", what, names[i], j);
+        free(got);
+    }
+}
+
+static void test_saved_bad_input(void **state)
+{
+    (void)state;
+    for (int proj = 0; proj < 2; proj++) {
+        problem p;
+        problem_make(&p, proj ? GK_BF16 : GK_F32, 70, proj, 96);
+        const size_t es = gk_dtype_size(p.dt), nout = (size_t)p.rows * (size_t)(proj ? p.hidden : 1817);
+        const int64_t row = (int64_t)saved_row(&p);
+        gk_tensor sv = saved_make(p.rows, row);
+        void *out = NULL;
+        TH_CUDA_OK(cudaMalloc(&out, nout * es));
+        gk_err err, cpu;
+        if (saved_forward(&p, &sv, out, 0, g_blas, &err) != GK_OK)
+            fail_msg("forward_save: %s", err.msg);
+        /* Bad values with good saved rows: the CPU's message, before any gradient is written. */
+        gk_nmmo3_weights hw = set_of(&p, p.hw, 0), hg = set_of(&p, (void **)p.want, 1);
+        gk_tensor ho = gk_tensor_make(p.hobs, GK_U8, 2, (int64_t[]){p.rows, 1707});
+        gk_tensor hd = gk_tensor_make(p.hdout, p.dt, 2, (int64_t[]){p.rows, proj ? p.hidden : 1817});
+        const size_t at[3] = {69 * 1707 + 77 * 10 + 2, 3 * 1707 + 1650 + 46, 0};
+        uint8_t *good = th_xmalloc((size_t)p.rows * 1707);
+        memcpy(good, p.hobs, (size_t)p.rows * 1707);
+        for (int c = 0; c < 3; c++) {
+            memcpy(p.hobs, good, (size_t)p.rows * 1707);
+            p.hobs[at[c]] = c == 1 ? 128 + (uint8_t)c : 200;
+            upload(p.dobs, p.hobs, (size_t)p.rows * 1707);
+            assert_int_equal(gk_cpu_nmmo3_backward(&hw, &ho, &hd, &hg, &cpu), GK_ERANGE);
+            assert_int_equal(saved_backward(&p, &sv, WORKSPACE, g_blas, &err), GK_ERANGE);
+            printf("backward_saved, bad value: %s\n", err.msg);
+            assert_string_equal(err.msg, cpu.msg);
+            grads_untouched(&p, "backward_saved with a bad value");
+            gk_tensor other = saved_make(p.rows, row);
+            assert_int_equal(saved_forward(&p, &other, out, 0, g_blas, &err), GK_ERANGE);
+            printf("forward_save, bad value: %s\n", err.msg);
+            assert_string_equal(err.msg, cpu.msg);
+            cudaFree(other.data);
+        }
+        memcpy(p.hobs, good, (size_t)p.rows * 1707);
+        upload(p.dobs, p.hobs, (size_t)p.rows * 1707);
+        free(good);
+        /* Saved tensors that do not fit: refused with the problem named, nothing written. */
+        struct {
+            gk_tensor t;
+            const char *want;
+        } bad[] = {
+            {gk_tensor_make(sv.data, GK_U8, 2, (int64_t[]){p.rows, row + 16}), "saved: dimension 1"},
+            {gk_tensor_make(sv.data, GK_U8, 2, (int64_t[]){p.rows - 1, row}), "saved: dimension 0"},
+            {gk_tensor_make(sv.data, GK_U8, 1, (int64_t[]){p.rows * row}), "saved: expected 2 dimensions"},
+            {gk_tensor_make((uint8_t *)sv.data + 8, GK_U8, 2, (int64_t[]){p.rows, row}), "16-byte aligned"},
+            {gk_tensor_make(NULL, GK_U8, 2, (int64_t[]){p.rows, row}), "saved (the activations"},
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            assert_int_equal(saved_backward(&p, &bad[i].t, WORKSPACE, g_blas, &err), GK_EINVAL);
+            printf("backward_saved, bad saved %zu: %s\n", i, err.msg);
+            assert_non_null(strstr(err.msg, bad[i].want));
+            grads_untouched(&p, "backward_saved with a bad saved tensor");
+            assert_int_equal(saved_forward(&p, &bad[i].t, out, -1, g_blas, &err), GK_EINVAL);
+            assert_non_null(strstr(err.msg, bad[i].want));
+        }
+        assert_int_equal(saved_backward(&p, &sv, WORKSPACE, NULL, &err), GK_EINVAL);
+        printf("backward_saved, no cuBLAS: %s\n", err.msg);
+        assert_non_null(strstr(err.msg, "cuBLAS"));
+        assert_int_equal(saved_forward(&p, &sv, out, 0, NULL, &err), GK_EINVAL);
+        printf("forward_save, no cuBLAS: %s\n", err.msg);
+        assert_non_null(strstr(err.msg, "cuBLAS"));
+        cudaFree(sv.data), cudaFree(out);
+        problem_free(&p);
+    }
+}
+
 int main(void)
 {
     th_seed();
@@ -368,6 +639,8 @@ int main(void)
         cmocka_unit_test(test_matches_cpu),
         cmocka_unit_test(test_chunks_match_cpu),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_saved_matches),
+        cmocka_unit_test(test_saved_bad_input),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gk_cuda_blas_close(g_blas);
