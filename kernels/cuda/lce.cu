@@ -62,6 +62,7 @@
 #include "gk_cuda.h"
 #include "gk_cuda_lce.h"
 #include "lce_common.cuh"
+#include "lce_gemm.cuh"
 #include "lce_sparse.cuh"
 
 namespace {
@@ -518,21 +519,17 @@ bool rb_multi(const lce_plan &pl)
 /* The smallest budget the row-block schedule accepts (see plan_rowblock). */
 size_t rb_min_bytes(const lce_plan &pl)
 {
-    const int64_t N = pl.N, rmin = std::min<int64_t>(N, RB_MIN);
-    if (!rb_multi(pl))
-        return rb_bytes(pl, N);
-    int64_t nb = std::max<int64_t>(1, N / rmin);
-    while (nb > 1 && cdiv(N, nb) < rmin)
-        nb--;
-    return rb_bytes(pl, cdiv(N, nb));
+    return rb_bytes(pl, rb_multi(pl) ? std::min<int64_t>(pl.N, RB_MIN) : pl.N);
 }
 
 /*
  * The row-block schedule (3 GEMM passes instead of 4: the forward's exp
  * values are the backward's G, no recompute) where it fits: all rows in one
- * block, or (rb_multi) blocks as large as the budget allows, evened out over
- * their count, of at least RB_MIN rows.  Monotone in budget, and planning
- * again with exactly the bytes returned gives the same R.
+ * block, or (rb_multi) blocks as large as the budget allows in multiples of
+ * R_STEP rows (whole GEMM tiles: at 1 GB and N = 32768, 17 blocks of 1920
+ * and one of 128 beat 17 blocks of 1928 whose last tile row is mostly
+ * empty), of at least RB_MIN rows.  Monotone in budget, and planning again
+ * with exactly the bytes returned gives the same R.
  */
 bool plan_rowblock(lce_plan *pl, size_t budget)
 {
@@ -546,10 +543,8 @@ bool plan_rowblock(lce_plan *pl, size_t budget)
         int64_t rmax = (int64_t)std::min<size_t>((budget - fixed) / rb_row_bytes(*pl), (size_t)N);
         while (rmax > 0 && rb_bytes(*pl, rmax) > budget)
             rmax--;
-        if (rmax == 0)
-            return false;
-        R = cdiv(N, cdiv(N, rmax));
-        if (R < std::min<int64_t>(N, RB_MIN))
+        R = rmax / R_STEP * R_STEP;
+        if (R == 0 || R < std::min<int64_t>(N, RB_MIN))
             return false;
     }
     pl->rowblock = true;
@@ -695,20 +690,33 @@ template <class T> struct lce_ctx {
 
 /*
  * C (m x n, column-major, ldc) = alpha op(A) op(B) + beta C on the request's
- * stream, with fp32 compute (tf32 when asked for); 64-bit sizes checked to
- * fit cuBLAS's int by shape_check_cuda and the plan.
+ * stream, with fp32 compute (tf32 when asked for), on cuBLASLt with the
+ * kernel configuration of lce_gemm.cu; 64-bit sizes checked to fit cuBLAS's
+ * int by shape_check_cuda and the plan.
  */
 template <class T>
 int gemm(const lce_ctx<T> &c, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, float alpha,
-         const void *A, cudaDataType_t at, int64_t lda, const void *B, cudaDataType_t bt, int64_t ldb, float beta,
-         void *Cm, cudaDataType_t ct, int64_t ldc, const char *what, gk_err *err)
+         const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *Cm, cudaDataType_t ct, int64_t ldc,
+         const char *what, gk_err *err)
 {
-    const cublasStatus_t s = cublasGemmEx(c.ex->blas->handle, ta, tb, (int)m, (int)n, (int)k, &alpha, A, at, (int)lda,
-                                          B, bt, (int)ldb, &beta, Cm, ct, (int)ldc, c.compute, CUBLAS_GEMM_DEFAULT);
-    if (s != CUBLAS_STATUS_SUCCESS)
-        return gk_fail(err, GK_EDEVICE, "lce (cuda): cublasGemmEx (%s, m %lld n %lld k %lld) failed: %s", what,
-                       (long long)m, (long long)n, (long long)k, gk_cuda_blas_status_name(s));
-    return GK_OK;
+    lce_gemm g;
+    g.ta = ta;
+    g.tb = tb;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.in_type = dtype_of<T>::v;
+    g.compute = c.compute;
+    g.a = A;
+    g.lda = lda;
+    g.b = B;
+    g.ldb = ldb;
+    g.c = Cm;
+    g.c_type = ct;
+    g.ldc = ldc;
+    g.alpha = alpha;
+    g.beta = beta;
+    return lce_gemm_run(c.ex->blas, &g, what, err);
 }
 
 /* F (rn x vc, row stride ldf) = E[rows r0..] C[v0..]^T in fp32. */
@@ -717,8 +725,8 @@ int logits_chunk(const lce_ctx<T> &c, float *F, int64_t ldf, int64_t r0, int64_t
                  gk_err *err)
 {
     const int64_t D = c.pl->D;
-    return gemm(c, CUBLAS_OP_T, CUBLAS_OP_N, vc, rn, D, 1.0f, c.C + v0 * D, dtype_of<T>::v, D, c.E + r0 * D,
-                dtype_of<T>::v, D, 0.0f, F, CUDA_R_32F, ldf, "logits", err);
+    return gemm(c, CUBLAS_OP_T, CUBLAS_OP_N, vc, rn, D, 1.0f, c.C + v0 * D, D, c.E + r0 * D, D, 0.0f,
+                F, CUDA_R_32F, ldf, "logits", err);
 }
 
 template <class T> int forward(const lce_ctx<T> &c, gk_err *err)
@@ -770,7 +778,6 @@ int sweep(const lce_ctx<T> &c, const sweep_cfg &cfg, int64_t a0, int64_t a1, boo
     const int64_t D = pl.D, R = cfg.R, Vc = cfg.Vc, ldf = Vc, ldg = Vc * (int64_t)(4 / sizeof(T));
     const bool one_block = a1 - a0 <= R;
     const bool dC_now = do_dC && pl.want_dC, db_now = do_dC && pl.want_dbias;
-    const cudaDataType_t tin = dtype_of<T>::v;
 
     /* the workspace past the state, in sweep_bytes' order */
     unsigned char *p = c.ws;
@@ -812,14 +819,14 @@ int sweep(const lce_ctx<T> &c, const sweep_cfg &cfg, int64_t a0, int64_t a1, boo
                 return rc;
             /* dE_rows^T (D x rn) += C_chunk^T (D x vc) G^T (vc x rn) */
             if (do_dE &&
-                (rc = gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, D, rn, vc, c.alpha, c.C + v0 * D, tin, D, F, tin, ldg,
+                (rc = gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, D, rn, vc, c.alpha, c.C + v0 * D, D, F, ldg,
                            v0 == 0 ? 0.0f : 1.0f, dEout + (r0 - a0) * D, CUDA_R_32F, D, "dE", err)))
                 return rc;
             /* dC_chunk^T (D x vc) (+)= E_rows^T (D x rn) G (rn x vc) */
             if (dC_now) {
                 void *out = dcacc != nullptr ? (void *)dcacc : elem_at(dC, v0 * D);
                 const cudaDataType_t ot = dcacc != nullptr ? CUDA_R_32F : cuda_dtype(dC->dtype);
-                if ((rc = gemm(c, CUBLAS_OP_N, CUBLAS_OP_T, D, vc, rn, c.alpha, c.E + r0 * D, tin, D, F, tin, ldg,
+                if ((rc = gemm(c, CUBLAS_OP_N, CUBLAS_OP_T, D, vc, rn, c.alpha, c.E + r0 * D, D, F, ldg,
                                first_rows, out, ot, D, "dC", err)))
                     return rc;
             }
@@ -827,7 +834,7 @@ int sweep(const lce_ctx<T> &c, const sweep_cfg &cfg, int64_t a0, int64_t a1, boo
             if (db_now) {
                 void *out = dbacc != nullptr ? (void *)dbacc : elem_at(dbias, v0);
                 const cudaDataType_t ot = dbacc != nullptr ? CUDA_R_32F : cuda_dtype(dbias->dtype);
-                if ((rc = gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, vc, 1, rn, c.alpha, F, tin, ldg, ones, tin, rn,
+                if ((rc = gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, vc, 1, rn, c.alpha, F, ldg, ones, rn,
                                first_rows, out, ot, vc, "dbias", err)))
                     return rc;
             }
@@ -868,7 +875,6 @@ int rowblock(const lce_ctx<T> &c, const gk_tensor *lse, float *loss_none, const 
     const cudaStream_t stream = c.ex->stream;
     const int64_t N = pl.N, D = pl.D, V = pl.V, R = pl.rb.R, Vc = pl.rb.Vc, nch = cdiv(V, Vc);
     const bool one_block = R >= N;
-    const cudaDataType_t tin = dtype_of<T>::v;
     unsigned char *p = c.ws;
     T *X = (T *)p;
     p += align256((size_t)R * V * sizeof(T));
@@ -910,19 +916,19 @@ int rowblock(const lce_ctx<T> &c, const gk_tensor *lse, float *loss_none, const 
             return rc;
         /* dE_rows^T (D x rn) = C^T (D x V) G^T (V x rn) */
         if (pl.want_dE &&
-            (rc = gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, D, rn, V, c.alpha, c.C, tin, D, X, tin, V, 0.0f,
+            (rc = gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, D, rn, V, c.alpha, c.C, D, X, V, 0.0f,
                        elem_at(dE, r0 * D), cuda_dtype(dE->dtype), D, "dE", err)))
             return rc;
         /* dC^T (D x V) (+)= E_rows^T (D x rn) G (rn x V) */
-        if (pl.want_dC && (rc = gemm(c, CUBLAS_OP_N, CUBLAS_OP_T, D, V, rn, c.alpha, c.E + r0 * D, tin, D, X, tin, V,
-                                     beta, dC->data, cuda_dtype(dC->dtype), D, "dC", err)))
+        if (pl.want_dC && (rc = gemm(c, CUBLAS_OP_N, CUBLAS_OP_T, D, V, rn, c.alpha, c.E + r0 * D, D, X,
+                                     V, beta, dC->data, cuda_dtype(dC->dtype), D, "dC", err)))
             return rc;
         /* dbias (V) (+)= G^T (V x rn) 1 (rn) */
         if (pl.want_dbias) {
             void *out = dbacc != nullptr ? (void *)dbacc : dbias->data;
             const cudaDataType_t ot = dbacc != nullptr ? CUDA_R_32F : cuda_dtype(dbias->dtype);
-            if ((rc = gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, V, 1, rn, c.alpha, X, tin, V, ones, tin, rn, beta, out, ot, V,
-                           "dbias", err)))
+            if ((rc = gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, V, 1, rn, c.alpha, X, V, ones, rn, beta, out,
+                           ot, V, "dbias", err)))
                 return rc;
         }
     }

@@ -24,8 +24,11 @@
  * by ||a - b|| / ||b|| on the device (the baseline rounds G to bf16: ~1e-2
  * expected on the gradients).
  *
- * Usage: lce_bench [--quick] [--iters K] [--n N] [--d D] [--v V] [--grads f32|bf16]
+ * Usage: lce_bench [--quick] [--iters K] [--n N] [--d D] [--v V] [--grads f32|bf16] [--gemms]
  *   --quick: N = 8192 only.  --n: one N instead of both.
+ *   --gemms: instead of the table, the plan's GEMM shapes against cuBLASLt's
+ *   candidates and the forward's overlap (lce_bench_gemms.cuh), at N = 32768
+ *   or --n.
  *   --grads: gpucd's dE and dC dtype (default f32); with bf16 the agreement
  *   check covers the loss and LSE only.
  */
@@ -224,14 +227,18 @@ static double tflops(int64_t N, int64_t D, int64_t V, int passes, double ms)
     return 2.0 * (double)N * (double)D * (double)V * passes / (ms * 1e-3) / 1e12;
 }
 
+#include "lce_bench_gemms.cuh"
+
 int main(int argc, char **argv)
 {
-    bool quick = false, bf16_grads = false;
+    bool quick = false, bf16_grads = false, gemms = false;
     int iters = 3;
     int64_t only_n = 0, D = 4096, V = 256000;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick"))
             quick = true;
+        else if (!strcmp(argv[i], "--gemms"))
+            gemms = true;
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
             iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--n") && i + 1 < argc)
@@ -243,7 +250,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--grads") && i + 1 < argc && (!strcmp(argv[i + 1], "f32") || !strcmp(argv[i + 1], "bf16")))
             bf16_grads = !strcmp(argv[++i], "bf16");
         else {
-            fprintf(stderr, "usage: lce_bench [--quick] [--iters K] [--n N] [--d D] [--v V] [--grads f32|bf16]\n");
+            fprintf(stderr, "usage: lce_bench [--quick] [--iters K] [--n N] [--d D] [--v V] [--grads f32|bf16] [--gemms]\n");
             return 2;
         }
     }
@@ -279,6 +286,8 @@ int main(int argc, char **argv)
            prop.name, sms, (double)prop.totalGlobalMem / 1e9, date, (long long)D, (long long)V,
            bf16_grads ? "bf16" : "f32", iters);
     fflush(stdout);
+    if (gemms)
+        return gemm_sweeps(only_n > 0 ? only_n : 32768, D, V, iters, sms, st, blas, gblas);
 
     std::vector<row> rows;
     for (int64_t N : ns)

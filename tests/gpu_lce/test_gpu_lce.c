@@ -13,7 +13,7 @@
  *             default budget, then budgets of 2 MB (narrower chunks, one row
  *             block) and 600 KB (two row blocks: dC accumulated across them);
  *   rowblocks N=1100 under a budget for ~700 rows: the row-block schedule
- *             in two blocks (f32 dC accumulated across them; 16-bit dE and
+ *             in two blocks of 640 and 460 rows (f32 dC accumulated across them; 16-bit dE and
  *             dbias), every precision, softcap, shift, bias;
  *   filter    eps above every term: gradients exactly zero; eps below every
  *             term: the sparse backward within tolerance of the unfiltered
@@ -332,8 +332,8 @@ static void test_larger(void **state)
 }
 
 /*
- * The row-block schedule over two blocks of 550 rows (N = 1100, the budget
- * fitting ~700 rows): f32 dC accumulated across blocks; and without dC, a
+ * The row-block schedule over two blocks of 640 and 460 rows (N = 1100, the
+ * budget fitting ~700 rows): f32 dC accumulated across blocks; and without dC, a
  * 16-bit dE written per block and a 16-bit dbias through its fp32
  * accumulator; with softcap, shift and bias.
  */
