@@ -813,12 +813,18 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
          * 8 j + 2q + e.  nchw (b, oc, oh, ow) = b * nchw_ld + oc * 12 + pixel, whc (b, ow, oh,
          * oc) = b * 1536 + (ow * 3 + oh) * 128 + oc.
          */
+        /*
+         * nchw: lanes g and g ^ 1 hold pixels pix and pix + 1 of one agent (rows of a pair,
+         * pix even: 12 is even) and channels n, n + 1 each; one shuffle gives the even lane
+         * channel n of both pixels and the odd lane channel n + 1, stored as pairs (half the
+         * stores of one element each).  The shuffle runs in every lane, valid or not.
+         */
+        const int odd = g & 1;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int a = prow[h] / PIXELS, agent = tile * AGENTS + a, pix = prow[h] - a * PIXELS;
-            if (agent >= batch)
-                continue;
-            T *o = nchw + (size_t)agent * nchw_ld + pix;
+            const bool valid = agent < batch;
+            T *o = nchw + (size_t)agent * nchw_ld + (pix - odd) + odd * PIXELS;
             T *t = whc + (size_t)agent * C1_ELEMS + ((pix & 3) * 3 + (pix >> 2)) * OC;
 #pragma unroll
             for (int j = 0; j < 16; j++) {
@@ -826,10 +832,11 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
                 const float v0 = fmaxf(acc[4 * j + 2 * h] + sbias[n], 0.0f);
                 const float v1 = fmaxf(acc[4 * j + 2 * h + 1] + sbias[n + 1], 0.0f);
                 if (nchw != nullptr) {
-                    o[n * PIXELS] = elem_from_float<T>(v0);
-                    o[(n + 1) * PIXELS] = elem_from_float<T>(v1);
+                    const float got = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
+                    if (valid)
+                        store_pair(o + n * PIXELS, odd ? got : v0, odd ? v1 : got);
                 }
-                if (whc != nullptr)
+                if (whc != nullptr && valid)
                     store_pair(t + n, v0, v1);
             }
         }

@@ -454,7 +454,8 @@ static void test_saved_matches(void **state)
         int64_t hidden;
     } cases[] = {{GK_F32, 37, 1, 96},   {GK_BF16, 300, 1, 96},  {GK_F32, 5, 0, 96},
                  {GK_BF16, 1, 0, 96},   {GK_BF16, 2100, 1, 96}, {GK_F32, 1000, 0, 96},
-                 {GK_BF16, 77, 1, 130}, {GK_F32, 9, 1, 98},     {GK_BF16, 1000, 1, 512}};
+                 {GK_BF16, 77, 1, 130}, {GK_F32, 9, 1, 98},     {GK_BF16, 1000, 1, 512},
+                 {GK_F32, 33, 1, 256}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         problem p;
         problem_make(&p, cases[k].dt, cases[k].rows, cases[k].proj, cases[k].hidden);
