@@ -648,6 +648,10 @@ static int run_scratch(const gcd_backend *b, const gcd_op *op, const arg_place *
     switch (op->kind) {
     case GCD_OP_NMMO3_FORWARD: {
         gk_nmmo3_weights w = nmmo3_weights_placed(pl, NMMO3_W0);
+        if (pl[NMMO3_FWD_SAVED].dev.data != NULL)
+            return gk_cuda_nmmo3_forward_save_workspace_bytes(
+                &w, &pl[NMMO3_OBS].dev, &pl[NMMO3_FWD_FEATURES].dev, &pl[NMMO3_FWD_HIDDEN].dev,
+                &pl[NMMO3_FWD_SAVED].dev, b->sm_count, scratch, err);
         return gk_cuda_nmmo3_forward_workspace_bytes(&w, &pl[NMMO3_OBS].dev,
                                                      &pl[NMMO3_FWD_FEATURES].dev,
                                                      &pl[NMMO3_FWD_HIDDEN].dev, b->sm_count,
@@ -657,6 +661,10 @@ static int run_scratch(const gcd_backend *b, const gcd_op *op, const arg_place *
         /* The backward runs the batch in chunks fitted to what the slot has left. */
         gk_nmmo3_weights w = nmmo3_weights_placed(pl, NMMO3_W0);
         gk_nmmo3_weights g = nmmo3_weights_placed(pl, NMMO3_BWD_G0);
+        if (pl[NMMO3_BWD_SAVED].dev.data != NULL)
+            return gk_cuda_nmmo3_backward_saved_workspace_bytes(
+                &w, &pl[NMMO3_OBS].dev, &pl[NMMO3_BWD_SAVED].dev, &pl[NMMO3_BWD_DOUT].dev, &g,
+                b->sm_count, avail, scratch, err);
         return gk_cuda_nmmo3_backward_workspace_bytes(&w, &pl[NMMO3_OBS].dev,
                                                       &pl[NMMO3_BWD_DOUT].dev, &g, b->sm_count,
                                                       avail, scratch, err);
@@ -840,8 +848,13 @@ typedef struct nmmo3_forward_args {
 static int nmmo3_forward_enqueue(void *arg, gk_err *err)
 {
     const nmmo3_forward_args *a = arg;
-    return gk_cuda_nmmo3_forward(&a->w, &a->pl[NMMO3_OBS].dev, &a->pl[NMMO3_FWD_FEATURES].dev,
-                                 &a->pl[NMMO3_FWD_HIDDEN].dev, a->ex, err);
+    const arg_place *pl = a->pl;
+    if (pl[NMMO3_FWD_SAVED].dev.data != NULL)
+        return gk_cuda_nmmo3_forward_save(&a->w, &pl[NMMO3_OBS].dev, &pl[NMMO3_FWD_FEATURES].dev,
+                                          &pl[NMMO3_FWD_HIDDEN].dev, &pl[NMMO3_FWD_SAVED].dev,
+                                          a->ex, err);
+    return gk_cuda_nmmo3_forward(&a->w, &pl[NMMO3_OBS].dev, &pl[NMMO3_FWD_FEATURES].dev,
+                                 &pl[NMMO3_FWD_HIDDEN].dev, a->ex, err);
 }
 
 /*
@@ -890,6 +903,9 @@ static int run_kernel(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
     case GCD_OP_NMMO3_BACKWARD: {
         gk_nmmo3_weights w = nmmo3_weights_placed(pl, NMMO3_W0);
         gk_nmmo3_weights g = nmmo3_weights_placed(pl, NMMO3_BWD_G0);
+        if (pl[NMMO3_BWD_SAVED].dev.data != NULL)
+            return gk_cuda_nmmo3_backward_saved(&w, &pl[NMMO3_OBS].dev, &pl[NMMO3_BWD_SAVED].dev,
+                                                &pl[NMMO3_BWD_DOUT].dev, &g, &ex, err);
         return gk_cuda_nmmo3_backward(&w, &pl[NMMO3_OBS].dev, &pl[NMMO3_BWD_DOUT].dev, &g, &ex,
                                       err);
     }
@@ -1019,8 +1035,10 @@ static int pipe_fail(gcd_backend *b, exec_slot *s, cudaError_t e, const char *wh
     return slot_fail(b, s, e, what, err);
 }
 
-
-static const int pipe_io[] = {NMMO3_OBS, NMMO3_FWD_FEATURES, NMMO3_FWD_HIDDEN};
+/* The encoder forward's arguments that are batch-major, so that a chunk is a row range of each
+ * (the saved activations too: row i holds agent i's, gk_nmmo3_saved_row_bytes). */
+static const int pipe_io[] = {NMMO3_OBS, NMMO3_FWD_FEATURES, NMMO3_FWD_HIDDEN,
+                              NMMO3_FWD_SAVED};
 
 /*
  * How many chunks the run goes in: 1 (no pipeline) unless it is an encoder

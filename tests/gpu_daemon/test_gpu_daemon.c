@@ -615,9 +615,13 @@ static void test_nmmo3_forward_matches_cpu(void **state)
  * Backward: weights resident, obs in a region, dout and the gradients inline;
  * every gradient against the CPU's.  rows large enough that the 64 MB slot
  * runs the batch in several chunks (bf16), and bad values refused with the
- * CPU's message before any gradient is written.
+ * CPU's message before any gradient is written.  With saved, the training
+ * step keeps its activations: a forward into a new resident saved tensor
+ * (its output in the region too, so that 4096 rows or more run as the
+ * pipeline, each chunk writing its rows of saved), then the backward from it.
  */
-static void nmmo3_backward_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, int proj)
+static void nmmo3_backward_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, int proj,
+                                int saved)
 {
     const int64_t H = 64, nout = proj ? H : 1817;
     static const char *const names[7] = {"conv1_w", "conv1_b", "conv2_w", "conv2_b",
@@ -643,7 +647,8 @@ static void nmmo3_backward_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, i
     gpucd_nmmo3_weights ng = {&gt[0], &gt[1], &gt[2], &gt[3], &gt[4], proj ? &gt[5] : NULL,
                               proj ? &gt[6] : NULL};
     gpucd_region *r;
-    CALL_OK(gpucd_region_create(c, (size_t)rows * 1707, &r));
+    const size_t out_off = ((size_t)rows * 1707 + 63) / 64 * 64, esz = gpucd_dtype_size(dt);
+    CALL_OK(gpucd_region_create(c, out_off + (size_t)(rows * nout) * esz, &r));
     uint8_t *obs = gpucd_region_data(r);
     th_fill_nmmo3_obs(obs, (size_t)rows);
     float *dout32 = th_xmalloc((size_t)(rows * nout) * 4);
@@ -657,7 +662,17 @@ static void nmmo3_backward_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, i
     }
     gpucd_tensor to = gpucd_tensor_region(r, 0, GPUCD_U8, 2, TH_SHAPE(rows, 1707));
     gpucd_tensor td = gpucd_tensor_host(dout, dt, 2, TH_SHAPE(rows, nout));
-    CALL_OK(gpucd_nmmo3_encode_backward(c, &nw, &to, &td, &ng, NULL));
+    gpucd_tensor ts = gpucd_tensor_new_resident(GPUCD_U8, 0, NULL);
+    if (saved) {
+        gpucd_tensor tout = gpucd_tensor_region(r, out_off, dt, 2, TH_SHAPE(rows, nout));
+        CALL_OK(gpucd_nmmo3_encode_save(c, &nw, &to, proj ? NULL : &tout, proj ? &tout : NULL,
+                                        &ts, NULL));
+        assert_int_equal(ts.ndim, 2);
+        assert_int_equal(ts.shape[0], rows);
+        CALL_OK(gpucd_nmmo3_encode_backward_saved(c, &nw, &to, &ts, &td, &ng, NULL));
+    } else {
+        CALL_OK(gpucd_nmmo3_encode_backward(c, &nw, &to, &td, &ng, NULL));
+    }
 
     gk_nmmo3_weights g = nmmo3_set_gk(&ws, proj);
     gk_nmmo3_weights gref = {gw[0], gw[1], gw[2], gw[3], gw[4], proj ? gw[5] : (gk_tensor){0},
@@ -670,7 +685,7 @@ static void nmmo3_backward_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, i
     const double tol = dt == GPUCD_BF16 ? 2e-2 : 1e-5;
     for (int i = 0; i < (proj ? 7 : 5); i++) {
         double e = rel_err_of(got[i], want[i], ws.n[i], GPUCD_F32);
-        printf("rel err nmmo3 backward %s rows %lld%s d%s %.3g\n",
+        printf("rel err nmmo3 backward%s %s rows %lld%s d%s %.3g\n", saved ? " (saved)" : "",
                dt == GPUCD_BF16 ? "bf16" : "f32", (long long)rows, proj ? " proj" : "", names[i], e);
         if (!(e < tol))
             fail_msg("nmmo3 backward d%s rel err %.3g > %.3g", names[i], e, tol);
@@ -683,14 +698,17 @@ static void nmmo3_backward_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, i
         assert_int_equal(gk_cpu_nmmo3_backward(&g, &go, &gd, &gref, &cpu), GK_ERANGE);
         for (int i = 0; i < 7; i++)
             poison(got[i], ws.n[i] * 4);
-        int rc = gpucd_nmmo3_encode_backward(c, &nw, &to, &td, &ng, NULL);
-        printf("nmmo3 backward bad %s: %s\n", what, gpucd_errmsg(c));
+        int rc = saved ? gpucd_nmmo3_encode_backward_saved(c, &nw, &to, &ts, &td, &ng, NULL)
+                       : gpucd_nmmo3_encode_backward(c, &nw, &to, &td, &ng, NULL);
+        printf("nmmo3 backward%s bad %s: %s\n", saved ? " (saved)" : "", what, gpucd_errmsg(c));
         assert_int_equal(rc, GPUCD_EOUT_OF_RANGE);
         assert_non_null(strstr(gpucd_errmsg(c), cpu.msg));
         for (int i = 0; i < 7; i++)
             for (size_t j = 0; j < ws.n[i]; j++)
                 assert_true(isnan(got[i][j]));
     }
+    if (saved)
+        CALL_OK(gpucd_tensor_free(c, ts.resident));
     for (int i = 0; i < 7; i++) {
         CALL_OK(gpucd_tensor_free(c, ids[i]));
         free(got[i]), free(want[i]);
@@ -705,9 +723,12 @@ static void nmmo3_backward_case(gpucd_client *c, gpucd_dtype dt, int64_t rows, i
 static void test_nmmo3_backward_matches_cpu(void **state)
 {
     gpucd_client *c = th_connect(daemon_.ipc_url);
-    nmmo3_backward_case(c, GPUCD_F32, 37, 1);
-    nmmo3_backward_case(c, GPUCD_BF16, 1500, 1);
-    nmmo3_backward_case(c, GPUCD_F32, 5, 0);
+    nmmo3_backward_case(c, GPUCD_F32, 37, 1, 0);
+    nmmo3_backward_case(c, GPUCD_BF16, 1500, 1, 0);
+    nmmo3_backward_case(c, GPUCD_F32, 5, 0, 0);
+    nmmo3_backward_case(c, GPUCD_F32, 37, 1, 1);
+    nmmo3_backward_case(c, GPUCD_BF16, 4500, 1, 1); /* a pipelined forward: 2 chunks */
+    nmmo3_backward_case(c, GPUCD_F32, 5, 0, 1);
     gpucd_close(c);
 }
 
