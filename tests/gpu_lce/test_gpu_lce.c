@@ -12,9 +12,11 @@
  *   larger    N=256, D=128, V=9001: several vocabulary chunks under the
  *             default budget, then budgets of 2 MB (narrower chunks, one row
  *             block) and 600 KB (two row blocks: dC accumulated across them);
- *   rowblocks N=1100 under a budget for ~700 rows: the row-block schedule
- *             in two blocks of 640 and 460 rows (f32 dC accumulated across them; 16-bit dE and
- *             dbias), every precision, softcap, shift, bias;
+ *   rowblocks N=1100 (V=700) and N=700 (V=20000: several chunks, the
+ *             forward's row kernels on a second stream, logits kept inside
+ *             the exp values) under a budget for ~700 rows: the row-block
+ *             schedule in two blocks (f32 dC accumulated across them; 16-bit
+ *             dE and dbias), every precision, softcap, shift, bias;
  *   filter    eps above every term: gradients exactly zero; eps below every
  *             term: the sparse backward within tolerance of the unfiltered
  *             one, or, with more candidates than slots, the dense backward's
@@ -332,34 +334,42 @@ static void test_larger(void **state)
 }
 
 /*
- * The row-block schedule over two blocks of 640 and 460 rows (N = 1100, the
- * budget fitting ~700 rows): f32 dC accumulated across blocks; and without dC, a
- * 16-bit dE written per block and a 16-bit dbias through its fp32
+ * The row-block schedule over two blocks (the budget fitting ~700 rows:
+ * blocks of 640 rows and the rest), N = 1100 with V = 700 (one vocabulary
+ * chunk), then N = 700 with V = 20000 (three chunks: the row kernels on a
+ * second stream, the first chunk's logits inside the kept exp values, the
+ * third's too for f32, the others in the F buffer, the last two of 16-bit
+ * inputs one after the other): f32 dC accumulated across blocks; and without
+ * dC, a 16-bit dE written per block and a 16-bit dbias through its fp32
  * accumulator; with softcap, shift and bias.
  */
 static void test_rowblocks(void **state)
 {
     (void)state;
-    for (int pi = 0; pi < NPRECS; pi++)
-        for (int v = 0; v < 2; v++) {
-            const gk_dtype dt = precs[pi][0];
-            const int64_t N = 1100, D = 32, V = 700;
-            lce_problem pb;
-            lce_problem_make(&pb, &g_rng, N, D, V, dt, GK_I64, 1, 1.0, 0.1);
-            pb.p.tf32 = (int)precs[pi][1];
-            pb.p.softcap = v ? 10.0f : 0.0f;
-            pb.p.shift = v;
-            pb.p.reduction = v ? GK_REDUCE_SUM : GK_REDUCE_MEAN;
-            const size_t es = gk_dtype_size(dt);
-            /* a row of the schedule: V inputs, a 704-wide fp32 chunk, its max, a one for dbias */
-            const size_t budget = (size_t)700 * ((size_t)V * es + 704 * 4 + 4 + es) + (64 << 10);
-            const int want = v ? WANT_DE | WANT_DBIAS | WANT_LSE : WANT_ALL;
-            const gk_dtype gdt = v ? dt : GK_F32;
-            char label[96];
-            snprintf(label, sizeof label, "row blocks %s variant %d budget %zu", prec_name(dt, pb.p.tf32), v, budget);
-            check_case(&pb, want, gdt, budget, g_sms, label);
-            lce_problem_free(&pb);
-        }
+    const int64_t shapes[2][3] = {{1100, 32, 700}, {700, 32, 20000}};
+    for (int si = 0; si < 2; si++)
+        for (int pi = 0; pi < NPRECS; pi++)
+            for (int v = 0; v < 2; v++) {
+                const gk_dtype dt = precs[pi][0];
+                const int64_t N = shapes[si][0], D = shapes[si][1], V = shapes[si][2];
+                lce_problem pb;
+                lce_problem_make(&pb, &g_rng, N, D, V, dt, GK_I64, 1, 1.0, 0.1);
+                pb.p.tf32 = (int)precs[pi][1];
+                pb.p.softcap = v ? 10.0f : 0.0f;
+                pb.p.shift = v;
+                pb.p.reduction = v ? GK_REDUCE_SUM : GK_REDUCE_MEAN;
+                const size_t es = gk_dtype_size(dt);
+                /* a row of the schedule: V inputs, a chunk of fp32 logits, the chunk maxima, a one for dbias */
+                const size_t chunk = V < 8192 ? (size_t)(V + 7) / 8 * 8 : 8192, nch = ((size_t)V + chunk - 1) / chunk;
+                const size_t budget = (size_t)700 * ((size_t)V * es + chunk * 4 + nch * 4 + es) + (64 << 10);
+                const int want = v ? WANT_DE | WANT_DBIAS | WANT_LSE : WANT_ALL;
+                const gk_dtype gdt = v ? dt : GK_F32;
+                char label[128];
+                snprintf(label, sizeof label, "row blocks N %lld V %lld %s variant %d budget %zu", (long long)N,
+                         (long long)V, prec_name(dt, pb.p.tf32), v, budget);
+                check_case(&pb, want, gdt, budget, g_sms, label);
+                lce_problem_free(&pb);
+            }
 }
 
 /* One GPU run under budget; outputs in o (made here). */
