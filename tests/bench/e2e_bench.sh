@@ -7,6 +7,7 @@
 # WINDOW_US, PROCS, MAX_BATCHES, SIZES, LOW_LATENCY_FLAGS, CLIENT_SPIN_FLAGS, BACKEND,
 # QUICK (below).
 #
+#  0. the transport's floor: a bare nng req/rep echo between two processes;
 #  1. one client, B = 1024 and B = 32768: latency percentiles and the split
 #     that gpucdctl bench reports (socket round trip, queue, copy in, compute,
 #     copy out, the daemon's other time), with the daemon's defaults, with
@@ -88,6 +89,9 @@ ping() { # csv [gpucdctl bench flags]
         ${WINDOWS:+--max-windows "$WINDOWS"} --csv "$csv" "$@" >/dev/null
     csv_fields "$csv" requests_per_s p50_us p99_us client_transport_us server_queue_us server_other_us
 }
+# The floor under every round trip below: nng alone, two processes, no gpucd code.
+echo "== the transport's floor (tests/bench/nng_echo.c)"
+"$build/tests/bench/nng_echo" "$([ "${QUICK:-0}" = 1 ] && echo 500 || echo 20000)"
 echo "== ping, --spin-us 0"
 daemon_start --spin-us 0
 ping "$work/e2e_ping_nospin.csv"
