@@ -7,7 +7,7 @@
 # WINDOW_US, PROCS, MAX_BATCHES, SIZES, LOW_LATENCY_FLAGS, CLIENT_SPIN_FLAGS, BACKEND,
 # QUICK (below).
 #
-#  0. the transport's floor: a bare nng req/rep echo between two processes;
+#  0. the transport's floor: a bare nng req/rep echo, one client process and $PROCS;
 #  1. one client, B = 1024 and B = 32768: latency percentiles and the split
 #     that gpucdctl bench reports (socket round trip, queue, copy in, compute,
 #     copy out, the daemon's other time), with the daemon's defaults, with
@@ -91,7 +91,8 @@ ping() { # csv [gpucdctl bench flags]
 }
 # The floor under every round trip below: nng alone, two processes, no gpucd code.
 echo "== the transport's floor (tests/bench/nng_echo.c)"
-"$build/tests/bench/nng_echo" "$([ "${QUICK:-0}" = 1 ] && echo 500 || echo 20000)"
+"$build/tests/bench/nng_echo" 1 "$PING_S"
+"$build/tests/bench/nng_echo" "$PROCS" "$PING_S"
 echo "== ping, --spin-us 0"
 daemon_start --spin-us 0
 ping "$work/e2e_ping_nospin.csv"

@@ -1,12 +1,14 @@
 /*
- * nng_echo.c - the transport's floor: a bare nng req/rep echo over ipc
- * between two processes, no gpucd code, so that end-to-end latencies can be
- * split into what any nng client pays on the machine and what gpucd adds
- * (issue 6's B = 1024 target).  The parent listens and echoes; a forked
- * child dials and sends COUNT 200-byte messages one after another, then
- * prints the round trip's p50, p90 and p99.
+ * nng_echo.c - the transport's floor: nng req/rep over ipc between processes,
+ * no gpucd code, so that end-to-end figures can be split into what any nng
+ * client pays on the machine and what gpucd adds (issue 6).  The parent
+ * echoes through 64 rep contexts, each answering from nng's own callback
+ * (the least a server can do); CLIENTS forked processes each send 200-byte
+ * messages back to back for SECONDS and report their round trips.  Prints
+ * the summed request rate and the round trip's p50, p90 and p99 over every
+ * request.
  *
- * Usage: nng_echo [COUNT]   (default 20000)
+ * Usage: nng_echo [CLIENTS [SECONDS]]   (default 1 client, 2 s)
  */
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
@@ -14,9 +16,12 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+enum { MAX_CLIENTS = 256, SERVER_CONTEXTS = 64, MAX_SAMPLES = 1 << 18 };
 
 static double now_us(void)
 {
@@ -27,7 +32,7 @@ static double now_us(void)
 
 static int by_value(const void *a, const void *b)
 {
-    double x = *(const double *)a, y = *(const double *)b;
+    float x = *(const float *)a, y = *(const float *)b;
     return x < y ? -1 : x > y;
 }
 
@@ -37,8 +42,8 @@ static int fail(const char *what, int rv)
     return 1;
 }
 
-/* The child: COUNT round trips, then the percentiles. */
-static int client(const char *url, int count)
+/* A client: round trips for `seconds`, their times written to fd as floats (us). */
+static int client(const char *url, double seconds, int fd)
 {
     nng_socket s;
     int rv;
@@ -49,61 +54,132 @@ static int client(const char *url, int count)
         usleep(10000);
     if (rv != 0)
         return fail("nng_dial", rv);
-    double *rtt = malloc(sizeof *rtt * (size_t)count);
+    float *rtt = malloc(sizeof *rtt * MAX_SAMPLES);
     if (rtt == NULL)
         return 1;
-    for (int i = 0; i < count; i++) {
+    uint32_t n = 0;
+    const double end = now_us() + seconds * 1e6;
+    for (double t = now_us(); t < end && n < MAX_SAMPLES;) {
         nng_msg *m;
         if ((rv = nng_msg_alloc(&m, 200)) != 0)
             return fail("nng_msg_alloc", rv);
-        double t0 = now_us();
         if ((rv = nng_sendmsg(s, m, 0)) != 0 || (rv = nng_recvmsg(s, &m, 0)) != 0)
             return fail("round trip", rv);
-        rtt[i] = now_us() - t0;
+        const double t1 = now_us();
+        rtt[n++] = (float)(t1 - t);
+        t = t1;
         nng_msg_free(m);
     }
-    qsort(rtt, (size_t)count, sizeof *rtt, by_value);
-    printf("nng req/rep ipc round trip, %d messages of 200 bytes: p50 %.1f us, p90 %.1f us, "
-           "p99 %.1f us\n",
-           count, rtt[count / 2], rtt[(size_t)count * 9 / 10], rtt[(size_t)count * 99 / 100]);
-    fflush(stdout); /* the child leaves by _exit, which flushes nothing */
+    int ok = write(fd, &n, sizeof n) == (ssize_t)sizeof n &&
+             write(fd, rtt, n * sizeof *rtt) == (ssize_t)(n * sizeof *rtt);
     free(rtt);
     nng_close(s);
+    return ok ? 0 : 1;
+}
+
+/* One rep context of the server: receive, send the message back, receive again. */
+typedef struct echo_ctx {
+    nng_ctx ctx;
+    nng_aio *aio;
+    int sending;
+} echo_ctx;
+
+static void echo_done(void *arg)
+{
+    echo_ctx *e = arg;
+    if (nng_aio_result(e->aio) != 0) {
+        if (e->sending)
+            nng_msg_free(nng_aio_get_msg(e->aio));
+        if (nng_aio_result(e->aio) == NNG_ECLOSED)
+            return;
+        e->sending = 0;
+        nng_ctx_recv(e->ctx, e->aio);
+        return;
+    }
+    e->sending = !e->sending;
+    if (e->sending)
+        nng_ctx_send(e->ctx, e->aio); /* the received message goes back as it is */
+    else
+        nng_ctx_recv(e->ctx, e->aio);
+}
+
+/* Reads every client's samples (client c's from fds[c]); prints the rate and the percentiles. */
+static int report(const int *fds, int clients, double seconds)
+{
+    float *all = malloc(sizeof *all * (size_t)MAX_SAMPLES * (size_t)clients);
+    if (all == NULL)
+        return 1;
+    size_t total = 0;
+    for (int c = 0; c < clients; c++) {
+        uint32_t n;
+        if (read(fds[c], &n, sizeof n) != (ssize_t)sizeof n || n > MAX_SAMPLES)
+            return 1;
+        for (size_t got = 0; got < n * sizeof(float);) {
+            ssize_t r = read(fds[c], (char *)(all + total) + got, n * sizeof(float) - got);
+            if (r <= 0)
+                return 1;
+            got += (size_t)r;
+        }
+        total += n;
+    }
+    if (total == 0)
+        return 1;
+    qsort(all, total, sizeof *all, by_value);
+    printf("nng req/rep ipc, %d client process(es), 200-byte messages: %.0f requests/s; round "
+           "trip p50 %.1f us, p90 %.1f us, p99 %.1f us (%zu requests)\n",
+           clients, (double)total / seconds, all[total / 2], all[total * 9 / 10],
+           all[total * 99 / 100], total);
+    free(all);
     return 0;
 }
 
 int main(int argc, char **argv)
 {
-    int count = argc > 1 ? atoi(argv[1]) : 20000;
-    if (count < 100) {
-        fprintf(stderr, "usage: nng_echo [COUNT >= 100]\n");
+    const int clients = argc > 1 ? atoi(argv[1]) : 1;
+    const double seconds = argc > 2 ? atof(argv[2]) : 2.0;
+    if (clients < 1 || clients > MAX_CLIENTS || !(seconds > 0 && seconds <= 60)) {
+        fprintf(stderr, "usage: nng_echo [CLIENTS 1..%d [SECONDS]]\n", MAX_CLIENTS);
         return 2;
     }
     char url[128];
     snprintf(url, sizeof url, "ipc:///tmp/gpucd-nng-echo-%d.sock", (int)getpid());
-    /* Fork before either side touches nng, which is not fork-safe. */
-    pid_t child = fork();
-    if (child < 0)
-        return 1;
-    if (child == 0)
-        _exit(client(url, count));
+    /* Fork before touching nng, which is not fork-safe; a pipe a client for its samples. */
+    pid_t pids[MAX_CLIENTS];
+    int fds[MAX_CLIENTS];
+    for (int c = 0; c < clients; c++) {
+        int p[2];
+        if (pipe(p) != 0 || (pids[c] = fork()) < 0)
+            return 1;
+        if (pids[c] == 0) {
+            close(p[0]);
+            _exit(client(url, seconds, p[1]));
+        }
+        close(p[1]);
+        fds[c] = p[0];
+    }
     nng_socket s;
+    static echo_ctx ctxs[SERVER_CONTEXTS];
     int rv;
     if ((rv = nng_rep0_open(&s)) != 0 || (rv = nng_listen(s, url, NULL, 0)) != 0) {
-        kill(child, SIGKILL);
-        waitpid(child, NULL, 0);
+        for (int c = 0; c < clients; c++)
+            kill(pids[c], SIGKILL);
         return fail("listening", rv);
     }
-    /* Echo until the child is done: a receive timeout lets the loop notice. */
-    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 100);
-    int status = 0;
-    while (waitpid(child, &status, WNOHANG) == 0) {
-        nng_msg *m;
-        if (nng_recvmsg(s, &m, 0) != 0)
-            continue;
-        if (nng_sendmsg(s, m, 0) != 0)
-            nng_msg_free(m);
+    for (int i = 0; i < SERVER_CONTEXTS; i++) {
+        if ((rv = nng_ctx_open(&ctxs[i].ctx, s)) != 0 ||
+            (rv = nng_aio_alloc(&ctxs[i].aio, echo_done, &ctxs[i])) != 0)
+            return fail("a server context", rv);
+        nng_ctx_recv(ctxs[i].ctx, ctxs[i].aio);
     }
-    nng_close(s);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+    int rc = report(fds, clients, seconds);
+    for (int c = 0; c < clients; c++) {
+        int status = 0;
+        waitpid(pids[c], &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            rc = 1;
+    }
+    nng_close(s); /* before the contexts' aios go: their callbacks see NNG_ECLOSED */
+    for (int i = 0; i < SERVER_CONTEXTS; i++)
+        nng_aio_free(ctxs[i].aio);
+    return rc;
 }
