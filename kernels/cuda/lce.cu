@@ -201,16 +201,21 @@ __global__ void __launch_bounds__(RT) fwd_chunk_kernel(const float *F, int64_t l
     __shared__ int shi[32];
     const int64_t row = r0 + blockIdx.x;
     const float *f = F + (int64_t)blockIdx.x * ldf;
-    const int32_t t = st.tgt[row];
-    float z[VPT], mx = -INFINITY, th;
+    const int tj = (int)(st.tgt[row] - v0); /* the target's place in the chunk, if it is there */
+    float z[VPT], mx = -INFINITY, th, zt = 0.0f;
+    bool has_t = false;
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
         const int j = threadIdx.x + k * RT;
         z[k] = j < vc ? logit_of(f[j], bias, v0 + j, cap, &th) : -INFINITY;
-        if (j < vc && v0 + j == t) /* the target's logit, from this chunk */
-            st.zt[row] = z[k];
+        if (j < vc && j == tj) { /* kept in registers: a store here would serialise the loads of f */
+            zt = z[k];
+            has_t = true;
+        }
         mx = fmaxf(mx, z[k]);
     }
+    if (has_t)
+        st.zt[row] = zt;
     const float M = block_reduce(mx, true, sh);
     float sum = 0.0f;
     T *x = STORE ? xs.X + (int64_t)blockIdx.x * xs.ldx + v0 : nullptr;
@@ -282,7 +287,8 @@ __global__ void __launch_bounds__(RT) grad_chunk_kernel(float *F, int64_t ldf, i
  * Row-block backward, one block per row of the block: X (exp(z - chunk max)
  * * gscale, from the forward) becomes G = (softmax - onehot) * softcap' *
  * gscale in place; the softcapped logit for softcap' is chunk max + ln e
- * (the target's own logit for the target).
+ * (the target's own logit for the target).  Chunk by chunk, so that
+ * exp(chunk max - LSE) is computed once a chunk, not once an entry.
  */
 template <class T>
 __global__ void __launch_bounds__(RT) rb_grad_kernel(T *X, int64_t V, int64_t Vc, const float *mc, int nch,
@@ -293,20 +299,26 @@ __global__ void __launch_bounds__(RT) rb_grad_kernel(T *X, int64_t V, int64_t Vc
     const float *m = mc + (int64_t)blockIdx.x * nch;
     const int32_t t = st.tgt[row];
     const float L = st.lse[row], zt = t >= 0 ? st.zt[row] : 0.0f;
-    for (int64_t v = threadIdx.x; v < V; v += RT) {
-        float g = 0.0f;
-        if (t >= 0) {
-            const float mcv = m[(int)v / (int)Vc], e = lce_to_f(x[v]) / gscale; /* V < 2^31 */
-            float d = e * expf(mcv - L) - (v == t ? 1.0f : 0.0f);
-            if (fabsf(d) < eps)
-                d = 0.0f;
-            if (cap > 0.0f && d != 0.0f) {
-                const float th = (v == t ? zt : mcv + logf(e)) / cap;
-                d *= 1.0f - th * th;
+    const float unscale = 1.0f / gscale; /* gscale is a power of two: x * unscale is x / gscale exactly */
+    for (int k = 0; k < nch; k++) {
+        const int64_t a = (int64_t)k * Vc, b = a + Vc < V ? a + Vc : V;
+        const float mcv = m[k], p = expf(mcv - L);
+#pragma unroll 4
+        for (int64_t v = a + threadIdx.x; v < b; v += RT) {
+            float g = 0.0f;
+            if (t >= 0) {
+                const float e = lce_to_f(x[v]) * unscale;
+                float d = e * p - (v == t ? 1.0f : 0.0f);
+                if (fabsf(d) < eps)
+                    d = 0.0f;
+                if (cap > 0.0f && d != 0.0f) {
+                    const float th = (v == t ? zt : mcv + logf(e)) / cap;
+                    d *= 1.0f - th * th;
+                }
+                g = d * gscale;
             }
-            g = d * gscale;
+            x[v] = lce_from_f<T>(g);
         }
-        x[v] = lce_from_f<T>(g);
     }
 }
 
