@@ -201,21 +201,20 @@ __global__ void __launch_bounds__(RT) fwd_chunk_kernel(const float *F, int64_t l
     __shared__ int shi[32];
     const int64_t row = r0 + blockIdx.x;
     const float *f = F + (int64_t)blockIdx.x * ldf;
-    const int tj = (int)(st.tgt[row] - v0); /* the target's place in the chunk, if it is there */
-    float z[VPT], mx = -INFINITY, th, zt = 0.0f;
-    bool has_t = false;
+    /* with STORE, the target's product is read before X may be written over F (kept in shared memory) */
+    __shared__ float ut;
+    if (STORE && threadIdx.x == 0) {
+        const int32_t t = st.tgt[row];
+        if (t >= v0 && t < v0 + vc)
+            ut = f[t - v0];
+    }
+    float z[VPT], mx = -INFINITY, th;
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
         const int j = threadIdx.x + k * RT;
         z[k] = j < vc ? logit_of(f[j], bias, v0 + j, cap, &th) : -INFINITY;
-        if (j < vc && j == tj) { /* kept in registers: a store here would serialise the loads of f */
-            zt = z[k];
-            has_t = true;
-        }
         mx = fmaxf(mx, z[k]);
     }
-    if (has_t)
-        st.zt[row] = zt;
     const float M = block_reduce(mx, true, sh);
     float sum = 0.0f;
     T *x = STORE ? xs.X + (int64_t)blockIdx.x * xs.ldx + v0 : nullptr;
@@ -234,6 +233,9 @@ __global__ void __launch_bounds__(RT) fwd_chunk_kernel(const float *F, int64_t l
         cand_update(z, v0, row, first ? M : fmaxf(st.m[row], M), ln_eps, first, st, shi);
     if (threadIdx.x != 0)
         return;
+    const int32_t t = st.tgt[row];
+    if (t >= v0 && t < v0 + vc)
+        st.zt[row] = logit_of(STORE ? ut : f[t - v0], bias, t, cap, &th); /* the same arithmetic as z[] */
     if (first) {
         st.m[row] = M;
         st.s[row] = S;
