@@ -1,6 +1,7 @@
 /*
- * lce.cu - fused linear cross entropy on the CUDA backend (issue 5), v2:
- * the logits GEMMs run on cuBLAS, the softmax work in small row kernels.
+ * lce.cu - fused linear cross entropy on the CUDA backend (issue 5), v3:
+ * the GEMMs run on cuBLASLt (lce_gemm.cu), the softmax work in small row
+ * kernels.
  *
  * The N x V logits are never stored whole: only a chunk of R rows x Vc
  * vocabulary entries, in fp32, in the workspace (F below).  A request runs as:
@@ -10,7 +11,7 @@
  *             before any output is written, and the count gives the host the
  *             gradient weight w (grad_scale, / count for mean);
  *   forward   per row block, per vocabulary chunk in order: F = E_rows C_chunk^T
- *             (cublasGemmEx, fp32 out), then one block per row applies bias and
+ *             (cuBLASLt, fp32 out), then one block per row applies bias and
  *             softcap, reduces the chunk to (max, sum of exp) in a fixed tree
  *             and merges it into the row's running (max, sum); the target's
  *             logit is taken from the chunk that holds it;
