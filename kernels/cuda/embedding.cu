@@ -8,19 +8,22 @@
  *
  * Backward, deterministic without sorting: the positions are cut into one
  * contiguous range per warp, and each warp adds its rows, in position order,
- * into a private fp32 table (lane = column, so every table element has one
- * writer and one order).  Tables live in shared memory when they fit (one
- * block a multiprocessor, as many warps as tables fit, up to 16), summed
- * per block in warp order into a partial table in the workspace; otherwise
- * each warp's table is itself in the workspace.  A second kernel adds the
- * partial tables in table order into dtable.  The result depends on the
- * inputs, ex->sm_count and the shared-memory size, never on the schedule.
- * Loads of the next 32 positions are issued before the current 32 are
- * added (two register buffers), so the dout stream keeps enough bytes in
- * flight while the adds go on.
+ * into a private fp32 table (every table element receives its additions in
+ * one fixed order).  Tables live in shared memory when they fit (one block a
+ * multiprocessor, as many warps as tables fit, up to 16), summed per block
+ * in warp order into a partial table in the workspace; otherwise each warp's
+ * table is itself in the workspace.  A second kernel adds the partial tables
+ * in table order into dtable.  The result depends on the inputs,
+ * ex->sm_count and the shared-memory size, never on the schedule.  D = 32
+ * (the NMMO3 player embedding) has a kernel of its own that adds four
+ * positions a warp instruction (embedding_quad_kernel); any D has the
+ * general one, lane = column.  Loads of the next batch of positions are
+ * issued before the current one is added.
  *
- * Invalid indices are skipped and recorded (obs_record.cuh); the reduce
- * kernel leaves dtable untouched when the record is set.
+ * Invalid indices are skipped.  Each partial kernel block keeps its first
+ * offender and writes it to its slot after its partial table; the reduce
+ * kernel writes the record (obs_record.cuh) from the slots and leaves dtable
+ * untouched when one is set, so the backward needs no record reset.
  */
 #include <inttypes.h>
 #include <stdint.h>
@@ -28,15 +31,20 @@
 #include <string.h>
 
 #include "gk_cuda.h"
+#include "multihot_embedding_pdl.cuh"
 #include "obs_record.cuh"
 
 namespace {
 
 constexpr int FWD_THREADS = 256, FWD_UNROLL = 4;
+constexpr int ROWS_THREADS = 1024; /* embedding_rows_kernel: few blocks, few copies of the table */
+constexpr size_t ROWS_TABLE_SMEM = 32 * 1024; /* its tables: at most this size */
 constexpr int BATCH = 32; /* positions a warp loads at once: one index a lane */
 constexpr int MAX_WARPS = 16;
 constexpr int PLAIN_TABLES_PER_SM = 4;
 constexpr size_t PLAIN_TABLES_BYTES = (size_t)32 << 20;
+constexpr unsigned OFFENDER_NONE = 0xffffffffu; /* a block's first offender when it met none */
+constexpr size_t STATIC_SMEM = 64; /* the kernels' own shared variables, next to the tables */
 
 template <typename Idx>
 __device__ __forceinline__ bool index_ok(Idx v, long long vocab)
@@ -50,6 +58,8 @@ embedding_forward_kernel(const Idx *__restrict__ idx, const Chunk *__restrict__ 
                          Chunk *__restrict__ out, unsigned total, unsigned cpr, long long vocab,
                          unsigned long long *rec)
 {
+    pdl_release();
+    pdl_wait();
     const unsigned stride = gridDim.x * blockDim.x;
     const unsigned srow = stride / cpr, spart = stride - srow * cpr;
     unsigned k = blockIdx.x * blockDim.x + threadIdx.x;
@@ -86,8 +96,58 @@ embedding_forward_kernel(const Idx *__restrict__ idx, const Chunk *__restrict__ 
     }
 }
 
+/*
+ * The forward's fast path: rows of CPR 16-byte chunks, CPR dividing 32, and
+ * a table small enough to be copied into shared memory first (NMMO3's
+ * 128 x 32: 8 KiB bf16, 16 KiB f32).  A warp takes 32 consecutive rows at a
+ * time: lane l loads the index of row l, the rows' output (32 x CPR chunks,
+ * contiguous) is written by CPR 16-byte stores a lane from the shared table,
+ * and the next 32 rows' indices are loaded meanwhile.  So an index load is
+ * the only global load, and one is in flight a warp while it stores.
+ */
+template <typename Idx, int CPR>
+__global__ void __launch_bounds__(ROWS_THREADS, 2)
+embedding_rows_kernel(const Idx *__restrict__ idx, const uint4 *__restrict__ table,
+                      uint4 *__restrict__ out, unsigned rows, int vocab, unsigned long long *rec)
+{
+    constexpr int RPS = 32 / CPR; /* rows a store instruction covers */
+    extern __shared__ uint4 stab16[];
+    pdl_release();
+    pdl_wait();
+    for (int i = threadIdx.x; i < vocab * CPR; i += blockDim.x)
+        stab16[i] = table[i];
+    __syncthreads();
+    const int lane = threadIdx.x & 31, part = lane % CPR;
+    const unsigned nwarps = gridDim.x * (blockDim.x / 32);
+    unsigned base = (blockIdx.x * blockDim.x + threadIdx.x) / 32 * 32;
+    Idx raw = base + lane < rows ? idx[base + lane] : Idx(0);
+    while (base < rows) {
+        const unsigned next = base + nwarps * 32;
+        const Idx ahead = next + lane < rows ? idx[next + lane] : Idx(0);
+        int v = -1;
+        if (base + lane < rows) {
+            if (index_ok(raw, vocab))
+                v = (int)raw;
+            else
+                obs_record_offender(rec, base + lane);
+        }
+#pragma unroll
+        for (int u = 0; u < CPR; u++) {
+            const int rl = u * RPS + lane / CPR;
+            const int vr = __shfl_sync(0xffffffffu, v, rl);
+            if (vr >= 0) /* past the end or invalid: -1 */
+                __stcs(out + (size_t)(base + rl) * CPR + part, stab16[vr * CPR + part]);
+        }
+        raw = ahead;
+        base = next;
+    }
+}
+
 __device__ __forceinline__ float grad_f32(float g) { return g; }
 __device__ __forceinline__ float grad_f32(uint16_t g) { return __uint_as_float((unsigned)g << 16); }
+
+/* An index that is out of range lowers the block's first offender (a shared u32, see the reduce). */
+__device__ __forceinline__ void offender_note(unsigned *first, unsigned pos) { atomicMin(first, pos); }
 
 /*
  * One batch of BATCH positions from p for this lane's column c: lane u's index
@@ -96,7 +156,7 @@ __device__ __forceinline__ float grad_f32(uint16_t g) { return __uint_as_float((
 template <typename Idx, typename G>
 __device__ __forceinline__ void batch_load(const Idx *__restrict__ idx, const G *__restrict__ dout,
                                           unsigned p, unsigned end, int D, int c, bool col,
-                                          long long vocab, bool record, unsigned long long *rec,
+                                          long long vocab, bool record, unsigned *first,
                                           int &vi, float (&g)[BATCH])
 {
     const int lane = threadIdx.x & 31;
@@ -107,27 +167,44 @@ __device__ __forceinline__ void batch_load(const Idx *__restrict__ idx, const G 
         if (index_ok(raw, vocab))
             vi = (int)raw;
         else if (record)
-            obs_record_offender(rec, q);
+            offender_note(first, q);
     }
 #pragma unroll
     for (int u = 0; u < BATCH; u++)
         g[u] = col && p + u < end ? grad_f32(dout[(size_t)(p + u) * (size_t)D + c]) : 0.0f;
 }
 
+/* The block's first offender, kept in shared memory and written to its slot at the end. */
+__device__ __forceinline__ void first_init(unsigned *first)
+{
+    if (threadIdx.x == 0)
+        *first = OFFENDER_NONE;
+}
+
+/*
+ * The general backward (any D, any table size): lane = column, positions
+ * one after another.  SMEM: W warps a block, each table in shared memory,
+ * summed per block; otherwise one warp a block with its table in the
+ * workspace (the partial itself).
+ */
 template <typename Idx, typename G, bool SMEM>
 __global__ void __launch_bounds__(MAX_WARPS * 32, 1)
 embedding_partial_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout,
-                         float *__restrict__ partials, unsigned n, int D, int V,
-                         unsigned long long *rec)
+                         float *__restrict__ partials, unsigned *__restrict__ slots, unsigned n,
+                         int D, int V)
 {
     extern __shared__ float stab[];
+    __shared__ unsigned first;
     const int VD = V * D;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, W = blockDim.x >> 5;
     const unsigned gw = blockIdx.x * W + w, nw = gridDim.x * W;
     float *tab = SMEM ? stab + (size_t)w * VD : partials + (size_t)gw * VD;
+    pdl_release();
+    pdl_wait();
     for (int e = lane; e < VD; e += 32)
         tab[e] = 0.0f;
-    __syncwarp();
+    first_init(&first);
+    __syncthreads();
     const unsigned start = (unsigned)((unsigned long long)n * gw / nw);
     const unsigned end = (unsigned)((unsigned long long)n * (gw + 1) / nw);
     for (int c0 = 0; c0 < D; c0 += 32) {
@@ -138,10 +215,10 @@ embedding_partial_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout
 #pragma unroll
         for (int u = 0; u < BATCH; u++)
             gn[u] = 0.0f;
-        batch_load(idx, dout, start, end, D, c, col, V, c0 == 0, rec, vi, g);
+        batch_load(idx, dout, start, end, D, c, col, V, c0 == 0, &first, vi, g);
         for (unsigned p = start; p < end; p += BATCH) {
             if (p + BATCH < end)
-                batch_load(idx, dout, p + BATCH, end, D, c, col, V, c0 == 0, rec, vin, gn);
+                batch_load(idx, dout, p + BATCH, end, D, c, col, V, c0 == 0, &first, vin, gn);
 #pragma unroll
             for (int u = 0; u < BATCH; u++) {
                 int v = __shfl_sync(0xffffffffu, vi, u);
@@ -154,8 +231,8 @@ embedding_partial_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout
             vi = vin;
         }
     }
+    __syncthreads();
     if constexpr (SMEM) {
-        __syncthreads();
         for (int e = threadIdx.x; e < VD; e += blockDim.x) {
             float s = 0.0f;
             for (int t = 0; t < W; t++)
@@ -163,26 +240,235 @@ embedding_partial_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout
             partials[(size_t)blockIdx.x * VD + e] = s;
         }
     }
+    if (threadIdx.x == 0)
+        slots[blockIdx.x] = first;
 }
 
-__global__ void embedding_reduce_kernel(const float *__restrict__ partials, int ntables, int VD,
-                                        float *__restrict__ dtable,
-                                        const unsigned long long *rec)
+/* The fast path's lane vector: 4 consecutive columns of one position's gradient row. */
+template <typename G> struct quad;
+template <> struct quad<float> {
+    using type = float4;
+};
+template <> struct quad<uint16_t> {
+    using type = uint2;
+};
+
+__device__ __forceinline__ float4 quad_f32(float4 v) { return v; }
+__device__ __forceinline__ float4 quad_f32(uint2 v)
 {
-    if (*rec != OBS_RECORD_CLEAN)
+    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
+                       __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
+}
+
+/* table row r (8 float4 in the lane's column quad) += g, in this lane. */
+__device__ __forceinline__ void quad_add(float4 *row, float4 g)
+{
+    float4 a = *row;
+    a.x += g.x;
+    a.y += g.y;
+    a.z += g.z;
+    a.w += g.w;
+    *row = a;
+}
+
+/*
+ * The fast path for D = 32 when W tables of (V + 1) x 32 fp32 fit in shared
+ * memory (the 128 x 32 table of NMMO3: 14 warps a multiprocessor).  Each
+ * warp sums its contiguous range of positions in position order into its
+ * own table, as the general kernel, but four positions at a time: lane l
+ * handles columns 4 (l % 8) .. + 3 of position 4 k + l / 8 (one 16-byte fp32
+ * or 8-byte bf16 load, one 16-byte shared add), so a warp instruction
+ * covers four rows.  Four positions whose indices are all different touch
+ * different table rows and are added at once; a group where two share an
+ * index (found for 32 positions by one __match_any_sync) is added one
+ * position after the other.  Either way every table element receives its
+ * additions in position order, as in the general kernel.  Invalid positions
+ * (a bad index, past the range's end) add into row V, which is never read,
+ * so the adds have no branch.  A batch's loads (32 positions, bf16 64) are
+ * issued a batch ahead, and its rows found before its adds, whose chain of
+ * shared loads and stores is then all that is left to wait on.
+ */
+template <typename Idx, typename G>
+__global__ void __launch_bounds__(MAX_WARPS * 32, 1)
+embedding_quad_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout,
+                      float *__restrict__ partials, unsigned *__restrict__ slots, unsigned n, int V)
+{
+    using Q = typename quad<G>::type;
+    /* bf16 rows are half as wide: two 32-position batches keep as many bytes in flight */
+    constexpr int SUBS = sizeof(G) == 2 ? 2 : 1;
+    constexpr int P = 32 * SUBS; /* positions a batch */
+    constexpr int K = P / 4;     /* loads a lane a batch: groups of four positions */
+    extern __shared__ float4 qtab[];
+    __shared__ unsigned first;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, W = blockDim.x >> 5;
+    const int quarter = lane >> 3, cq = lane & 7;
+    const int T4 = (V + 1) * 8; /* float4 a table, with the discard row V */
+    pdl_release();
+    pdl_wait();
+    for (int i = threadIdx.x; i < W * T4; i += blockDim.x)
+        qtab[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    first_init(&first);
+    __syncthreads();
+    float4 *tab = qtab + (size_t)w * T4 + cq;
+    const unsigned gw = blockIdx.x * W + w, nw = gridDim.x * W;
+    const unsigned start = (unsigned)((unsigned long long)n * gw / nw);
+    const unsigned end = (unsigned)((unsigned long long)n * (gw + 1) / nw);
+    const Q *src = reinterpret_cast<const Q *>(dout) + cq; /* position p: src[8 p] */
+
+    /* Only issued here: the indices are checked when the batch is added. */
+    auto load = [&](unsigned p, Q (&g)[K], Idx (&raw)[SUBS]) {
+#pragma unroll
+        for (int s = 0; s < SUBS; s++) {
+            const unsigned u = p + 32u * s + (unsigned)lane;
+            raw[s] = u < end ? idx[u] : Idx(0);
+        }
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const unsigned u = p + 4u * k + (unsigned)quarter;
+            g[k] = u < end ? src[(size_t)u * 8] : Q{};
+        }
+    };
+    auto add = [&](unsigned p, const Q (&g)[K], const Idx (&raw)[SUBS]) {
+#pragma unroll
+        for (int s = 0; s < SUBS; s++) {
+            /* Lane u: the row of position p + 32 s + u; V when invalid or past the end. */
+            const unsigned u = p + 32u * s + (unsigned)lane;
+            int v = V;
+            if (u < end) {
+                if (index_ok(raw[s], V))
+                    v = (int)raw[s];
+                else
+                    offender_note(&first, u);
+            }
+            /*
+             * Bit 4 j + i of clash4 (clash8): position 4 j + i of these 32
+             * shares its row with another of its four (of its eight, two groups).
+             */
+            const unsigned same = __match_any_sync(0xffffffffu, v);
+            const unsigned clash4 = __ballot_sync(0xffffffffu, __popc(same & (0xfu << (lane & ~3))) > 1);
+            const unsigned clash8 = __ballot_sync(0xffffffffu, __popc(same & (0xffu << (lane & ~7))) > 1);
+            int r[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                r[j] = __shfl_sync(0xffffffffu, v, 4 * j + quarter) * 8;
+#pragma unroll
+            for (int j = 0; j < 8; j += 2) {
+                const float4 x0 = quad_f32(g[8 * s + j]), x1 = quad_f32(g[8 * s + j + 1]);
+                if (((clash8 >> (4 * j)) & 0xffu) == 0) {
+                    /* eight different rows: both groups' loads before either store */
+                    float4 *e0 = tab + r[j], *e1 = tab + r[j + 1];
+                    float4 a0 = *e0, a1 = *e1;
+                    a0.x += x0.x;
+                    a0.y += x0.y;
+                    a0.z += x0.z;
+                    a0.w += x0.w;
+                    a1.x += x1.x;
+                    a1.y += x1.y;
+                    a1.z += x1.z;
+                    a1.w += x1.w;
+                    *e0 = a0;
+                    *e1 = a1;
+                } else {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        if (((clash4 >> (4 * (j + h))) & 0xfu) == 0) {
+                            quad_add(tab + r[j + h], h ? x1 : x0);
+                        } else {
+                            for (int i = 0; i < 4; i++) {
+                                if (quarter == i)
+                                    quad_add(tab + r[j + h], h ? x1 : x0);
+                                __syncwarp();
+                            }
+                        }
+                        __syncwarp();
+                    }
+                }
+                __syncwarp(); /* the next groups may add to the same elements from other lanes */
+            }
+        }
+    };
+    /* Two register buffers taken in turn, a batch loading while the other is added. */
+    Q ga[K], gb[K];
+    Idx ia[SUBS], ib[SUBS];
+    if (start < end)
+        load(start, ga, ia);
+    for (unsigned p = start; p < end; p += 2 * P) {
+        if (p + P < end)
+            load(p + P, gb, ib);
+        add(p, ga, ia);
+        if (p + P >= end)
+            break;
+        if (p + 2 * P < end)
+            load(p + 2 * P, ga, ia);
+        add(p + P, gb, ib);
+    }
+    __syncthreads();
+    float4 *part = reinterpret_cast<float4 *>(partials) + (size_t)blockIdx.x * V * 8;
+    for (int i = threadIdx.x; i < V * 8; i += blockDim.x) {
+        float4 s = qtab[i];
+        for (int t = 1; t < W; t++) {
+            const float4 x = qtab[(size_t)t * T4 + i];
+            s.x += x.x;
+            s.y += x.y;
+            s.z += x.z;
+            s.w += x.w;
+        }
+        part[i] = s;
+    }
+    if (threadIdx.x == 0)
+        slots[blockIdx.x] = first;
+}
+
+/*
+ * dtable = the partial tables added in table order, and the error record =
+ * the first offender over all slots (written here, every call: no reset
+ * needed before the partial kernels).  A block takes 32 consecutive
+ * elements; warp k adds tables k, k + 8, ... in order, then the eight
+ * sums are added in warp order.  With an offender dtable is left as it was.
+ */
+constexpr int REDUCE_WARPS = 8;
+__global__ void __launch_bounds__(REDUCE_WARPS * 32)
+embedding_reduce_kernel(const float *__restrict__ partials, const unsigned *__restrict__ slots,
+                        int ntables, int VD, float *__restrict__ dtable,
+                        unsigned long long *rec)
+{
+    __shared__ unsigned first;
+    __shared__ float sums[REDUCE_WARPS][32];
+    pdl_release();
+    pdl_wait();
+    first_init(&first);
+    __syncthreads();
+    for (int t = threadIdx.x; t < ntables; t += blockDim.x)
+        atomicMin(&first, slots[t]);
+    __syncthreads();
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        *rec = first == OFFENDER_NONE ? OBS_RECORD_CLEAN : (unsigned long long)first;
+    if (first != OFFENDER_NONE)
         return; /* an invalid index: dtable stays as it was */
-    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < VD; e += gridDim.x * blockDim.x) {
-        float s = 0.0f;
-        for (int t = 0; t < ntables; t++)
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int e = blockIdx.x * 32 + lane;
+    float s = 0.0f;
+    if (e < VD)
+        for (int t = w; t < ntables; t += REDUCE_WARPS)
             s += partials[(size_t)t * VD + e];
-        dtable[e] = s;
+    sums[w][lane] = s;
+    __syncthreads();
+    if (w == 0 && e < VD) {
+        float total = sums[0][lane];
+        for (int k = 1; k < REDUCE_WARPS; k++)
+            total += sums[k][lane];
+        dtable[e] = total;
     }
 }
 
-/* How the backward runs for a table of vd elements: shared tables (warps > 0) or plain. */
+/*
+ * How the backward runs for a table of vd elements: shared tables (warps > 0)
+ * or plain; quad: the D = 32 fast path (embedding_quad_kernel).
+ */
 struct bwd_plan {
     int warps;   /* warps a block, each with a shared table; 0: tables in the workspace */
-    int ntables; /* partial tables in the workspace */
+    int ntables; /* partial tables in the workspace, each with its offender slot */
+    bool quad;
     size_t smem;
 };
 
@@ -199,17 +485,26 @@ int smem_optin(size_t *bytes, gk_err *err)
     return GK_OK;
 }
 
-/* The plan wanted with unlimited workspace. */
-int bwd_plan_ideal(int64_t vd, int sm_count, bwd_plan *pl, gk_err *err)
+/* The plan wanted with unlimited workspace (dout_aligned: 16-byte f32 / 8-byte bf16 rows). */
+int bwd_plan_ideal(int64_t vd, int64_t dim, bool dout_aligned, int sm_count, bwd_plan *pl,
+                   gk_err *err)
 {
     size_t optin = 0;
     int rc = smem_optin(&optin, err);
     if (rc != GK_OK)
         return rc;
-    const size_t table = (size_t)vd * sizeof(float);
-    size_t fit = table ? optin / table : MAX_WARPS;
+    /*
+     * embedding_quad_kernel's tables have a discard row.  Where it could run,
+     * the general kernel gets as many warps (tables) even when dout is not
+     * aligned for it: the same partition, the same bytes.
+     */
+    const size_t quad_table = dim == 32 ? (size_t)(vd + dim) * sizeof(float) : 0;
+    const bool quad_fits = dim == 32 && quad_table <= optin - STATIC_SMEM;
+    pl->quad = quad_fits && dout_aligned;
+    const size_t table = (size_t)vd * sizeof(float), fit_table = quad_fits ? quad_table : table;
+    size_t fit = fit_table ? (optin - STATIC_SMEM) / fit_table : MAX_WARPS;
     pl->warps = fit > MAX_WARPS ? MAX_WARPS : (int)fit;
-    pl->smem = (size_t)pl->warps * table;
+    pl->smem = (size_t)pl->warps * (pl->quad ? quad_table : table);
     if (pl->warps > 0) {
         pl->ntables = sm_count;
     } else {
@@ -220,6 +515,9 @@ int bwd_plan_ideal(int64_t vd, int sm_count, bwd_plan *pl, gk_err *err)
     }
     return GK_OK;
 }
+
+/* Workspace bytes of a partial table: its fp32 elements and its offender slot. */
+size_t partial_bytes(int64_t vd) { return (size_t)vd * sizeof(float) + sizeof(unsigned); }
 
 /* Element counts below 2^31 (the kernels index with 32 bits); names as the op calls them. */
 int embedding_sizes_check(const gk_tensor *idx, const gk_tensor *rows, const char *rows_name,
@@ -250,10 +548,13 @@ int forward_launch(const gk_tensor *idx, const gk_tensor *table, const gk_tensor
     long long need = ((long long)total + FWD_THREADS - 1) / FWD_THREADS;
     if (grid > need)
         grid = need;
-    kernel<<<(unsigned)grid, FWD_THREADS, 0, ex->stream>>>(
-        (const Idx *)idx->data, (const Chunk *)table->data, (Chunk *)out->data, total, cpr,
-        (long long)table->shape[0], rec);
-    return obs_launch_check("embedding forward", err);
+    e = pdl_launch(kernel, (unsigned)grid, FWD_THREADS, 0, ex->stream, (const Idx *)idx->data,
+                   (const Chunk *)table->data, (Chunk *)out->data, total, cpr,
+                   (long long)table->shape[0], rec);
+    if (e != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "embedding forward (cuda): kernel launch: %s",
+                       cudaGetErrorString(e));
+    return GK_OK;
 }
 
 template <typename Chunk>
@@ -267,41 +568,88 @@ int forward_dispatch(const gk_tensor *idx, const gk_tensor *table, const gk_tens
     return forward_launch<Chunk, int64_t>(idx, table, out, cpr, ex, rec, err);
 }
 
-template <typename Idx, typename G, bool SMEM>
+template <typename Idx, int CPR>
+int rows_launch(const gk_tensor *idx, const gk_tensor *table, const gk_tensor *out,
+                const gk_cuda_exec *ex, unsigned long long *rec, gk_err *err)
+{
+    auto kernel = embedding_rows_kernel<Idx, CPR>;
+    const int vocab = (int)table->shape[0];
+    const size_t smem = (size_t)vocab * CPR * 16;
+    int per_sm = 0;
+    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, ROWS_THREADS, smem);
+    if (e != cudaSuccess || per_sm < 1)
+        return gk_fail(err, GK_EDEVICE, "embedding forward (cuda): occupancy query: %s",
+                       cudaGetErrorString(e));
+    const unsigned rows = (unsigned)gk_tensor_numel(idx);
+    long long grid = (long long)ex->sm_count * per_sm;
+    const long long need = ((long long)rows + ROWS_THREADS - 1) / ROWS_THREADS;
+    if (grid > need)
+        grid = need;
+    e = pdl_launch(kernel, (unsigned)grid, ROWS_THREADS, smem, ex->stream, (const Idx *)idx->data,
+                   (const uint4 *)table->data, (uint4 *)out->data, rows, vocab, rec);
+    if (e != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "embedding forward (cuda): kernel launch: %s",
+                       cudaGetErrorString(e));
+    return GK_OK;
+}
+
+/* The fast path for rows of cpr 16-byte chunks, cpr dividing 32 (the caller checked). */
+template <typename Idx>
+int rows_dispatch(const gk_tensor *idx, const gk_tensor *table, const gk_tensor *out, unsigned cpr,
+                  const gk_cuda_exec *ex, unsigned long long *rec, gk_err *err)
+{
+    switch (cpr) {
+    case 1:
+        return rows_launch<Idx, 1>(idx, table, out, ex, rec, err);
+    case 2:
+        return rows_launch<Idx, 2>(idx, table, out, ex, rec, err);
+    case 4:
+        return rows_launch<Idx, 4>(idx, table, out, ex, rec, err);
+    case 8:
+        return rows_launch<Idx, 8>(idx, table, out, ex, rec, err);
+    case 16:
+        return rows_launch<Idx, 16>(idx, table, out, ex, rec, err);
+    default:
+        return rows_launch<Idx, 32>(idx, table, out, ex, rec, err);
+    }
+}
+
+/* The partial kernel chosen by the plan, then the reduce into dtable and the record. */
+template <typename Idx, typename G>
 int backward_launch(const gk_tensor *idx, const gk_tensor *dout, const gk_tensor *dtable,
                     const bwd_plan &pl, const gk_cuda_exec *ex, unsigned long long *rec,
                     float *partials, gk_err *err)
 {
-    auto kernel = embedding_partial_kernel<Idx, G, SMEM>;
-    const int V = (int)dtable->shape[0], D = (int)dtable->shape[1];
-    unsigned threads = SMEM ? (unsigned)pl.warps * 32 : 32;
-    if (SMEM && pl.smem > 48 * 1024) {
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)pl.smem);
+    const int V = (int)dtable->shape[0], D = (int)dtable->shape[1], VD = V * D;
+    const unsigned n = (unsigned)gk_tensor_numel(idx);
+    unsigned *slots = (unsigned *)(partials + (size_t)pl.ntables * VD);
+    void (*kernel)(const Idx *, const G *, float *, unsigned *, unsigned, int, int) =
+        pl.warps == 0 ? embedding_partial_kernel<Idx, G, false> : embedding_partial_kernel<Idx, G, true>;
+    auto quad = embedding_quad_kernel<Idx, G>;
+    if (pl.warps > 0 && pl.smem > 48 * 1024) {
+        cudaError_t e = pl.quad ? cudaFuncSetAttribute(quad, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       (int)pl.smem)
+                                : cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       (int)pl.smem);
         if (e != cudaSuccess)
             return gk_fail(err, GK_EDEVICE, "embedding backward (cuda): shared memory %zu: %s",
                            pl.smem, cudaGetErrorString(e));
     }
-    kernel<<<(unsigned)pl.ntables, threads, SMEM ? pl.smem : 0, ex->stream>>>(
-        (const Idx *)idx->data, (const G *)dout->data, partials, (unsigned)gk_tensor_numel(idx), D,
-        V, rec);
-    const int VD = V * D;
-    int grid = (VD + 255) / 256;
-    if (grid > ex->sm_count * 8)
-        grid = ex->sm_count * 8;
-    embedding_reduce_kernel<<<grid, 256, 0, ex->stream>>>(partials, pl.ntables, VD,
-                                                          (float *)dtable->data, rec);
-    return obs_launch_check("embedding backward", err);
-}
-
-template <typename Idx, typename G>
-int backward_dispatch(const gk_tensor *idx, const gk_tensor *dout, const gk_tensor *dtable,
-                      const bwd_plan &pl, const gk_cuda_exec *ex, unsigned long long *rec,
-                      float *partials, gk_err *err)
-{
-    return pl.warps > 0
-               ? backward_launch<Idx, G, true>(idx, dout, dtable, pl, ex, rec, partials, err)
-               : backward_launch<Idx, G, false>(idx, dout, dtable, pl, ex, rec, partials, err);
+    const unsigned threads = pl.warps > 0 ? (unsigned)pl.warps * 32 : 32;
+    const Idx *ip = (const Idx *)idx->data;
+    const G *gp = (const G *)dout->data;
+    cudaError_t e = pl.quad ? pdl_launch(quad, (unsigned)pl.ntables, threads, pl.smem, ex->stream,
+                                         ip, gp, partials, slots, n, V)
+                            : pdl_launch(kernel, (unsigned)pl.ntables, threads, pl.smem, ex->stream,
+                                         ip, gp, partials, slots, n, D, V);
+    if (e == cudaSuccess)
+        e = pdl_launch(embedding_reduce_kernel, (unsigned)((VD + 31) / 32), REDUCE_WARPS * 32, 0,
+                       ex->stream, (const float *)partials, (const unsigned *)slots, pl.ntables, VD,
+                       (float *)dtable->data, rec);
+    if (e != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "embedding backward (cuda): kernel launch: %s",
+                       cudaGetErrorString(e));
+    return GK_OK;
 }
 
 template <typename G>
@@ -310,11 +658,14 @@ int backward_by_index(const gk_tensor *idx, const gk_tensor *dout, const gk_tens
                       float *partials, gk_err *err)
 {
     if (idx->dtype == GK_U8)
-        return backward_dispatch<uint8_t, G>(idx, dout, dtable, pl, ex, rec, partials, err);
+        return backward_launch<uint8_t, G>(idx, dout, dtable, pl, ex, rec, partials, err);
     if (idx->dtype == GK_I32)
-        return backward_dispatch<int32_t, G>(idx, dout, dtable, pl, ex, rec, partials, err);
-    return backward_dispatch<int64_t, G>(idx, dout, dtable, pl, ex, rec, partials, err);
+        return backward_launch<int32_t, G>(idx, dout, dtable, pl, ex, rec, partials, err);
+    return backward_launch<int64_t, G>(idx, dout, dtable, pl, ex, rec, partials, err);
 }
+
+/* The rows of dout start on the fast path's load size (16 bytes f32, 8 bytes bf16). */
+bool dout_aligned(const gk_tensor *dout) { return (uintptr_t)dout->data % (4 * gk_dtype_size(dout->dtype)) == 0; }
 
 } // namespace
 
@@ -325,14 +676,24 @@ extern "C" int gk_cuda_embedding_forward(const gk_tensor *idx, const gk_tensor *
     if ((rc = gk_embedding_forward_check(idx, table, out, err)) ||
         (rc = embedding_sizes_check(idx, out, "out", table, "table", "embedding forward", err)) ||
         (rc = obs_workspace_check(ex, 0, "embedding forward", err)) ||
-        (rc = obs_record_reset(ex, "embedding forward", err)))
+        (rc = pdl_record_reset(ex, "embedding forward", err)))
         return rc;
     if (gk_tensor_numel(out) == 0)
         return GK_OK;
     unsigned long long *rec = (unsigned long long *)ex->workspace;
     const size_t esize = gk_dtype_size(table->dtype), row = (size_t)table->shape[1] * esize;
-    if (row % 16 == 0 && (uintptr_t)table->data % 16 == 0 && (uintptr_t)out->data % 16 == 0)
-        return forward_dispatch<uint4>(idx, table, out, (unsigned)(row / 16), ex, rec, err);
+    const bool chunks = row % 16 == 0 && (uintptr_t)table->data % 16 == 0 &&
+                        (uintptr_t)out->data % 16 == 0;
+    const unsigned cpr = (unsigned)(row / 16);
+    if (chunks && cpr >= 1 && 32 % cpr == 0 && (size_t)table->shape[0] * row <= ROWS_TABLE_SMEM) {
+        if (idx->dtype == GK_U8)
+            return rows_dispatch<uint8_t>(idx, table, out, cpr, ex, rec, err);
+        if (idx->dtype == GK_I32)
+            return rows_dispatch<int32_t>(idx, table, out, cpr, ex, rec, err);
+        return rows_dispatch<int64_t>(idx, table, out, cpr, ex, rec, err);
+    }
+    if (chunks)
+        return forward_dispatch<uint4>(idx, table, out, cpr, ex, rec, err);
     if (esize == 4)
         return forward_dispatch<uint32_t>(idx, table, out, (unsigned)table->shape[1], ex, rec,
                                           err);
@@ -353,10 +714,10 @@ extern "C" int gk_cuda_embedding_backward_workspace_bytes(const gk_tensor *idx,
         return gk_fail(err, GK_EINVAL, "embedding backward (cuda): sm_count %d must be positive",
                        sm_count);
     const int64_t vd = gk_tensor_numel(dtable);
-    bwd_plan pl;
-    if ((rc = bwd_plan_ideal(vd, sm_count, &pl, err)))
+    bwd_plan pl; /* the fast path or not, the same partial tables */
+    if ((rc = bwd_plan_ideal(vd, dtable->shape[1], false, sm_count, &pl, err)))
         return rc;
-    *bytes = (size_t)GK_CUDA_OBS_RECORD_BYTES + (size_t)pl.ntables * (size_t)vd * sizeof(float);
+    *bytes = (size_t)GK_CUDA_OBS_RECORD_BYTES + (size_t)pl.ntables * partial_bytes(vd);
     return GK_OK;
 }
 
@@ -370,16 +731,15 @@ extern "C" int gk_cuda_embedding_backward(const gk_tensor *idx, const gk_tensor 
                                        err)))
         return rc;
     const int64_t vd = gk_tensor_numel(dtable);
-    if ((rc = obs_workspace_check(ex, (size_t)vd * sizeof(float), "embedding backward", err)) ||
-        (rc = obs_record_reset(ex, "embedding backward", err)))
+    if ((rc = obs_workspace_check(ex, partial_bytes(vd), "embedding backward", err)))
         return rc;
-    if (vd == 0)
-        return GK_OK;
+    if (vd == 0) /* no kernel to write the record */
+        return obs_record_reset(ex, "embedding backward", err);
     bwd_plan pl;
-    if ((rc = bwd_plan_ideal(vd, ex->sm_count, &pl, err)))
+    if ((rc = bwd_plan_ideal(vd, dtable->shape[1], dout_aligned(dout), ex->sm_count, &pl, err)))
         return rc;
     /* Fewer partial tables when the workspace is smaller than the plan wants (at least one fits). */
-    const size_t fit = (ex->workspace_bytes - GK_CUDA_OBS_RECORD_BYTES) / ((size_t)vd * sizeof(float));
+    const size_t fit = (ex->workspace_bytes - GK_CUDA_OBS_RECORD_BYTES) / partial_bytes(vd);
     if ((size_t)pl.ntables > fit)
         pl.ntables = (int)fit;
     unsigned long long *rec = (unsigned long long *)ex->workspace;

@@ -20,9 +20,10 @@
  * REFERENCE.md section 4's (bf16 769 TFLOP/s, fp32 without tf32 50.4) and
  * the copy bandwidth measured here.
  *
- * Usage: obs_bench [--quick | --conv1 | --forward]   (--quick: fewer
+ * Usage: obs_bench [--quick] [--conv1 | --forward | --obs]   (--quick: fewer
  * iterations; --conv1: only conv1 bf16 at B = 32768, a few calls, for a
- * profiler; --forward: the same for conv1 and the whole forward)
+ * profiler; --forward: the same for conv1 and the whole forward; --obs: the
+ * multihot and embedding table only)
  * Prints Markdown tables; the last lines are the summary.
  */
 #include <cuda_runtime.h>
@@ -48,12 +49,33 @@
 static int g_warmup = 20, g_iters = 200;
 static int g_conv1_only; /* --conv1: conv1 bf16 at B = 32768 only, a few calls (for a profiler) */
 static int g_big_bf16;   /* --conv1 or --forward: bf16 at B = 32768 only */
+static int g_obs_only;   /* --obs: no NMMO3 forward */
 static cudaStream_t g_stream;
 static void *dev_alloc(size_t bytes)
 {
     void *p = NULL;
     CK(cudaMalloc(&p, bytes));
     return p;
+}
+
+/* Reference streams for the ceilings line: every 16-byte word stored, or loaded and folded. */
+__global__ void store_stream_kernel(uint4 *p, size_t n)
+{
+    const uint4 v = make_uint4(threadIdx.x, 1u, 2u, 3u);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = v;
+}
+
+__global__ void load_stream_kernel(const uint4 *__restrict__ p, size_t n, unsigned *sink)
+{
+    unsigned x = 0;
+#pragma unroll 4
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = p[i];
+        x ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (x == 0x9e3779b9u) /* practically never: keeps the loads */
+        sink[0] = x;
 }
 
 typedef int (*op_fn)(void *ctx, const gk_cuda_exec *ex, gk_err *err);
@@ -444,12 +466,16 @@ static int nmmo3_bench(const gk_cuda_exec *ex0, int sms)
 
 int main(int argc, char **argv)
 {
-    if (argc > 1 && strcmp(argv[1], "--quick") == 0)
-        g_warmup = 5, g_iters = 30;
-    if (argc > 1 && strcmp(argv[1], "--conv1") == 0)
-        g_conv1_only = 1, g_big_bf16 = 1, g_warmup = 1, g_iters = 2;
-    if (argc > 1 && strcmp(argv[1], "--forward") == 0)
-        g_big_bf16 = 1, g_warmup = 2, g_iters = 5;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0)
+            g_warmup = 5, g_iters = 30;
+        if (strcmp(argv[i], "--conv1") == 0)
+            g_conv1_only = 1, g_big_bf16 = 1, g_warmup = 1, g_iters = 2;
+        if (strcmp(argv[i], "--forward") == 0)
+            g_big_bf16 = 1, g_warmup = 2, g_iters = 5;
+        if (strcmp(argv[i], "--obs") == 0)
+            g_obs_only = 1;
+    }
     int dev = 0, sms = 0;
     CK(cudaSetDevice(dev));
     cudaDeviceProp prop;
@@ -480,6 +506,34 @@ int main(int argc, char **argv)
         CK(cudaEventElapsedTime(&ms, e0, e1));
         g_copy_gbs = 2.0 * (double)n * reps / ((double)ms * 1e6);
         printf("ceilings: device copy %.0f GB/s (read + write, 1 GiB D2D)\n", g_copy_gbs);
+        /* For reference only (the target is against the copy): a pure store and a pure load stream. */
+        const unsigned grid = (unsigned)sms * 8;
+        CK(cudaEventRecord(e0, g_stream));
+        for (int i = 0; i < reps; i++)
+            CK(cudaMemsetAsync(b, i, n, g_stream));
+        CK(cudaEventRecord(e1, g_stream));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        const double memset_gbs = (double)n * reps / ((double)ms * 1e6);
+        store_stream_kernel<<<grid, 256, 0, g_stream>>>((uint4 *)b, n / 16);
+        CK(cudaEventRecord(e0, g_stream));
+        for (int i = 0; i < reps; i++)
+            store_stream_kernel<<<grid, 256, 0, g_stream>>>((uint4 *)b, n / 16);
+        CK(cudaEventRecord(e1, g_stream));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        const double store_gbs = (double)n * reps / ((double)ms * 1e6);
+        load_stream_kernel<<<grid, 256, 0, g_stream>>>((const uint4 *)a, n / 16, (unsigned *)b);
+        CK(cudaEventRecord(e0, g_stream));
+        for (int i = 0; i < reps; i++)
+            load_stream_kernel<<<grid, 256, 0, g_stream>>>((const uint4 *)a, n / 16, (unsigned *)b);
+        CK(cudaEventRecord(e1, g_stream));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        const double load_gbs = (double)n * reps / ((double)ms * 1e6);
+        CK(cudaGetLastError());
+        printf("reference streams (1 GiB): cudaMemset %.0f GB/s, 16-byte store kernel %.0f GB/s, "
+               "16-byte load kernel %.0f GB/s\n", memset_gbs, store_gbs, load_gbs);
         cudaFree(a);
         cudaFree(b);
     }
@@ -563,7 +617,8 @@ int main(int argc, char **argv)
         cudaFree(obs);
         cudaFree(idx);
     }
-    status_bad += nmmo3_bench(&ex, sms);
+    if (!g_obs_only)
+        status_bad += nmmo3_bench(&ex, sms);
     printf("\nsummary: %d of the B=32768 rows below 80%% of the copy bandwidth; %d range "
            "verdicts not clean\n",
            g_below, status_bad);

@@ -58,6 +58,21 @@ static int g_sms;
 
 static uint64_t rnd(uint64_t n) { return th_rand_u64() % n; }
 
+/*
+ * Random bytes over the start of the workspace (the record, the partial
+ * tables and their slots of the 128 x 32 cases): no call may depend on what
+ * an earlier one left there.
+ */
+static void workspace_garbage(void)
+{
+    enum { BYTES = 4 << 20 };
+    uint64_t *h = th_xmalloc(BYTES);
+    for (size_t i = 0; i < BYTES / 8; i++)
+        h[i] = th_rand_u64();
+    TH_CUDA_OK(upload(g_ws, h, BYTES));
+    free(h);
+}
+
 static gk_cuda_exec exec_make(int sm_count, size_t ws_bytes)
 {
     gk_cuda_exec ex = {.stream = g_stream, .workspace = g_ws, .workspace_bytes = ws_bytes,
@@ -184,13 +199,15 @@ static void multihot_count_check(const gk_multihot_layout *l, const void *out, g
     }
 }
 
+/* obs_off: the observation tensor starts that many bytes after a 256-byte boundary. */
 static void multihot_case(const char *name, const gk_multihot_layout *l, int64_t batch,
-                          int64_t row)
+                          int64_t row, size_t obs_off)
 {
     const int64_t tiles = (int64_t)l->height * l->width, map = tiles * l->nfeat;
     uint8_t *obs = th_xmalloc((size_t)(batch * row));
     obs_random(l, obs, batch, row);
-    dbuf dobs = dbuf_from(obs, (size_t)(batch * row));
+    dbuf dobs = dbuf_new((size_t)(batch * row), obs_off);
+    TH_CUDA_OK(upload(dobs.data, obs, (size_t)(batch * row)));
     gk_tensor tobs = gk_tensor_make(dobs.data, GK_U8, 2, TH_SHAPE(batch, row));
     const int64_t oshape[4] = {batch, l->channels, l->height, l->width};
     const gk_dtype dts[2] = {GK_F32, GK_BF16};
@@ -225,7 +242,7 @@ static void multihot_case(const char *name, const gk_multihot_layout *l, int64_t
                 if (memcmp(got, again, bytes) != 0)
                     fail_msg("%s: two runs differ", what);
                 dbuf_check_guard(&dout, what);
-                printf("ok %s (B %lld)\n", what, (long long)batch);
+                printf("ok %s (B %lld, obs at +%zu)\n", what, (long long)batch, obs_off);
                 dbuf_free(&dout);
             }
         }
@@ -277,16 +294,19 @@ static void multihot_case(const char *name, const gk_multihot_layout *l, int64_t
 static void test_multihot_nmmo3(void **state)
 {
     (void)state;
-    multihot_case("nmmo3", &gk_nmmo3_layout, 37, GK_NMMO3_OBS_BYTES);
-    multihot_case("nmmo3 B=1", &gk_nmmo3_layout, 1, GK_NMMO3_OBS_BYTES);
+    multihot_case("nmmo3", &gk_nmmo3_layout, 37, GK_NMMO3_OBS_BYTES, 0);
+    multihot_case("nmmo3 B=1", &gk_nmmo3_layout, 1, GK_NMMO3_OBS_BYTES, 0);
+    multihot_case("nmmo3 obs unaligned", &gk_nmmo3_layout, 19, GK_NMMO3_OBS_BYTES, 5);
 }
 
 static void test_multihot_custom(void **state)
 {
     (void)state;
     gk_multihot_layout c = layout_custom(), big = layout_large();
-    multihot_case("custom", &c, 29, 7 + 3 * 5 * 3 + 5);
-    multihot_case("large map", &big, 3, 3 + 130 * 1000 * 4);
+    /* rows of 57 bytes: the staged chunks of the first and last agents reach past the tensor */
+    multihot_case("custom", &c, 29, 7 + 3 * 5 * 3 + 5, 0);
+    multihot_case("custom obs unaligned", &c, 30, 7 + 3 * 5 * 3 + 5, 9);
+    multihot_case("large map", &big, 3, 3 + 130 * 1000 * 4, 0);
 }
 
 /* ---- embedding --------------------------------------------------------------------- */
@@ -414,6 +434,9 @@ static void test_embedding_forward(void **state)
         }
     }
     emb_forward_case(GK_I64, GK_F32, 1, TH_SHAPE(1), 1, 4, 0);
+    /* 512-byte rows (32 pieces a row), and a table too large to be copied to shared memory */
+    emb_forward_case(GK_U8, GK_BF16, 2, TH_SHAPE(40, 9), 8, 256, 0);
+    emb_forward_case(GK_I32, GK_F32, 2, TH_SHAPE(64, 33), 3000, 32, 0);
 }
 
 static double grad_value(const void *p, gk_dtype dt, size_t i)
@@ -466,10 +489,12 @@ static void emb_backward_case(gk_dtype idt, gk_dtype gdt, int64_t rows, int64_t 
     if (gk_cuda_embedding_backward_workspace_bytes(&ti, &tg, &td, g_sms, &want, &err))
         fail_msg("workspace bytes: %s", err.msg);
     assert_true(want <= WORKSPACE);
+    float *all_sms = th_xmalloc(tbytes);
     for (int e = 0; e < BWD_EXECS; e++) {
+        /* one partial table: its fp32 elements and its offender slot */
         gk_cuda_exec ex = e == BWD_ONE_SM ? exec_make(1, WORKSPACE)
                           : e == BWD_ONE_TABLE
-                              ? exec_make(g_sms, GK_CUDA_OBS_RECORD_BYTES + (size_t)vd * 4)
+                              ? exec_make(g_sms, GK_CUDA_OBS_RECORD_BYTES + (size_t)vd * 4 + 4)
                               : exec_make(g_sms, want);
         char what[200];
         snprintf(what, sizeof what, "embedding backward idx %s dout %s (%lld x %lld) %lld rows%s, %s",
@@ -477,6 +502,7 @@ static void emb_backward_case(gk_dtype idt, gk_dtype gdt, int64_t rows, int64_t 
                  (long long)n, hot ? " all on one row" : "", bwd_exec_name[e]);
         for (int rep = 0; rep < 2; rep++) {
             dbuf_poison(&dd);
+            workspace_garbage();
             if (gk_cuda_embedding_backward(&ti, &tg, &td, &ex, &err))
                 fail_msg("%s: %s", what, err.msg);
             sync_ok();
@@ -498,7 +524,32 @@ static void emb_backward_case(gk_dtype idt, gk_dtype gdt, int64_t rows, int64_t 
         if (memcmp(got, again, tbytes) != 0)
             fail_msg("%s: two runs differ", what);
         dbuf_check_guard(&dd, what);
+        if (e == BWD_ALL_SMS)
+            memcpy(all_sms, got, tbytes);
     }
+
+    /*
+     * dout 4 bytes off its alignment: D = 32 then takes the general kernel
+     * instead of the four-rows-at-once one, which adds in the same order, so
+     * the bytes must be the same.
+     */
+    dbuf dg_off = dbuf_new(gbytes, 4);
+    TH_CUDA_OK(upload(dg_off.data, dout, gbytes));
+    gk_tensor tg_off = gk_tensor_make(dg_off.data, gdt, 3, TH_SHAPE(rows, per_row, dim));
+    gk_cuda_exec ex_all = exec_make(g_sms, want);
+    dbuf_poison(&dd);
+    if (gk_cuda_embedding_backward(&ti, &tg_off, &td, &ex_all, &err))
+        fail_msg("backward, dout unaligned: %s", err.msg);
+    sync_ok();
+    if (gk_cuda_embedding_status(&ti, vocab, &ex_all, &err))
+        fail_msg("backward, dout unaligned: status: %s", err.msg);
+    dbuf_get(&dd, got);
+    if (memcmp(got, all_sms, tbytes) != 0)
+        fail_msg("backward idx %s dout %s (%lld x %lld): dout unaligned gives other bytes",
+                 gk_dtype_name(idt), gk_dtype_name(gdt), (long long)vocab, (long long)dim);
+    printf("ok backward idx %s dout %s (%lld x %lld): dout unaligned, the same bytes\n",
+           gk_dtype_name(idt), gk_dtype_name(gdt), (long long)vocab, (long long)dim);
+    dbuf_free(&dg_off);
 
     /* A bad index: GK_ERANGE with the CPU's message, dtable left as it was (poison). */
     int64_t p = (int64_t)rnd((uint64_t)n);
@@ -520,6 +571,16 @@ static void emb_backward_case(gk_dtype idt, gk_dtype gdt, int64_t rows, int64_t 
         if (((const uint32_t *)(const void *)got)[i] != 0xffffffffu)
             fail_msg("backward with a bad index wrote dtable element %lld", (long long)i);
     dbuf_check_guard(&dd, "backward with a bad index");
+    /* The next clean call's record says clean (the kernels write it, nothing resets it). */
+    idx_set(idx, idt, p, idx_get(idx, idt, (p + 1) % n) % vocab);
+    if (idx_get(idx, idt, p) < 0)
+        idx_set(idx, idt, p, 0);
+    TH_CUDA_OK(upload(di.data, idx, ibytes));
+    if (gk_cuda_embedding_backward(&ti, &tg, &td, &ex, &err))
+        fail_msg("backward after a bad index: %s", err.msg);
+    sync_ok();
+    if (gk_cuda_embedding_status(&ti, vocab, &ex, &err))
+        fail_msg("backward after a bad index: status: %s", err.msg);
     dbuf_free(&di);
     dbuf_free(&dg);
     dbuf_free(&dd);
@@ -529,6 +590,7 @@ static void emb_backward_case(gk_dtype idt, gk_dtype gdt, int64_t rows, int64_t 
     free(cpu);
     free(got);
     free(again);
+    free(all_sms);
 }
 
 static void test_embedding_backward(void **state)
@@ -540,6 +602,8 @@ static void test_embedding_backward(void **state)
     emb_backward_case(GK_I32, GK_F32, 200, 9, 3000, 40, 0); /* 480 KB table: no shared path */
     emb_backward_case(GK_I64, GK_BF16, 33, 5, 17, 3, 0);
     emb_backward_case(GK_U8, GK_F32, 16, 47, 128, 32, 1);
+    emb_backward_case(GK_I32, GK_BF16, 40, 47, 128, 32, 1);
+    emb_backward_case(GK_U8, GK_BF16, 7, 3, 5, 32, 0); /* fewer positions than warps */
 }
 
 /* ---- through a daemon on the CUDA backend ---------------------------------------- */
@@ -666,7 +730,12 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_embedding_forward), cmocka_unit_test(test_embedding_backward),
         cmocka_unit_test(test_daemon_obs),
     };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    /* GPUCD_TEST_KERNELS_ONLY=1: without the daemon test (for compute-sanitizer, which would not follow it) */
+    const char *only = getenv("GPUCD_TEST_KERNELS_ONLY");
+    int rc = only != NULL && only[0] == '1'
+                 ? _cmocka_run_group_tests("gpu_obs kernels", tests, sizeof tests / sizeof tests[0] - 1,
+                                           NULL, NULL)
+                 : cmocka_run_group_tests(tests, NULL, NULL);
     cudaFree(g_ws);
     cudaStreamDestroy(g_stream);
     return rc;
