@@ -4,29 +4,28 @@
  *
  * dW1[oc][c][kh][kw] = sum over agents a and output pixels (oh, ow) of
  * dc1[a][oc][oh][ow] * onehot(a, pixel (3oh + kh, 3ow + kw))[c], with dc1 =
- * dc1pre * (c1 > 0).  Per tap this is a GEMM with M = 128 output channels,
- * N = 64 channels (59 used; channel 59 is made a constant 1, so that its
- * column is the bias gradient, sum of dc1), K = agents x 12 pixels.  The
+ * dc1pre * (c1 > 0).  Per tap this is a GEMM between 128 output channels and
+ * 64 channels (59 used; channel 59 is made a constant 1, so that its sums
+ * are the bias gradient, sums of dc1) over K = agents x 12 pixels.  The
  * one-hot rows are the 64-bit masks of the input pixels (one bit a hot
  * channel), made once per call from the bytes (masks_kernel, or the caller
- * while it checks the batch); a thread makes
- * its mma.sync B fragments in registers from them (a row's bits spread to
- * 0x00/0xff bytes, two rows' bytes permuted into a pair of bf16 0/1 and
- * masked: two instructions a fragment register), so the 1.2 GB unfolded
- * input of a B = 32768 batch is never
- * written nor read.
+ * while it checks the batch), and the kernels make their one-hot fragments
+ * in registers from them, so the 1.2 GB unfolded input of a B = 32768 batch
+ * is never written nor read.
  *
- * Blocks: 5 per chunk of agents, one per kernel row kh (and OC_BLK output
- * channels), 10 warps each (5 kw x 2 halves of the 64 channels; a warp:
- * OC_BLK output channels x 32 channels of one tap, OC_BLK fp32 accumulators a
- * thread).  Per step of 16 agents (192 rows, 12 k16 steps; f32: 8) the
- * block stages dc1pre and c1 by cp.async,
- * applies the ReLU mask while laying dc1 out as [oc][row] bf16 (f32: three
- * exact bf16 terms hi + mid + lo, whose products with 0/1 are exact, so the
- * f32 result is an fp32 sum as accurate as fp32 summation), while the next
- * step's data is in flight.  Each block writes its partial sums; a second
- * kernel adds the chunks in chunk order: the bits depend only on the
- * request and the SM count, never on timing.
+ * Blocks: 5 per chunk of agents, one per kernel row kh.  bf16
+ * (wgrad_wgmma_kernel): 5 warpgroups, one a tap kw, on wgmma with the
+ * one-hot as the register operand; see there.  f32 (wgrad_kernel): 10 warps
+ * on mma.sync (5 kw x 2 halves of the 64 channels; a warp: OC_BLK output
+ * channels x 32 channels of one tap, OC_BLK fp32 accumulators a thread, its
+ * B fragments from the masks: a row's bits spread to 0x00/0xff bytes, two
+ * rows' bytes permuted into a pair of bf16 0/1 and masked); per step of 8
+ * agents the block stages dc1pre and c1 by cp.async and lays dc1 out as
+ * [oc][row] in three exact bf16 terms hi + mid + lo, whose products with 0/1
+ * are exact, so the f32 result is an fp32 sum as accurate as fp32
+ * summation, while the next step's data is in flight.  Each block writes
+ * its partial sums; a second kernel adds the chunks in chunk order: the bits
+ * depend only on the request and the SM count, never on timing.
  */
 #include <stdint.h>
 
@@ -34,6 +33,7 @@
 
 #include "gk_cuda_nmmo3.h"
 #include "nmmo3_conv1_wgrad.cuh"
+#include "nmmo3_wgmma.cuh"
 
 namespace {
 
@@ -56,9 +56,9 @@ constexpr int PART = TAPS * OC * KCH;         /* partial sums of one chunk */
 const int host_slots[NFEAT] = {4, 4, 17, 5, 3, 5, 5, 5, 7, 4};
 const int host_offsets[NFEAT] = {0, 4, 8, 25, 30, 33, 38, 43, 48, 55};
 
+/* wgrad_kernel's step, for f32 (NSPLIT = 3 bf16 terms). */
 template <int NSPLIT, typename T> struct geom {
-    /* Agents a step: 16 in bf16 (12 k16 steps), 8 in f32 (whose staged values are twice as large). */
-    static constexpr int STEP = NSPLIT == 1 ? 16 : 8;
+    static constexpr int STEP = 8;                              /* agents a step */
     static constexpr int ROWS = STEP * PIX;                     /* GEMM rows a step */
     static constexpr int K16 = ROWS / 16;
     static constexpr int APITCH = ROWS + 8;                     /* bf16 a dc1 row in shared memory */
@@ -165,35 +165,6 @@ __device__ __forceinline__ void stage_issue(uint8_t *sm, const T *dpre, const T 
  * The staged step as the mma A operand: plane[p][oc][row] = term p of
  * dc1pre * (c1 > 0), row = agent * 12 + pixel; agents past na are zero rows.
  */
-__device__ __forceinline__ void stage_convert(uint8_t *sm, int na, const __nv_bfloat16 *)
-{
-    using G = geom<1, __nv_bfloat16>;
-    const uint4 *rd = (const uint4 *)(sm + G::RAW_D), *rc = (const uint4 *)(sm + G::RAW_C);
-    uint16_t *plane = (uint16_t *)sm;
-    for (int v = threadIdx.x; v < G::STEP * BLK_C1 / 8; v += THREADS) {
-        const int e = v * 8, aa = e / BLK_C1, rem = e - aa * BLK_C1;
-        int oc = rem / PIX, px = rem - oc * PIX;
-        uint32_t out[4] = {0, 0, 0, 0};
-        if (aa < na) {
-            const uint4 d = rd[v], c = rc[v];
-            const uint32_t dw[4] = {d.x, d.y, d.z, d.w}, cw[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const uint32_t lo = __uint_as_float(cw[i] << 16) > 0.0f ? 0x0000ffffu : 0u;
-                const uint32_t hi = __uint_as_float(cw[i] & 0xffff0000u) > 0.0f ? 0xffff0000u : 0u;
-                out[i] = dw[i] & (lo | hi);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) { /* pixel pairs never straddle a channel (12 is even) */
-            *(uint32_t *)(plane + oc * G::APITCH + aa * PIX + px) = out[i];
-            px += 2;
-            if (px == PIX)
-                px = 0, oc++;
-        }
-    }
-}
-
 __device__ __forceinline__ void stage_convert(uint8_t *sm, int na, const float *)
 {
     using G = geom<3, float>;
@@ -314,6 +285,163 @@ __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
         }
 }
 
+/*
+ * The bf16 kernel on wgmma.  Per tap the GEMM is turned around: D[ch][oc]
+ * (M = 64 channels, N = 128 output channels) += onehot^T[ch][row] .
+ * dc1[row][oc], so that the one-hot is the A operand, made in registers from
+ * the masks (as conv1's forward makes its own), and dc1 is B, read from
+ * shared memory by the warpgroups (where mma.sync read it once a warp).  Five
+ * warpgroups, one a tap kw of the block's row kh (64 fp32 accumulators a
+ * thread; at 96 registers 20 warps an SM hide the fragments' latencies better
+ * than 12 warps of two taps each: 562 against 611 us at bf16 B = 32768).
+ * A step of 16 agents (192 rows, three K tiles of 64) is staged by cp.async,
+ * then converted by every thread into the B tiles: dc1pre * (c1 > 0) as
+ * bf16, K-major rows of 64 (one 16-byte chunk, 8 rows of one output channel,
+ * a store), 128-byte swizzled as wgmma reads them; the next step's copies
+ * fly while the tensor cores run.
+ */
+constexpr int WG_STEP = 16, WG_ROWS = WG_STEP * PIX, WG_K16 = WG_ROWS / 16, WG_KT = WG_ROWS / 64;
+constexpr int WG_THREADS = KW * 128;                      /* a warpgroup a tap kw */
+constexpr int WG_TILE = OC * 64 * 2;                       /* one K tile of B: 16 KiB */
+constexpr int WG_RAW = WG_STEP * C1N * 2;                  /* one staged array of a step */
+constexpr int WG_MASKS = WG_STEP * ROW_MASKS * 8;
+constexpr int WG_RAW_AT = WG_KT * WG_TILE, WG_MASK_AT = WG_RAW_AT + 2 * WG_RAW;
+constexpr int WG_ROWOFS = WG_MASK_AT + 2 * WG_MASKS, WG_SMEM = WG_ROWOFS + WG_ROWS * 4 + 1024;
+static_assert(WG_ROWS % 64 == 0 && WG_RAW % 16 == 0 && WG_MASKS % 16 == 0, "whole K tiles, aligned regions");
+
+/* Step a's (na agents) dc1pre, c1 and masks of row kh into the staging area and mask buffer ms. */
+__device__ __forceinline__ void wg_issue(uint8_t *raw, uint64_t *ms, const __nv_bfloat16 *dpre,
+                                         const __nv_bfloat16 *c1, size_t c1_ld, const uint64_t *masks, int64_t a,
+                                         int na, int kh)
+{
+    constexpr int VPA = C1N * 2 / 16; /* 16-byte pieces an agent */
+    const uint8_t *gd = (const uint8_t *)(dpre + (size_t)a * C1N), *gc = (const uint8_t *)(c1 + (size_t)a * c1_ld);
+    for (int v = threadIdx.x; v < na * VPA; v += WG_THREADS) {
+        const int aa = v / VPA;
+        const size_t piece = (size_t)(v - aa * VPA) * 16;
+        cp_async16(raw + v * 16, gd + (size_t)aa * C1N * 2 + piece);
+        cp_async16(raw + WG_RAW + v * 16, gc + (size_t)aa * c1_ld * 2 + piece);
+    }
+    for (int i = threadIdx.x; i < na * ROW_MASKS; i += WG_THREADS) {
+        const int aa = i / ROW_MASKS, q = (i - aa * ROW_MASKS) / MAP_W, col = i - aa * ROW_MASKS - q * MAP_W;
+        cp_async8(ms + i, masks + (a + aa) * MAP_PIX + (3 * q + kh) * MAP_W + col);
+    }
+    cp_async_commit();
+}
+
+/* 0xffff in each half of x (a bf16 pair) that is > 0, else 0. */
+__device__ __forceinline__ uint32_t positive_mask(uint32_t x)
+{
+    uint32_t m;
+    asm("set.gt.u32.bf16x2 %0, %1, %2;" : "=r"(m) : "r"(x), "r"(0u));
+    return m;
+}
+
+/*
+ * The staged step (na agents) as the B tiles: tile kt, output channel oc,
+ * rows 64 kt + 8 j .. + 7 in 16-byte chunk j ^ (oc % 8) of the channel's
+ * 128-byte row; rows of agents past na are zeros.
+ */
+__device__ __forceinline__ void wg_convert(const uint8_t *raw, uint8_t *tiles, int na)
+{
+    const uint32_t *rd = (const uint32_t *)raw, *rc = (const uint32_t *)(raw + WG_RAW);
+    for (int v = threadIdx.x; v < WG_KT * OC * 8; v += WG_THREADS) {
+        const int oc = v % OC, kt = v / (OC * 8), j = (v / OC) % 8;
+        uint32_t out[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) { /* rows r, r + 1 (r even: one agent, 12 is even) */
+            const int r = kt * 64 + 8 * j + 2 * i, aa = r / PIX, px = r - aa * PIX;
+            const int at = (aa * C1N + oc * PIX + px) / 2;
+            out[i] = aa < na ? rd[at] & positive_mask(rc[at]) : 0u;
+        }
+        *(uint4 *)(tiles + kt * WG_TILE + oc * 128 + ((j ^ (oc & 7)) << 4)) = make_uint4(out[0], out[1], out[2], out[3]);
+    }
+}
+
+__global__ void __launch_bounds__(WG_THREADS, 1)
+    wgrad_wgmma_kernel(const uint64_t *__restrict__ masks, const __nv_bfloat16 *__restrict__ dpre,
+                       const __nv_bfloat16 *__restrict__ c1, size_t c1_ld, int64_t agents, int64_t per_block,
+                       float *__restrict__ part)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(16) uint8_t smem_in[];
+    const uint32_t in_at = smem_u32(smem_in), pad = (1024 - (in_at & 1023)) & 1023;
+    uint8_t *sm = smem_in + pad; /* the B tiles first, 1024-aligned for the swizzle */
+    const uint32_t tiles_at = in_at + pad;
+    const int kh = blockIdx.x % KH_BLOCKS;
+    const int64_t chunk = blockIdx.x / BLOCKS_PER_CHUNK;
+    const int64_t a0 = chunk * per_block;
+    const int64_t a1 = a0 + per_block < agents ? a0 + per_block : agents;
+    const int64_t steps = a1 > a0 ? (a1 - a0 + WG_STEP - 1) / WG_STEP : 0;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4, wq = warp % 4;
+    const int g = lane >> 2, q = lane & 3;
+    const int kw = wg;
+    int *rowofs = (int *)(sm + WG_ROWOFS);
+    uint64_t *msb = (uint64_t *)(sm + WG_MASK_AT);
+    for (int r = threadIdx.x; r < WG_ROWS; r += WG_THREADS) { /* row -> its agent's mask of (oh, 3ow) */
+        const int aa = r / PIX, px = r - aa * PIX;
+        rowofs[r] = aa * ROW_MASKS + (px / 4) * MAP_W + 3 * (px % 4);
+    }
+    auto agents_at = [&](int64_t t) { return (int)(a1 - (a0 + t * WG_STEP) < WG_STEP ? a1 - (a0 + t * WG_STEP) : WG_STEP); };
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++)
+        acc[i] = 0.0f;
+    if (steps > 0)
+        wg_issue(sm + WG_RAW_AT, msb, dpre, c1, c1_ld, masks, a0, agents_at(0), kh);
+    /* This thread's A rows: channels ch and ch + 8, in the 32-bit half of the masks that holds them. */
+    const int ch = 16 * wq + g, half = wq >> 1, sh = ch & 31;
+    /* A fragments of k16 step k for tap kw from the masks ms: rows 16k + 2q (+1), + 8 (+9). */
+    auto fragments = [&](const uint32_t *ms, int k, uint32_t (&a)[4]) {
+        const int r = 16 * k + 2 * q;
+        const uint32_t m0 = ms[2 * (rowofs[r] + kw)], m1 = ms[2 * (rowofs[r + 1] + kw)];
+        const uint32_t m8 = ms[2 * (rowofs[r + 8] + kw)], m9 = ms[2 * (rowofs[r + 9] + kw)];
+        a[0] = (m0 >> sh & 1u) * 0x3f80u | (m1 >> sh & 1u) * 0x3f800000u;
+        a[1] = (m0 >> (sh + 8) & 1u) * 0x3f80u | (m1 >> (sh + 8) & 1u) * 0x3f800000u;
+        a[2] = (m8 >> sh & 1u) * 0x3f80u | (m9 >> sh & 1u) * 0x3f800000u;
+        a[3] = (m8 >> (sh + 8) & 1u) * 0x3f80u | (m9 >> (sh + 8) & 1u) * 0x3f800000u;
+    };
+    for (int64_t s = 0; s < steps; s++) {
+        cp_async_wait_all();
+        __syncthreads(); /* step s landed; every warpgroup's products of step s - 1 are complete */
+        wg_convert(sm + WG_RAW_AT, sm, agents_at(s));
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the tiles, for wgmma's reads */
+        __syncthreads();
+        if (s + 1 < steps)
+            wg_issue(sm + WG_RAW_AT, msb + ((s + 1) & 1) * (WG_MASKS / 8), dpre, c1, c1_ld, masks,
+                     a0 + (s + 1) * WG_STEP, agents_at(s + 1), kh);
+        const uint32_t *ms = (const uint32_t *)(msb + (s & 1) * (WG_MASKS / 8)) + half;
+        uint32_t a[2][4];
+        fragments(ms, 0, a[0]);
+#pragma unroll
+        for (int k = 0; k < WG_K16; k++) {
+            const uint64_t desc = sw128_desc(tiles_at + (k / 4) * WG_TILE + (k % 4) * 32);
+            acc_fence(acc);
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+            wgmma_m64n128k16(acc, a[k & 1], desc, 1);
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+            if (k + 1 < WG_K16) { /* the next fragments, in the set that step k - 1 read */
+                asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+                fragments(ms, k + 1, a[(k + 1) & 1]);
+            }
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        acc_fence(acc);
+    }
+    /* part[chunk][tap][oc][channel]: acc[4 j + 2 h + e] is channel ch + 8 h, output channel 8 j + 2 q + e. */
+    float *out = part + chunk * PART + (size_t)(kh * KW + kw) * OC * KCH;
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                out[(8 * j + 2 * q + e) * KCH + ch + 8 * h] = acc[4 * j + 2 * h + e];
+#else
+    __trap(); /* a build without sm_90a (GPUCD_CUDA_ARCH): wgmma does not exist there */
+#endif
+}
+
 /* dw1[oc][c*25 + t] (+)= the chunks' sums in chunk order; db1 from the ones channel of tap 0. */
 __global__ void reduce_kernel(const float *__restrict__ part, int chunks, float *__restrict__ dw1,
                               float *__restrict__ db1, int accumulate)
@@ -360,6 +488,18 @@ int wgrad_launch(const uint64_t *masks, const void *dpre, const void *c1, size_t
     return GK_OK;
 }
 
+int wgrad_wgmma_launch(const uint64_t *masks, const void *dpre, const void *c1, size_t c1_ld, int64_t agents,
+                       int64_t per_block, int64_t chunks, float *part, cudaStream_t s, gk_err *err)
+{
+    cudaError_t e = cudaFuncSetAttribute(wgrad_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM);
+    if (e != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "nmmo3 conv1 wgrad (cuda): shared memory %d: %s", WG_SMEM,
+                       cudaGetErrorString(e));
+    wgrad_wgmma_kernel<<<(unsigned)(chunks * BLOCKS_PER_CHUNK), WG_THREADS, WG_SMEM, s>>>(
+        masks, (const __nv_bfloat16 *)dpre, (const __nv_bfloat16 *)c1, c1_ld, agents, per_block, part);
+    return GK_OK;
+}
+
 } // namespace
 
 size_t nmmo3_conv1_wgrad_workspace_bytes(int64_t agents, int sm_count)
@@ -392,7 +532,7 @@ int nmmo3_conv1_wgrad(gk_dtype dt, const uint8_t *obs, const void *dc1pre, const
     const int64_t blocks = (n + 255) / 256 < cap ? (n + 255) / 256 : cap;
     if (!masks_ready)
         masks_kernel<<<(unsigned)blocks, 256, 0, s>>>(obs, agents, masks);
-    int rc = dt == GK_BF16 ? wgrad_launch<1, __nv_bfloat16>(masks, dc1pre, c1, c1_ld, agents, per, chunks, part, s, err)
+    int rc = dt == GK_BF16 ? wgrad_wgmma_launch(masks, dc1pre, c1, c1_ld, agents, per, chunks, part, s, err)
                            : wgrad_launch<3, float>(masks, dc1pre, c1, c1_ld, agents, per, chunks, part, s, err);
     if (rc != GK_OK)
         return rc;
