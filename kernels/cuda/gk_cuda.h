@@ -114,8 +114,9 @@ int gk_cuda_embedding_forward(const gk_tensor *idx, const gk_tensor *table, cons
                               const gk_cuda_exec *ex, gk_err *err);
 
 /*
- * Workspace the backward wants (record + fp32 partial tables): the backward
- * runs with less as long as one partial table fits, more slowly.
+ * Workspace the backward wants (record, fp32 partial tables and each partial
+ * block's first-offender slot): the backward runs with less as long as one
+ * partial table fits, more slowly.
  */
 int gk_cuda_embedding_backward_workspace_bytes(const gk_tensor *idx, const gk_tensor *dout,
                                                const gk_tensor *dtable, int sm_count,
