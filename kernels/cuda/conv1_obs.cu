@@ -45,7 +45,7 @@
 #include "conv1_obs.cuh"
 #include "gk_cuda_nmmo3.h"
 #include "igemm.cuh"
-#include "nmmo3_wgmma.cuh"
+#include "wgmma.cuh"
 #include "obs_record.cuh"
 
 namespace {
@@ -751,7 +751,7 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
                                      (tap | kk | s) != 0);
             asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
             if (tap > 0) {
-                asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+                wgmma_wait<1>();
                 __syncwarp();
                 if (lane == 0)
                     mbar_arrive(w_empty(prev));
@@ -762,7 +762,7 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
             if (tap + 1 < TAPS)
                 fragments(mk, tap + 1, a[(tap + 1) & 1]);
         }
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        wgmma_wait<0>();
         acc_fence(acc);
         __syncwarp();
         if (lane == 0) {

@@ -36,6 +36,7 @@
 
 #include "dgrad_tile.cuh"
 #include "igemm.cuh"
+#include "wgmma.cuh"
 
 enum {
     FT_BM = 192, /* output pixels of a tile: 3 warpgroups of 64 rows */
@@ -143,51 +144,6 @@ __device__ __forceinline__ void ft_load_chunk(const ft_params &p, const uint16_t
     }
 }
 
-/*
- * Shared-memory descriptor of a K-major 128 x 64 bf16 B tile at addr (1024-aligned, plus
- * 32 bytes a k16 step), 128-byte swizzle: 8-row groups 1024 bytes apart (the layout
- * conv1_obs.cu's wgmma kernel established on the H200).
- */
-__device__ __forceinline__ uint64_t ft_desc(uint32_t addr)
-{
-    return (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 |
-           (uint64_t)1 << 62;
-}
-
-/* D (64 x 128, fp32) += A (64 x 16 bf16, registers) . B (smem descriptor, 128 x 16, K-major). */
-__device__ __forceinline__ void ft_wgmma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-                 "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
-
-/* Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma. */
-__device__ __forceinline__ void ft_acc_fence(float (&d)[64])
-{
-#pragma unroll
-    for (int i = 0; i < 64; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
-}
-
-template <int N> __device__ __forceinline__ void ft_wgmma_wait()
-{
-    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-
 __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __grid_constant__ ft_params p)
 {
     extern __shared__ __align__(128) unsigned char ft_smem[];
@@ -279,7 +235,7 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
     uint32_t a[2][FT_KPS][4];
     int ci = 0, tp = 0, q = 0; /* chunk, tap pair, chunk fill */
     auto tile = [&](int t, uint32_t(&af)[FT_KPS][4]) {
-        ft_wgmma_wait<1>(); /* tile t - 2 (its fragments and its B slot) is done */
+        wgmma_wait<1>(); /* tile t - 2 (its fragments and its B slot) is done */
         dg_cp_async_wait<AHEAD - 1>(); /* B tile t has landed (this thread's part) */
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* ... for wgmma's reads */
         dg_bar_sync(FT_BAR_MMA, FT_MMA_THREADS); /* everyone's; every warpgroup is past tile t - 2 */
@@ -297,11 +253,11 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
             }
         }
         const uint32_t bt = ring0 + (t % FT_STAGES) * FT_TILE_BYTES;
-        ft_acc_fence(acc);
+        acc_fence(acc);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (int kk = 0; kk < FT_KPS; kk++)
-            ft_wgmma(acc, af[kk], ft_desc(bt + kk * 32));
+            wgmma_m64n128k16(acc, af[kk], sw128_desc(bt + kk * 32), 1);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         if (done >= 0 && done + 2 < fills) /* the loaders wait for it only if they fill it again */
             dg_bar_arrive(FT_BAR_EMPTY + (done & 1), FT_THREADS);
@@ -314,8 +270,8 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
         }
         if (tiles_item & 1)
             tile(t++, a[0]);
-        ft_wgmma_wait<0>();
-        ft_acc_fence(acc);
+        wgmma_wait<0>();
+        acc_fence(acc);
         /* epilogue: bias, relu, bf16, NCHW; acc[4 jn + 2 h + e] is row m(h), channel 8 jn + 2 t4 + e */
         const int n0 = ((int)blockIdx.x + j * (int)gridDim.x) * p.sb;
         uint16_t *yb = p.y + (size_t)n0 * p.OC * p.ohw;

@@ -33,7 +33,7 @@
 
 #include "gk_cuda_nmmo3.h"
 #include "nmmo3_conv1_wgrad.cuh"
-#include "nmmo3_wgmma.cuh"
+#include "wgmma.cuh"
 
 namespace {
 
@@ -421,11 +421,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             wgmma_m64n128k16(acc, a[k & 1], desc, 1);
             asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
             if (k + 1 < WG_K16) { /* the next fragments, in the set that step k - 1 read */
-                asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+                wgmma_wait<1>();
                 fragments(ms, k + 1, a[(k + 1) & 1]);
             }
         }
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        wgmma_wait<0>();
         acc_fence(acc);
     }
     /* part[chunk][tap][oc][channel]: acc[4 j + 2 h + e] is channel ch + 8 h, output channel 8 j + 2 q + e. */

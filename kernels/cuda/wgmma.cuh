@@ -1,11 +1,13 @@
 /*
- * nmmo3_wgmma.cuh - the Hopper wgmma pieces that the NMMO3 kernels share
- * (conv1_obs.cu's forward, nmmo3_conv1_wgrad.cu's weight gradient): the
- * shared-memory descriptor of a 128-byte-swizzled K-major tile and
- * m64n128k16 with A in registers.  sm_90a only.  Internal to the CUDA kernels.
+ * wgmma.cuh - the Hopper wgmma pieces the tensor-core kernels share
+ * (conv1_obs.cu's forward, nmmo3_conv1_wgrad.cu's weight gradient,
+ * conv_fwd_tile.cuh's staged convolution): the shared-memory descriptor of a
+ * 128-byte-swizzled K-major tile, m64n128k16 with A in registers, the
+ * accumulator fence and the wait for committed groups.  sm_90a only.
+ * Internal to the CUDA kernels.
  */
-#ifndef NMMO3_WGMMA_CUH
-#define NMMO3_WGMMA_CUH
+#ifndef GK_WGMMA_CUH
+#define GK_WGMMA_CUH
 
 #include <stdint.h>
 
@@ -46,6 +48,12 @@ __device__ __forceinline__ void acc_fence(float (&d)[64])
 #pragma unroll
     for (int i = 0; i < 64; i++)
         asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* Waits until at most N committed wgmma groups of this warpgroup are still running. */
+template <int N> __device__ __forceinline__ void wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
 #endif
