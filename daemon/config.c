@@ -142,8 +142,8 @@ static const config_option config_options[] = {
      CONFIG_NUMBER(max_batch, 1, 1u << 20)},
     {"spin-us", "US",
      "a worker that finished a request polls this long for the next one before it sleeps, one "
-     "worker at a time: lower latency for a core's time (default 50 with 8 or more CPUs, else "
-     "0: never)",
+     "worker at a time: lower latency for a core's time when requests come back to back "
+     "(default 0: never)",
      CONFIG_NUMBER(spin_us, 0, 1000000)},
     {"cpu-latency-us", "US",
      "while running, ask the kernel (/dev/cpu_dma_latency) to keep every CPU's wake-up latency "
@@ -256,7 +256,7 @@ void gcd_config_defaults(gcd_config *cfg)
     cfg->max_message_mb = 256;
     cfg->max_inflight = 64;
     cfg->max_batch = 32768;
-    cfg->spin_us = GCD_SPIN_AUTO;
+    cfg->spin_us = 0;
     cfg->cpu_latency_us = GCD_CPU_LATENCY_OFF;
     cfg->log_level = GCD_LOG_INFO;
     snprintf(cfg->stats_listen, sizeof cfg->stats_listen, "http://127.0.0.1:9464");

@@ -124,14 +124,6 @@ static int workers_wanted(const gcd_config *cfg)
     return (int)(cfg->max_inflight < cap ? cfg->max_inflight : cap);
 }
 
-/* --spin-us, or by default 50 us where there are cores to spare (8 or more). */
-static uint64_t spin_wanted(const gcd_config *cfg)
-{
-    if (cfg->spin_us != GCD_SPIN_AUTO)
-        return cfg->spin_us;
-    return sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 50 : 0;
-}
-
 /* nng thread: connections come and go; a departed client's regions and tensors go too. */
 static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
@@ -179,7 +171,7 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
     srv->d = d;
     srv->loop = loop;
     srv->nslots = d->cfg.max_inflight;
-    if (gcd_workers_start(&srv->workers, workers_wanted(&d->cfg), spin_wanted(&d->cfg)) != 0) {
+    if (gcd_workers_start(&srv->workers, workers_wanted(&d->cfg), d->cfg.spin_us) != 0) {
         snprintf(err, errlen, "cannot start the worker threads");
         free(srv);
         return -1;
