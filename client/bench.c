@@ -153,8 +153,11 @@ static int canary_ok(const bench_spec *sp, const void *data)
     return isfinite(element(data, sp->dtype, 0)) && isfinite(element(data, sp->dtype, n - 1));
 }
 
-static void ioset_free(bench_ioset *s)
+static void ioset_free(gpucd_client *client, bench_ioset *s)
 {
+    for (int i = 0; i < s->n; i++)
+        if (s->spec[i].resident && s->t[i].where == GPUCD_RESIDENT)
+            gpucd_tensor_free(client, s->t[i].resident);
     if (s->region != NULL)
         gpucd_region_destroy(s->region);
     free(s->heap);
@@ -189,6 +192,10 @@ static int ioset_alloc(bench_run *r, bench_ioset *s, int64_t batch, uint64_t *rn
     size_t off = 0;
     for (int i = 0; i < s->n; i++) {
         const bench_spec *sp = &s->spec[i];
+        if (sp->resident) { /* created by the first request that writes it */
+            s->t[i] = gpucd_tensor_new_resident(sp->dtype, 0, NULL);
+            continue;
+        }
         s->data[i] = base + off;
         s->t[i] = r->use_region ? gpucd_tensor_region(s->region, off, sp->dtype, sp->ndim, sp->shape)
                                 : gpucd_tensor_host(s->data[i], sp->dtype, sp->ndim, sp->shape);
@@ -331,7 +338,7 @@ static int check_once(bench_run *r, void *const *whost, bench_check *chk, uint64
 out:
     for (int i = 0; i < s.n; i++)
         free(ref[i]);
-    ioset_free(&s);
+    ioset_free(r->client, &s);
     return rc;
 }
 
@@ -1007,7 +1014,7 @@ int bench_main(gpucd_client *client, const char *url, int argc, char **argv)
     status = rc == 0 && done == o.nlevels && total_errors == 0 && wrc == 0 ? 0 : 1;
 out:
     for (int i = 0; i < r.nworkers; i++) {
-        ioset_free(&r.workers[i].io);
+        ioset_free(r.client, &r.workers[i].io);
         free(r.workers[i].rec);
     }
     weights_free(&r);

@@ -41,6 +41,9 @@ typedef struct bench_spec {
     int64_t shape[4];
     int output;
     float scale; /* inputs: uniform in [-scale, scale) (floats) */
+    /* A resident tensor the daemon sizes and keeps between one worker's requests (the
+     * training step's saved activations): no host bytes; freed with the worker's tensors. */
+    int resident;
 } bench_spec;
 
 typedef struct bench_preset {

@@ -7,6 +7,7 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bench.h"
@@ -23,7 +24,7 @@ int64_t bench_spec_numel(const bench_spec *spec)
 
 size_t bench_spec_bytes(const bench_spec *spec)
 {
-    return (size_t)bench_spec_numel(spec) * gpucd_dtype_size(spec->dtype);
+    return spec->resident ? 0 : (size_t)bench_spec_numel(spec) * gpucd_dtype_size(spec->dtype);
 }
 
 static uint64_t rng_next(uint64_t *s)
@@ -369,6 +370,73 @@ static int nmmo3_bwd_ref(const bench_shape *s, int64_t b, void *const *w, void *
     return rc != 0 ? ref_fail(msg, msglen, rc, &err) : 0;
 }
 
+/*
+ * A training step with saved activations: the forward keeps what the backward
+ * needs in a resident tensor of the worker's own (made by its first step,
+ * overwritten by the later ones), then the backward reads it.  obs and
+ * d(hidden) in; hidden and the 7 weight gradients (f32) out; one step is two
+ * requests, and its timings are their sums.
+ */
+static int nmmo3_step_io(const bench_shape *s, int64_t b, bench_spec *out)
+{
+    int n = nmmo3_bwd_io(s, b, out);
+    out[n++] = spec4("hidden", s->dtype, 1, 0, 2, b, s->hidden, 0, 0);
+    out[n] = spec4("saved", GPUCD_U8, 0, 0, 0, 0, 0, 0, 0);
+    out[n].resident = 1;
+    return n + 1;
+}
+
+static void timings_add(gpucd_timings *sum, const gpucd_timings *t)
+{
+    sum->queue_us += t->queue_us;
+    sum->copy_in_us += t->copy_in_us;
+    sum->compute_us += t->compute_us;
+    sum->copy_out_us += t->copy_out_us;
+    sum->batch_wait_us += t->batch_wait_us;
+    sum->total_us += t->total_us;
+    sum->round_trip_us += t->round_trip_us;
+}
+
+static int nmmo3_step_call(gpucd_client *c, const bench_shape *s, gpucd_tensor *w,
+                           gpucd_tensor *io, gpucd_timings *t)
+{
+    gpucd_nmmo3_weights ww = nmmo3_ptrs(w), gg = nmmo3_ptrs(io + 2);
+    gpucd_timings fwd = {0}, bwd = {0};
+    int rc = gpucd_nmmo3_encode_save(c, &ww, &io[0], NULL, &io[9], &io[10], &fwd);
+    if (rc == 0)
+        rc = gpucd_nmmo3_encode_backward_saved(c, &ww, &io[0], &io[10], &io[1], &gg, &bwd);
+    memset(t, 0, sizeof *t);
+    timings_add(t, &fwd);
+    timings_add(t, &bwd);
+    return rc;
+}
+
+/* The CPU's step: the forward keeping its activations, the backward from them. */
+static int nmmo3_step_ref(const bench_shape *s, int64_t b, void *const *w, void *const *io,
+                          void *const *ref, char *msg, size_t msglen)
+{
+    bench_spec ws[7], is[11];
+    nmmo3_weights(s, ws);
+    nmmo3_step_io(s, b, is);
+    gk_nmmo3_weights gw = nmmo3_views(ws, w), gg = nmmo3_views(is + 2, ref + 2);
+    gk_tensor obs = view(&is[0], io[0]), dout = view(&is[1], io[1]),
+              hidden = view(&is[9], ref[9]);
+    const int64_t row = (int64_t)gk_nmmo3_saved_row_bytes(&gw);
+    uint8_t *keep = malloc((size_t)(b * row));
+    if (keep == NULL) {
+        snprintf(msg, msglen, "no memory for %lld bytes of saved activations",
+                 (long long)(b * row));
+        return GK_ENOMEM;
+    }
+    gk_tensor saved = gk_tensor_make(keep, GK_U8, 2, (const int64_t[]){b, row});
+    gk_err err = {{0}};
+    int rc = gk_cpu_nmmo3_forward_save(&gw, &obs, NULL, &hidden, &saved, &err);
+    if (rc == 0)
+        rc = gk_cpu_nmmo3_backward_saved(&gw, &obs, &saved, &dout, &gg, &err);
+    free(keep);
+    return rc != 0 ? ref_fail(msg, msglen, rc, &err) : 0;
+}
+
 static int64_t nmmo3_verify_batch(const bench_shape *s) { return s->batch < 32 ? s->batch : 32; }
 
 /* ---- fused linear cross entropy ----------------------------------------------------- */
@@ -448,6 +516,10 @@ const bench_preset bench_presets[] = {
                     "gradient; B 32768",
      SHAPE(32768, GPUCD_F32, 256, 0, 0), nmmo3_weights, nmmo3_bwd_io, nmmo3_bwd_call,
      nmmo3_bwd_ref, nmmo3_verify_batch, 0, 0, 0},
+    {"nmmo3_step", "NMMO3 training step with saved activations: forward (obs to hidden, keeping "
+                   "the activations on the daemon) then backward; B 32768, two requests a step",
+     SHAPE(32768, GPUCD_F32, 256, 0, 0), nmmo3_weights, nmmo3_step_io, nmmo3_step_call,
+     nmmo3_step_ref, nmmo3_verify_batch, 0, 0, 0},
     {"loss", "linear cross entropy forward+backward (loss, dE, dC), bf16, N 8192, D 4096, "
              "V 256000",
      SHAPE(8192, GPUCD_BF16, 0, 4096, 256000), loss_weights, loss_io, loss_call, loss_ref,

@@ -172,6 +172,46 @@ static void test_conv2_preset_over_tcp(void **state)
     ts_metrics_free(&b);
 }
 
+/*
+ * The training step with saved activations over ipc: two nmmo3_encode requests a
+ * step, and every tensor bench made freed by bench itself (the 7 weights, the
+ * check's saved activations and each of the two workers').
+ */
+static void test_nmmo3_step_preset(void **state)
+{
+    char json[128], log[128];
+    snprintf(json, sizeof json, "%s/step.json", dir_);
+    snprintf(log, sizeof log, "%s/step.log", dir_);
+    ts_metrics a, b;
+    ts_scrape(port_, &a);
+    const char *args[] = {"--url", daemon_.ipc_url, "bench", "--op", "nmmo3_step", "--batch", "4",
+                          "--hidden", "16", "--concurrency", "2", "--warmup-s", "0.1",
+                          "--window-s", "0.1", "--max-windows", "4", "--json", json, NULL};
+    int rc = run_ctl(args, log);
+    if (rc != 0) {
+        dump(log);
+        fail_msg("gpucdctl bench exited %d", rc);
+    }
+    ts_scrape(port_, &b);
+    char *j = slurp(json);
+    double steps = json_number(j, "requests");
+    double counted = ts_metric(&b, "gpucd_requests_total{op=\"nmmo3_encode\",status=\"OK\"}") -
+                     ts_metric(&a, "gpucd_requests_total{op=\"nmmo3_encode\",status=\"OK\"}");
+    fprintf(stderr, "bench made %.0f steps; the daemon counted %.0f nmmo3_encode\n", steps, counted);
+    assert_true(steps > 2);
+    assert_true(counted == 2 * steps);
+    assert_non_null(strstr(j, "\"check\":{\"done\":true"));
+    assert_true(ts_metric(&b, "gpucd_requests_total{op=\"tensor_put\",status=\"OK\"}") -
+                    ts_metric(&a, "gpucd_requests_total{op=\"tensor_put\",status=\"OK\"}") == 7);
+    assert_true(ts_metric(&b, "gpucd_requests_total{op=\"tensor_free\",status=\"OK\"}") -
+                    ts_metric(&a, "gpucd_requests_total{op=\"tensor_free\",status=\"OK\"}") ==
+                7 + 3);
+    assert_true(ts_metric(&b, "gpucd_resident_tensors") == 0);
+    free(j);
+    ts_metrics_free(&a);
+    ts_metrics_free(&b);
+}
+
 /* --server-side: the daemon times the op; bench's requests are what the daemon counted. */
 static void test_server_side(void **state)
 {
@@ -224,7 +264,7 @@ static void test_stats_command_and_help(void **state)
     assert_int_equal(run_ctl(help, log), 0);
     out = slurp(log);
     static const char *const presets[] = {"ping", "conv1", "conv2", "conv1_backward",
-                                          "conv2_backward", "nmmo3_encode", "nmmo3_train",
+                                          "conv2_backward", "nmmo3_encode", "nmmo3_train", "nmmo3_step",
                                           "loss", "loss_32k"};
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         assert_non_null(strstr(out, presets[i]));
@@ -338,6 +378,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ping_sweep_counts_match),
         cmocka_unit_test(test_conv2_preset_over_tcp),
+        cmocka_unit_test(test_nmmo3_step_preset),
         cmocka_unit_test(test_server_side),
         cmocka_unit_test(test_stats_command_and_help),
         cmocka_unit_test(test_bad_options_exit_2),
