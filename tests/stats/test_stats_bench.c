@@ -1,6 +1,7 @@
 /*
  * test_stats_bench.c - `gpucdctl bench` against a CPU-backend daemon: a short
- * concurrency sweep of pings over ipc:// and a conv2 preset over tcp://; the
+ * concurrency sweep of pings over ipc://, a conv2 preset over tcp:// and the
+ * NMMO3 training step with saved activations over ipc://; the
  * requests bench says it made are exactly what the daemon counted, with no
  * errors.  A daemon that goes away mid-run makes bench report errors and exit
  * 1; bad options exit 2.  argv[2] is gpucdctl.
@@ -81,6 +82,41 @@ static double json_number(const char *json, const char *key)
     return strtod(p + strlen(pat), NULL);
 }
 
+/*
+ * One bench run that must succeed: gpucdctl with args and `--json DIR/NAME.json`,
+ * the daemon's metrics scraped before and after; returns bench's JSON (to free).
+ */
+static char *bench_ok(const char *name, const char *const *args, ts_metrics *before,
+                      ts_metrics *after)
+{
+    char json[128], log[128];
+    snprintf(json, sizeof json, "%s/%s.json", dir_, name);
+    snprintf(log, sizeof log, "%s/%s.log", dir_, name);
+    const char *argv[64];
+    int n = 0;
+    for (; args[n] != NULL && n < 60; n++)
+        argv[n] = args[n];
+    argv[n++] = "--json";
+    argv[n++] = json;
+    argv[n] = NULL;
+    ts_scrape(port_, before);
+    int rc = run_ctl(argv, log);
+    if (rc != 0) {
+        dump(log);
+        fail_msg("gpucdctl bench (%s) exited %d", name, rc);
+    }
+    ts_scrape(port_, after);
+    char *j = slurp(json);
+    assert_non_null(j);
+    return j;
+}
+
+/* How much one of the daemon's metrics grew between two scrapes. */
+static double grew(const ts_metrics *a, const ts_metrics *b, const char *metric)
+{
+    return ts_metric(b, metric) - ts_metric(a, metric);
+}
+
 static int count_of(const char *s, const char *what)
 {
     int n = 0;
@@ -140,32 +176,20 @@ static void test_ping_sweep_counts_match(void **state)
 /* conv2 over tcp, tensors inline: the check request plus every timed one, as the daemon saw. */
 static void test_conv2_preset_over_tcp(void **state)
 {
-    char json[128], log[128];
-    snprintf(json, sizeof json, "%s/conv2.json", dir_);
-    snprintf(log, sizeof log, "%s/conv2.log", dir_);
     ts_metrics a, b;
-    ts_scrape(port_, &a);
     const char *args[] = {"--url", daemon_.tcp_url, "bench", "--op", "conv2", "--batch", "4",
                           "--concurrency", "2", "--warmup-s", "0.1", "--window-s", "0.1",
-                          "--max-windows", "4", "--json", json, NULL};
-    int rc = run_ctl(args, log);
-    if (rc != 0) {
-        dump(log);
-        fail_msg("gpucdctl bench exited %d", rc);
-    }
-    ts_scrape(port_, &b);
-    char *j = slurp(json);
+                          "--max-windows", "4", NULL};
+    char *j = bench_ok("conv2", args, &a, &b);
     double made = json_number(j, "requests");
-    double counted = ts_metric(&b, "gpucd_requests_total{op=\"conv2d_forward\",status=\"OK\"}") -
-                     ts_metric(&a, "gpucd_requests_total{op=\"conv2d_forward\",status=\"OK\"}");
+    double counted = grew(&a, &b, "gpucd_requests_total{op=\"conv2d_forward\",status=\"OK\"}");
     fprintf(stderr, "bench made %.0f conv2d_forward; the daemon counted %.0f\n", made, counted);
     assert_true(made > 1);
     assert_true(counted == made);
     assert_non_null(strstr(j, "\"tensors\":\"inline\""));
     assert_non_null(strstr(j, "\"check\":{\"done\":true"));
     /* the weights went up once and were freed at the end */
-    assert_true(ts_metric(&b, "gpucd_requests_total{op=\"tensor_put\",status=\"OK\"}") -
-                    ts_metric(&a, "gpucd_requests_total{op=\"tensor_put\",status=\"OK\"}") == 2);
+    assert_true(grew(&a, &b, "gpucd_requests_total{op=\"tensor_put\",status=\"OK\"}") == 2);
     assert_true(ts_metric(&b, "gpucd_resident_tensors") == 0);
     free(j);
     ts_metrics_free(&a);
@@ -179,33 +203,19 @@ static void test_conv2_preset_over_tcp(void **state)
  */
 static void test_nmmo3_step_preset(void **state)
 {
-    char json[128], log[128];
-    snprintf(json, sizeof json, "%s/step.json", dir_);
-    snprintf(log, sizeof log, "%s/step.log", dir_);
     ts_metrics a, b;
-    ts_scrape(port_, &a);
     const char *args[] = {"--url", daemon_.ipc_url, "bench", "--op", "nmmo3_step", "--batch", "4",
                           "--hidden", "16", "--concurrency", "2", "--warmup-s", "0.1",
-                          "--window-s", "0.1", "--max-windows", "4", "--json", json, NULL};
-    int rc = run_ctl(args, log);
-    if (rc != 0) {
-        dump(log);
-        fail_msg("gpucdctl bench exited %d", rc);
-    }
-    ts_scrape(port_, &b);
-    char *j = slurp(json);
+                          "--window-s", "0.1", "--max-windows", "4", NULL};
+    char *j = bench_ok("step", args, &a, &b);
     double steps = json_number(j, "requests");
-    double counted = ts_metric(&b, "gpucd_requests_total{op=\"nmmo3_encode\",status=\"OK\"}") -
-                     ts_metric(&a, "gpucd_requests_total{op=\"nmmo3_encode\",status=\"OK\"}");
+    double counted = grew(&a, &b, "gpucd_requests_total{op=\"nmmo3_encode\",status=\"OK\"}");
     fprintf(stderr, "bench made %.0f steps; the daemon counted %.0f nmmo3_encode\n", steps, counted);
     assert_true(steps > 2);
     assert_true(counted == 2 * steps);
     assert_non_null(strstr(j, "\"check\":{\"done\":true"));
-    assert_true(ts_metric(&b, "gpucd_requests_total{op=\"tensor_put\",status=\"OK\"}") -
-                    ts_metric(&a, "gpucd_requests_total{op=\"tensor_put\",status=\"OK\"}") == 7);
-    assert_true(ts_metric(&b, "gpucd_requests_total{op=\"tensor_free\",status=\"OK\"}") -
-                    ts_metric(&a, "gpucd_requests_total{op=\"tensor_free\",status=\"OK\"}") ==
-                7 + 3);
+    assert_true(grew(&a, &b, "gpucd_requests_total{op=\"tensor_put\",status=\"OK\"}") == 7);
+    assert_true(grew(&a, &b, "gpucd_requests_total{op=\"tensor_free\",status=\"OK\"}") == 7 + 3);
     assert_true(ts_metric(&b, "gpucd_resident_tensors") == 0);
     free(j);
     ts_metrics_free(&a);
@@ -215,32 +225,18 @@ static void test_nmmo3_step_preset(void **state)
 /* --server-side: the daemon times the op; bench's requests are what the daemon counted. */
 static void test_server_side(void **state)
 {
-    char json[128], log[128];
-    snprintf(json, sizeof json, "%s/server.json", dir_);
-    snprintf(log, sizeof log, "%s/server.log", dir_);
     ts_metrics a, b;
-    ts_scrape(port_, &a);
     const char *args[] = {"--url", daemon_.tcp_url, "bench", "--op", "conv2", "--batch", "4",
                           "--server-side", "10", "--server-warmup", "2", "--server-repeats", "3",
-                          "--json", json, NULL};
-    int rc = run_ctl(args, log);
-    if (rc != 0) {
-        dump(log);
-        fail_msg("gpucdctl bench --server-side exited %d", rc);
-    }
-    ts_scrape(port_, &b);
-    char *j = slurp(json);
-    assert_non_null(j);
+                          NULL};
+    char *j = bench_ok("server", args, &a, &b);
     assert_non_null(strstr(j, "\"server_side\":{\"warmup\":2,\"iterations\":10,"
                               "\"iterations_done\":10,\"timed_requests\":3,"));
     double made = json_number(j, "requests");
     assert_true(made == 4); /* the check, then three timed requests */
-    assert_true(ts_metric(&b, "gpucd_requests_total{op=\"conv2d_forward\",status=\"OK\"}") -
-                    ts_metric(&a, "gpucd_requests_total{op=\"conv2d_forward\",status=\"OK\"}") ==
-                made);
+    assert_true(grew(&a, &b, "gpucd_requests_total{op=\"conv2d_forward\",status=\"OK\"}") == made);
     /* weights through the library (2), every tensor again on bench's own connection (4) */
-    assert_true(ts_metric(&b, "gpucd_requests_total{op=\"tensor_put\",status=\"OK\"}") -
-                    ts_metric(&a, "gpucd_requests_total{op=\"tensor_put\",status=\"OK\"}") == 6);
+    assert_true(grew(&a, &b, "gpucd_requests_total{op=\"tensor_put\",status=\"OK\"}") == 6);
     assert_true(ts_metric(&b, "gpucd_resident_tensors") == 0);
     free(j);
     ts_metrics_free(&a);
