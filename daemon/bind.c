@@ -47,18 +47,13 @@ static int shape_left_to_daemon(const gcd_ref *ref, int output)
 }
 
 /*
- * Binds one reference; fills b and the view t (data set).  implied: the
- * dtype and shape the operation gives an output whose shape the request
- * left out (shape_left_to_daemon), else NULL.
+ * The tensor's dtype and shape: the request's, or those the operation gives
+ * an output whose shape the request left out (implied, shape_left_to_daemon).
  */
-static gcd_status bind_one(const gcd_bind_ctx *ctx, const gcd_ref *ref, int output,
-                           const char *name, const gk_tensor *implied, gcd_binding *b,
-                           gk_tensor *t, char *why, size_t whylen)
+static gcd_status tensor_of_ref(const gcd_ref *ref, const char *name, const gk_tensor *implied,
+                                gk_tensor *t, char *why, size_t whylen)
 {
-    gcd_daemon *d = ctx->daemon;
     memset(t, 0, sizeof *t);
-    b->ref = ref;
-    b->write = output;
     if (implied != NULL) {
         if (ref->dtype != GPUCD__V1__DTYPE__DTYPE_UNSPECIFIED &&
             dtype_from_wire(ref->dtype) != implied->dtype) {
@@ -68,8 +63,10 @@ static gcd_status bind_one(const gcd_bind_ctx *ctx, const gcd_ref *ref, int outp
         }
         *t = *implied;
         t->data = NULL;
+        return GCD_OK;
     }
-    if (implied == NULL && (t->dtype = dtype_from_wire(ref->dtype)) == GK_DTYPE_INVALID) {
+    t->dtype = dtype_from_wire(ref->dtype);
+    if (t->dtype == GK_DTYPE_INVALID) {
         snprintf(why, whylen, "%s: dtype %d is not one of f32, bf16, f16, u8, i32, i64", name,
                  (int)ref->dtype);
         return GCD_INVALID_ARGUMENT;
@@ -78,8 +75,7 @@ static gcd_status bind_one(const gcd_bind_ctx *ctx, const gcd_ref *ref, int outp
         snprintf(why, whylen, "%s: %zu dimensions, at most %d", name, ref->n_shape, GK_MAX_DIMS);
         return GCD_INVALID_ARGUMENT;
     }
-    if (implied == NULL)
-        t->ndim = (int)ref->n_shape;
+    t->ndim = (int)ref->n_shape;
     for (size_t i = 0; i < ref->n_shape; i++) {
         if (ref->shape[i] < 0) {
             snprintf(why, whylen, "%s: dimension %zu is negative (%lld)", name, i,
@@ -88,6 +84,20 @@ static gcd_status bind_one(const gcd_bind_ctx *ctx, const gcd_ref *ref, int outp
         }
         t->shape[i] = ref->shape[i];
     }
+    return GCD_OK;
+}
+
+/* Binds one reference; fills b and the view t (data set); implied as tensor_of_ref. */
+static gcd_status bind_one(const gcd_bind_ctx *ctx, const gcd_ref *ref, int output,
+                           const char *name, const gk_tensor *implied, gcd_binding *b,
+                           gk_tensor *t, char *why, size_t whylen)
+{
+    gcd_daemon *d = ctx->daemon;
+    b->ref = ref;
+    b->write = output;
+    gcd_status st = tensor_of_ref(ref, name, implied, t, why, whylen);
+    if (st != GCD_OK)
+        return st;
     int64_t bytes = gk_tensor_bytes(t);
     if (bytes < 0) {
         snprintf(why, whylen, "%s: the size of the shape overflows 64 bits", name);
@@ -109,8 +119,8 @@ static gcd_status bind_one(const gcd_bind_ctx *ctx, const gcd_ref *ref, int outp
         }
         const Gpucd__V1__RegionSlice *rsl = ref->region;
         uint64_t off = rsl->offset;
-        gcd_status st = gcd_regions_acquire(d->regions, ctx->pipe, rsl->region_id, &b->region,
-                                            why, whylen);
+        st = gcd_regions_acquire(d->regions, ctx->pipe, rsl->region_id, &b->region, why,
+                                 whylen);
         if (st != GCD_OK)
             return st;
         size_t size = b->region->size;
@@ -150,8 +160,8 @@ static gcd_status bind_one(const gcd_bind_ctx *ctx, const gcd_ref *ref, int outp
         return GCD_OK;
     }
     case GPUCD__V1__TENSOR_REF__WHERE_RESIDENT: {
-        gcd_status st = gcd_residents_acquire(d->residents, ctx->pipe, ctx->uid, ref->resident,
-                                              &b->resident, why, whylen);
+        st = gcd_residents_acquire(d->residents, ctx->pipe, ctx->uid, ref->resident,
+                                   &b->resident, why, whylen);
         if (st != GCD_OK)
             return st;
         if (!same_shape(t, &b->resident->t)) {
@@ -169,12 +179,10 @@ static gcd_status bind_one(const gcd_bind_ctx *ctx, const gcd_ref *ref, int outp
             snprintf(why, whylen, "%s: new_resident is only for outputs", name);
             return GCD_INVALID_ARGUMENT;
         }
-        {
-            gcd_status st = gcd_residents_create(d->residents, ctx->pipe, ctx->uid, t,
-                                                 &b->resident, why, whylen);
-            if (st != GCD_OK)
-                return st;
-        }
+        st = gcd_residents_create(d->residents, ctx->pipe, ctx->uid, t, &b->resident, why,
+                                  whylen);
+        if (st != GCD_OK)
+            return st;
         b->new_resident = 1;
         b->hi = n;
         t->data = b->resident->t.data;
