@@ -260,6 +260,21 @@ static void test_bad_nmmo3(void **state)
     grads.conv2_b = NULL;
     expect_einval(gpucd_nmmo3_encode_backward(f->client, &w, &t, &t, &grads, NULL),
                   "grads.conv2_b is required");
+
+    /* The training step's saved activations: a resident tensor the daemon sizes. */
+    gpucd_tensor saved = gpucd_tensor_new_resident(GPUCD_U8, 0, NULL);
+    expect_einval(gpucd_nmmo3_encode_save(f->client, &w, &t, &h, NULL, NULL, NULL),
+                  "saved is required");
+    expect_einval(gpucd_nmmo3_encode_save(f->client, &w, &t, &h, NULL, &h, NULL),
+                  "saved must be a resident tensor");
+    gpucd_tensor sized = gpucd_tensor_new_resident(GPUCD_U8, 2, (int64_t[]){4, 64});
+    expect_einval(gpucd_nmmo3_encode_save(f->client, &w, &t, &h, NULL, &sized, NULL),
+                  "sized by the daemon: give ndim 0 (got 2)");
+    grads.conv2_b = &g[3];
+    expect_einval(gpucd_nmmo3_encode_backward_saved(f->client, &w, &t, NULL, &t, &grads, NULL),
+                  "saved is required");
+    expect_einval(gpucd_nmmo3_encode_backward_saved(f->client, &w, &t, &saved, &t, &grads, NULL),
+                  "saved is an input and cannot be a new resident tensor");
 }
 
 static void test_strerror(void **state)

@@ -471,6 +471,74 @@ static void test_nmmo3_backward_grad_order(void **state)
     fake_daemon_stop(&fd);
 }
 
+/* ---- nmmo3 forward with saved activations: a new resident the daemon sizes --------------- */
+
+static int64_t saved_shape[2] = {2, 6784};
+
+/* The saved output goes with no shape; the first reply sizes it, the second says nothing. */
+static fake_action nmmo3_save_handler(void *arg, const Gpucd__V1__Request *req,
+                                      const uint8_t *payload, size_t payload_len, fake_reply *out)
+{
+    check_state *st = arg;
+    (void)payload;
+    (void)payload_len;
+    HCHECK(st, req->op_case == GPUCD__V1__REQUEST__OP_NMMO3_ENCODE);
+    if (req->op_case != GPUCD__V1__REQUEST__OP_NMMO3_ENCODE)
+        return FAKE_DISCONNECT;
+    const Gpucd__V1__TensorRef *sv = req->nmmo3_encode->saved;
+    HCHECK(st, sv != NULL && sv->where_case == GPUCD__V1__TENSOR_REF__WHERE_NEW_RESIDENT &&
+                   sv->n_shape == 0 && sv->dtype == GPUCD__V1__DTYPE__U8);
+    fake_reply_ok(out, req);
+    fake_reply_output_resident(out, 40); /* hidden */
+    fake_reply_output_resident(out, 41); /* saved */
+    if (req->id % 2 == 1) {
+        Gpucd__V1__TensorRef *ref = &out->out_refs[out->reply.n_outputs - 1];
+        ref->dtype = GPUCD__V1__DTYPE__U8;
+        ref->n_shape = 2;
+        ref->shape = saved_shape;
+    }
+    return FAKE_REPLY;
+}
+
+static void test_nmmo3_saved_sized_by_daemon(void **state)
+{
+    (void)state;
+    check_state st;
+    memset(&st, 0, sizeof st);
+    fake_daemon fd;
+    fake_daemon_start(&fd, nmmo3_save_handler, &st);
+    gpucd_client *c;
+    assert_int_equal(gpucd_connect(fd.url, NULL, &c), 0);
+    const int64_t sh[][4] = {{128, 59, 5, 5}, {128}, {128, 128, 3, 3}, {128},
+                             {128, 32},       {64, 1817}, {64}};
+    const int nd[] = {4, 1, 4, 1, 2, 2, 1};
+    gpucd_tensor wt[7];
+    for (int i = 0; i < 7; i++)
+        wt[i] = gpucd_tensor_resident((uint64_t)i + 1, GPUCD_BF16, nd[i], sh[i]);
+    gpucd_nmmo3_weights w = {&wt[0], &wt[1], &wt[2], &wt[3], &wt[4], &wt[5], &wt[6]};
+    const int64_t os[] = {2, 1707}, hs[] = {2, 64};
+    gpucd_tensor obs = gpucd_tensor_resident(30, GPUCD_U8, 2, os);
+    gpucd_tensor hidden = gpucd_tensor_new_resident(GPUCD_BF16, 2, hs);
+    gpucd_tensor saved = gpucd_tensor_new_resident(GPUCD_U8, 0, NULL);
+    assert_int_equal(gpucd_nmmo3_encode_save(c, &w, &obs, NULL, &hidden, &saved, NULL), 0);
+    ASSERT_HANDLER_OK(&st);
+    assert_int_equal(saved.where, GPUCD_RESIDENT);
+    assert_int_equal(saved.resident, 41);
+    assert_int_equal(saved.dtype, GPUCD_U8);
+    assert_int_equal(saved.ndim, 2);
+    assert_int_equal(saved.shape[0], 2);
+    assert_int_equal(saved.shape[1], 6784);
+    /* A reply that does not say what the daemon made is malformed. */
+    hidden = gpucd_tensor_new_resident(GPUCD_BF16, 2, hs);
+    saved = gpucd_tensor_new_resident(GPUCD_U8, 0, NULL);
+    assert_int_equal(gpucd_nmmo3_encode_save(c, &w, &obs, NULL, &hidden, &saved, NULL),
+                     GPUCD_EPROTO);
+    assert_non_null(strstr(gpucd_errmsg(c), "reply output 1: dtype 0, 0 dimensions"));
+    ASSERT_HANDLER_OK(&st);
+    gpucd_close(c);
+    fake_daemon_stop(&fd);
+}
+
 /* ---- multihot layout -------------------------------------------------------------------- */
 
 static fake_action multihot_handler(void *arg, const Gpucd__V1__Request *req,
@@ -1035,6 +1103,7 @@ int main(void)
         cmocka_unit_test(test_region_and_resident_refs),
         cmocka_unit_test(test_lce_params_and_output_order),
         cmocka_unit_test(test_nmmo3_backward_grad_order),
+        cmocka_unit_test(test_nmmo3_saved_sized_by_daemon),
         cmocka_unit_test(test_multihot_layout),
         cmocka_unit_test(test_daemon_statuses),
         cmocka_unit_test(test_malformed_replies),
