@@ -3,7 +3,8 @@
  * threads and processes that share resident weights are merged into fewer
  * launches, each caller gets exactly its own rows (byte for byte what the CPU
  * kernel gives for its rows alone), and one caller's bad observation fails
- * that caller only.
+ * that caller only.  A training step's forward, which keeps its activations
+ * on the daemon, is never merged.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -55,7 +56,9 @@ static void weights_make(uint64_t seed)
 /* One caller's request: B rows (B differs per caller), its result checked. Returns 0 if right. */
 static int rows_of(unsigned caller) { return 1 + (int)(caller % 5); }
 
-static int encode_and_check(gpucd_client *c, unsigned caller, int bad, gpucd_timings *t)
+/* save: the training step's forward, keeping its activations in a new resident tensor. */
+static int encode_and_check(gpucd_client *c, unsigned caller, int bad, int save,
+                            gpucd_timings *t)
 {
     int B = rows_of(caller);
     uint8_t *obs = malloc((size_t)B * 1707);
@@ -70,7 +73,11 @@ static int encode_and_check(gpucd_client *c, unsigned caller, int bad, gpucd_tim
     gpucd_nmmo3_weights nw = {&w[0], &w[1], &w[2], &w[3], &w[4], &w[5], &w[6]};
     gpucd_tensor to = gpucd_tensor_host(obs, GPUCD_U8, 2, TH_SHAPE(B, 1707));
     gpucd_tensor th = gpucd_tensor_host(hid, GPUCD_F32, 2, TH_SHAPE(B, HID));
-    int rc = gpucd_nmmo3_encode(c, &nw, &to, NULL, &th, t);
+    gpucd_tensor saved = gpucd_tensor_new_resident(GPUCD_U8, 0, NULL);
+    int rc = save ? gpucd_nmmo3_encode_save(c, &nw, &to, NULL, &th, &saved, t)
+                  : gpucd_nmmo3_encode(c, &nw, &to, NULL, &th, t);
+    if (save && rc == 0 && gpucd_tensor_free(c, saved.resident) != 0)
+        rc = GPUCD_EINTERNAL; /* the tensor the forward made must exist */
     int result = 0;
     if (bad) {
         if (rc != GPUCD_EOUT_OF_RANGE || strstr(gpucd_errmsg(c), "agent") == NULL) {
@@ -104,6 +111,7 @@ static int encode_and_check(gpucd_client *c, unsigned caller, int bad, gpucd_tim
 typedef struct caller {
     gpucd_client *client;
     unsigned id;
+    int save;
     int failures;
     uint64_t max_wait_us;
     pthread_barrier_t *start;
@@ -116,7 +124,7 @@ static void *caller_main(void *arg)
         pthread_barrier_wait(k->start); /* arrive together, so that batches form */
         gpucd_timings t = {0};
         k->failures += encode_and_check(k->client, k->id * 10 + (unsigned)r,
-                                        k->id == 3 && r == 1, &t) != 0;
+                                        !k->save && k->id == 3 && r == 1, k->save, &t) != 0;
         if (t.batch_wait_us > k->max_wait_us)
             k->max_wait_us = t.batch_wait_us;
     }
@@ -204,6 +212,47 @@ static void test_batched_rows_are_each_callers_own(void **state)
     gpucd_close(owner);
 }
 
+/*
+ * Training steps' forwards arriving together: each keeps its own activations,
+ * so none is merged: every one runs as its own launch at once (no batch wait).
+ */
+static void test_saved_forwards_run_alone(void **state)
+{
+    enum { SAVERS = 4 };
+    gpucd_client *owner = th_connect(daemon_.ipc_url);
+    for (int i = 0; i < 7; i++) {
+        gpucd_tensor t = gpucd_tensor_host(weights_[i], GPUCD_F32, ndims_[i], shapes_[i]);
+        assert_int_equal(gpucd_tensor_put(owner, &t, &ids_[i]), 0);
+    }
+    char *json;
+    assert_int_equal(gpucd_stats_json(owner, &json), 0);
+    uint64_t batches0 = json_number(json, "\"batches\":");
+    free(json);
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, SAVERS);
+    pthread_t threads[SAVERS];
+    caller callers[SAVERS];
+    for (int i = 0; i < SAVERS; i++) {
+        callers[i] = (caller){.client = th_connect(daemon_.ipc_url), .id = (unsigned)i,
+                              .save = 1, .start = &start};
+        assert_int_equal(pthread_create(&threads[i], NULL, caller_main, &callers[i]), 0);
+    }
+    for (int i = 0; i < SAVERS; i++) {
+        pthread_join(threads[i], NULL);
+        assert_int_equal(callers[i].failures, 0);
+        assert_int_equal(callers[i].max_wait_us, 0);
+        gpucd_close(callers[i].client);
+    }
+    pthread_barrier_destroy(&start);
+    assert_int_equal(gpucd_stats_json(owner, &json), 0);
+    uint64_t batches1 = json_number(json, "\"batches\":");
+    free(json);
+    assert_int_equal(batches1 - batches0, (uint64_t)SAVERS * ROUNDS);
+    for (int i = 0; i < 7; i++)
+        assert_int_equal(gpucd_tensor_free(owner, ids_[i]), 0);
+    gpucd_close(owner);
+}
+
 /* A client process: ROUNDS requests with the weights ids given on the command line. */
 static int child_main(const char *url, const char *arg)
 {
@@ -214,7 +263,7 @@ static int child_main(const char *url, const char *arg)
     gpucd_client *c = th_connect(url);
     int failures = 0;
     for (int r = 0; r < ROUNDS; r++)
-        failures += encode_and_check(c, id * 10 + (unsigned)r, 0, NULL) != 0;
+        failures += encode_and_check(c, id * 10 + (unsigned)r, 0, 0, NULL) != 0;
     gpucd_close(c);
     return failures == 0 ? 0 : 1;
 }
@@ -230,6 +279,7 @@ int main(int argc, char **argv)
     th_daemon_start(&daemon_, extra);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_rows_are_each_callers_own),
+        cmocka_unit_test(test_saved_forwards_run_alone),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (th_daemon_stop(&daemon_) != 0)
