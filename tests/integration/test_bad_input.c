@@ -202,7 +202,12 @@ static void test_oversize_message(void **state)
     expect(th_raw_send_bytes(&raw_, buf, n, &err), GPUCD__V1__STATUS__RESOURCE_EXHAUSTED,
            "max-message-mb");
     free(buf);
-    /* Far over: the transport drops the connection before anything decodes it. */
+    /*
+     * Far over: the transport drops the connection before anything decodes it.
+     * The socket is left open: nng 1.5.2's nng_close can wait forever on the
+     * pipe the peer dropped mid-send (caught under gdb, about 1 run in 40 under
+     * ASan); the process ends soon after and the daemon has let it go.
+     */
     th_raw big;
     th_raw_open(&big, daemon_.ipc_url);
     n = 16u << 20;
@@ -212,7 +217,6 @@ static void test_oversize_message(void **state)
     Gpucd__V1__Reply *rep = th_raw_send_bytes(&big, buf, n, &err);
     assert_null(rep);
     free(buf);
-    th_raw_close(&big);
     expect_ping();
 }
 
