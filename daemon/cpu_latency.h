@@ -4,12 +4,12 @@
  * /dev/cpu_dma_latency.
  *
  * Why: a request's path wakes several sleeping threads (the transport's
- * poller, a worker, the client's), and threads that sleep longer wake slower
- * (deeper idle states): measured on the H200 machine, a ping took 80 us back
- * to back but 244 us at 1500 a second (tests/bench/ENCODER_RESULTS.md).  The request
- * applies to the whole machine and lasts while the file stays open (the kernel
- * drops it when the process exits), so it is the operator's choice, off by
- * default.
+ * poller, a worker, the client's), and on machines with cpuidle states a CPU
+ * that sleeps longer sleeps deeper and wakes slower.  (The H200 test machine
+ * is a VM without a cpuidle driver: there the setting changes nothing; see
+ * tests/bench/ENCODER_RESULTS.md.)  The request applies to the whole machine
+ * and lasts while the file stays open (the kernel drops it when the process
+ * exits), so it is the operator's choice, off by default.
  */
 #ifndef GCD_CPU_LATENCY_H
 #define GCD_CPU_LATENCY_H

@@ -143,7 +143,7 @@ int gcd_op_output_shape(const gcd_op *op, int slot, gk_tensor *t, gk_err *err)
     memset(t, 0, sizeof *t);
     t->dtype = GK_U8;
     t->ndim = 2;
-    t->shape[0] = arg(op, NMMO3_OBS)->shape[0];
+    t->shape[0] = obs->shape[0];
     t->shape[1] = (int64_t)row;
     return 0;
 }
