@@ -454,25 +454,64 @@ static void test_output_shape_left_to_daemon(void **state)
     expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
            "only the encoder forward's saved activations");
 
+    /*
+     * An encoder forward, everything in the region: 2 agents, bf16 weights of
+     * the right shapes (zeros), hidden 8 out, saved as a new resident tensor.
+     */
     Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
     Gpucd__V1__Nmmo3Encode m = GPUCD__V1__NMMO3_ENCODE__INIT;
     Gpucd__V1__Nmmo3Weights w = GPUCD__V1__NMMO3_WEIGHTS__INIT;
-    ref obs, wt[5], hidden, saved;
+    ref obs, wt[7], hidden, saved;
+    const Gpucd__V1__DType bf = GPUCD__V1__DTYPE__BF16;
+    memset(region_base_, 0, 750000);
+    th_fill_nmmo3_obs(region_base_, 2);
     m.obs = ref_region(&obs, GPUCD__V1__DTYPE__U8, region_id_, 0, 2, TH_SHAPE(2, 1707));
-    /* conv1_w of the wrong shape: the weights say nothing about a row's size. */
-    w.conv1_w = ref_region(&wt[0], GPUCD__V1__DTYPE__BF16, region_id_, 4096, 2, TH_SHAPE(2, 2));
-    w.conv1_b = ref_region(&wt[1], GPUCD__V1__DTYPE__BF16, region_id_, 8192, 1, TH_SHAPE(128));
-    w.conv2_w = ref_region(&wt[2], GPUCD__V1__DTYPE__BF16, region_id_, 8192, 1, TH_SHAPE(128));
-    w.conv2_b = ref_region(&wt[3], GPUCD__V1__DTYPE__BF16, region_id_, 8192, 1, TH_SHAPE(128));
-    w.embed = ref_region(&wt[4], GPUCD__V1__DTYPE__BF16, region_id_, 8192, 1, TH_SHAPE(128));
+    w.conv1_w = ref_region(&wt[0], bf, region_id_, 4096, 4, TH_SHAPE(128, 59, 5, 5));
+    w.conv1_b = ref_region(&wt[1], bf, region_id_, 385024, 1, TH_SHAPE(128));
+    w.conv2_w = ref_region(&wt[2], bf, region_id_, 389120, 4, TH_SHAPE(128, 128, 3, 3));
+    w.conv2_b = ref_region(&wt[3], bf, region_id_, 688128, 1, TH_SHAPE(128));
+    w.embed = ref_region(&wt[4], bf, region_id_, 692224, 2, TH_SHAPE(128, 32));
+    w.proj_w = ref_region(&wt[5], bf, region_id_, 704512, 2, TH_SHAPE(8, 1817));
+    w.proj_b = ref_region(&wt[6], bf, region_id_, 737280, 1, TH_SHAPE(8));
     m.weights = &w;
-    m.hidden = ref_region(&hidden, GPUCD__V1__DTYPE__BF16, region_id_, 65536, 2, TH_SHAPE(2, 8));
+    m.hidden = ref_region(&hidden, bf, region_id_, 741376, 2, TH_SHAPE(2, 8));
     gpucd__v1__tensor_ref__init(&saved.t);
     saved.t.where_case = GPUCD__V1__TENSOR_REF__WHERE_NEW_RESIDENT;
     saved.t.new_resident = 1;
     m.saved = &saved.t;
     req.op_case = GPUCD__V1__REQUEST__OP_NMMO3_ENCODE;
     req.nmmo3_encode = &m;
+    /* With no dtype either, the daemon makes it: u8, a row of whole 16-byte units an agent. */
+    Gpucd__V1__Reply *rep = th_raw_call(&raw_, &req, NULL, 0);
+    assert_non_null(rep);
+    if (rep->status != GPUCD__V1__STATUS__OK)
+        fail_msg("a forward saving its activations: status %d '%s'", (int)rep->status,
+                 rep->message ? rep->message : "");
+    assert_int_equal(rep->n_outputs, 2);
+    const Gpucd__V1__TensorRef *made = rep->outputs[1];
+    assert_int_equal(made->where_case, GPUCD__V1__TENSOR_REF__WHERE_RESIDENT);
+    assert_int_equal(made->dtype, GPUCD__V1__DTYPE__U8);
+    assert_int_equal(made->n_shape, 2);
+    assert_int_equal(made->shape[0], 2);
+    assert_true(made->shape[1] > 0 && made->shape[1] % 16 == 0);
+    Gpucd__V1__Request fr = GPUCD__V1__REQUEST__INIT;
+    Gpucd__V1__TensorFree tf = GPUCD__V1__TENSOR_FREE__INIT;
+    tf.id = made->resident;
+    fr.op_case = GPUCD__V1__REQUEST__OP_TENSOR_FREE;
+    fr.tensor_free = &tf;
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+    rep = th_raw_call(&raw_, &fr, NULL, 0);
+    assert_non_null(rep);
+    assert_int_equal(rep->status, GPUCD__V1__STATUS__OK);
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+    /* A dtype other than the one the daemon gives it. */
+    saved.t.dtype = GPUCD__V1__DTYPE__F32;
+    expect(th_raw_call(&raw_, &req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "saved: dtype 1 given, but this output is u8");
+    saved.t.dtype = GPUCD__V1__DTYPE__DTYPE_UNSPECIFIED;
+    /* conv1_w of the wrong shape: the weights say nothing about a row's size. */
+    wt[0].t.n_shape = 2;
+    wt[0].shape[0] = wt[0].shape[1] = 2;
     expect(th_raw_call(&raw_, &req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
            "saved: the daemon cannot size it: weights.conv1_w");
     /* As the backward's input, saved must exist: new_resident is for outputs. */
