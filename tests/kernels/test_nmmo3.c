@@ -457,22 +457,31 @@ static void test_nmmo3_finite_differences(void **state)
     check_finite_differences(24);
 }
 
+/*
+ * Puts one out-of-range value in a random agent's observation: a map feature
+ * (map) or a player value; want gets the part of the message that names it.
+ */
+static void plant_bad_value(nm_run *r, int map, char *want, size_t wantlen)
+{
+    const int64_t n = ktest_int(0, r->b - 1);
+    if (map) {
+        int h = (int)ktest_int(0, 10), w = (int)ktest_int(0, 14), f = (int)ktest_int(0, 9);
+        r->obs[n * OBS + (h * 15 + w) * 10 + f] = (uint8_t)(FACTORS[f] + ktest_int(0, 200));
+        snprintf(want, wantlen, "agent %lld, tile (h %d, w %d), feature %d", (long long)n, h, w,
+                 f);
+    } else {
+        int i = (int)ktest_int(0, 46);
+        r->obs[n * OBS + MAPB + i] = (uint8_t)ktest_int(128, 255);
+        snprintf(want, wantlen, "agent %lld, player value %d", (long long)n, i);
+    }
+}
+
 static void test_nmmo3_out_of_range(void **state)
 {
     for (int t = 0; t < 4; t++) {
         nm_run r = nm_new(5, t % 2 ? 16 : 0, GK_F32);
-        int64_t n = ktest_int(0, 4);
         char want[128];
-        if (t < 2) {
-            int h = (int)ktest_int(0, 10), w = (int)ktest_int(0, 14), f = (int)ktest_int(0, 9);
-            r.obs[n * OBS + (h * 15 + w) * 10 + f] = (uint8_t)(FACTORS[f] + ktest_int(0, 3));
-            snprintf(want, sizeof want, "agent %lld, tile (h %d, w %d), feature %d", (long long)n,
-                     h, w, f);
-        } else {
-            int i = (int)ktest_int(0, 46);
-            r.obs[n * OBS + MAPB + i] = (uint8_t)ktest_int(128, 255);
-            snprintf(want, sizeof want, "agent %lld, player value %d", (long long)n, i);
-        }
+        plant_bad_value(&r, t < 2, want, sizeof want);
         gk_err err = {{0}};
         assert_int_equal(nm_forward(&r, &err), GK_ERANGE);
         ktest_check(strstr(err.msg, want) != NULL, "'%s' lacks '%s'", err.msg, want);
@@ -694,18 +703,8 @@ static void test_nmmo3_saved_out_of_range(void **state)
         const size_t sb = (size_t)gk_tensor_bytes(&saved);
         uint8_t *keep = malloc(sb);
         memcpy(keep, saved.data, sb);
-        int64_t n = ktest_int(0, r.b - 1);
         char want[128];
-        if (t % 2 == 0) {
-            int h = (int)ktest_int(0, 10), w = (int)ktest_int(0, 14), f = (int)ktest_int(0, 9);
-            r.obs[n * OBS + (h * 15 + w) * 10 + f] = (uint8_t)(FACTORS[f] + ktest_int(0, 200));
-            snprintf(want, sizeof want, "agent %lld, tile (h %d, w %d), feature %d", (long long)n,
-                     h, w, f);
-        } else {
-            int i = (int)ktest_int(0, 46);
-            r.obs[n * OBS + MAPB + i] = (uint8_t)ktest_int(128, 255);
-            snprintf(want, sizeof want, "agent %lld, player value %d", (long long)n, i);
-        }
+        plant_bad_value(&r, t % 2 == 0, want, sizeof want);
         grads_poison(&r);
         assert_int_equal(gk_cpu_nmmo3_backward_saved(&r.kw, &r.tobs, &saved, &r.dout.t, &r.kg,
                                                      &err),
