@@ -377,13 +377,16 @@ static int nmmo3_bwd_ref(const bench_shape *s, int64_t b, void *const *w, void *
  * d(hidden) in; hidden and the 7 weight gradients (f32) out; one step is two
  * requests, and its timings are their sums.
  */
+/* The step's tensors: the backward's (obs, dhidden, the 7 gradients), then these two. */
+enum { STEP_OBS, STEP_DOUT, STEP_G0, STEP_HIDDEN = STEP_G0 + 7, STEP_SAVED, STEP_N };
+
 static int nmmo3_step_io(const bench_shape *s, int64_t b, bench_spec *out)
 {
-    int n = nmmo3_bwd_io(s, b, out);
-    out[n++] = spec4("hidden", s->dtype, 1, 0, 2, b, s->hidden, 0, 0);
-    out[n] = spec4("saved", GPUCD_U8, 0, 0, 0, 0, 0, 0, 0);
-    out[n].resident = 1;
-    return n + 1;
+    nmmo3_bwd_io(s, b, out);
+    out[STEP_HIDDEN] = spec4("hidden", s->dtype, 1, 0, 2, b, s->hidden, 0, 0);
+    out[STEP_SAVED] = spec4("saved", GPUCD_U8, 0, 0, 0, 0, 0, 0, 0);
+    out[STEP_SAVED].resident = 1;
+    return STEP_N;
 }
 
 static void timings_add(gpucd_timings *sum, const gpucd_timings *t)
@@ -400,11 +403,13 @@ static void timings_add(gpucd_timings *sum, const gpucd_timings *t)
 static int nmmo3_step_call(gpucd_client *c, const bench_shape *s, gpucd_tensor *w,
                            gpucd_tensor *io, gpucd_timings *t)
 {
-    gpucd_nmmo3_weights ww = nmmo3_ptrs(w), gg = nmmo3_ptrs(io + 2);
+    gpucd_nmmo3_weights ww = nmmo3_ptrs(w), gg = nmmo3_ptrs(io + STEP_G0);
     gpucd_timings fwd = {0}, bwd = {0};
-    int rc = gpucd_nmmo3_encode_save(c, &ww, &io[0], NULL, &io[9], &io[10], &fwd);
+    int rc = gpucd_nmmo3_encode_save(c, &ww, &io[STEP_OBS], NULL, &io[STEP_HIDDEN],
+                                     &io[STEP_SAVED], &fwd);
     if (rc == 0)
-        rc = gpucd_nmmo3_encode_backward_saved(c, &ww, &io[0], &io[10], &io[1], &gg, &bwd);
+        rc = gpucd_nmmo3_encode_backward_saved(c, &ww, &io[STEP_OBS], &io[STEP_SAVED],
+                                               &io[STEP_DOUT], &gg, &bwd);
     memset(t, 0, sizeof *t);
     timings_add(t, &fwd);
     timings_add(t, &bwd);
@@ -415,12 +420,12 @@ static int nmmo3_step_call(gpucd_client *c, const bench_shape *s, gpucd_tensor *
 static int nmmo3_step_ref(const bench_shape *s, int64_t b, void *const *w, void *const *io,
                           void *const *ref, char *msg, size_t msglen)
 {
-    bench_spec ws[7], is[11];
+    bench_spec ws[7], is[STEP_N];
     nmmo3_weights(s, ws);
     nmmo3_step_io(s, b, is);
-    gk_nmmo3_weights gw = nmmo3_views(ws, w), gg = nmmo3_views(is + 2, ref + 2);
-    gk_tensor obs = view(&is[0], io[0]), dout = view(&is[1], io[1]),
-              hidden = view(&is[9], ref[9]);
+    gk_nmmo3_weights gw = nmmo3_views(ws, w), gg = nmmo3_views(is + STEP_G0, ref + STEP_G0);
+    gk_tensor obs = view(&is[STEP_OBS], io[STEP_OBS]), dout = view(&is[STEP_DOUT], io[STEP_DOUT]),
+              hidden = view(&is[STEP_HIDDEN], ref[STEP_HIDDEN]);
     const int64_t row = (int64_t)gk_nmmo3_saved_row_bytes(&gw);
     uint8_t *keep = malloc((size_t)(b * row));
     if (keep == NULL) {
