@@ -434,6 +434,16 @@ static fake_action nmmo3_handler(void *arg, const Gpucd__V1__Request *req,
     return FAKE_REPLY;
 }
 
+/* The encoder's weights as resident tensors 1..7 of dtype dt (hidden 64). */
+static void nmmo3_weights_resident(gpucd_tensor wt[7], gpucd_dtype dt)
+{
+    static const int64_t sh[][4] = {{128, 59, 5, 5}, {128}, {128, 128, 3, 3}, {128},
+                                    {128, 32},       {64, 1817}, {64}};
+    static const int nd[] = {4, 1, 4, 1, 2, 2, 1};
+    for (int i = 0; i < 7; i++)
+        wt[i] = gpucd_tensor_resident((uint64_t)i + 1, dt, nd[i], sh[i]);
+}
+
 static void test_nmmo3_backward_grad_order(void **state)
 {
     (void)state;
@@ -443,14 +453,10 @@ static void test_nmmo3_backward_grad_order(void **state)
     fake_daemon_start(&fd, nmmo3_handler, &s);
     gpucd_client *c;
     assert_int_equal(gpucd_connect(fd.url, NULL, &c), 0);
-    const int64_t sh[][4] = {{128, 59, 5, 5}, {128}, {128, 128, 3, 3}, {128},
-                             {128, 32},       {64, 1817}, {64}};
-    const int nd[] = {4, 1, 4, 1, 2, 2, 1};
     gpucd_tensor wt[7], gt[7];
-    for (int i = 0; i < 7; i++) {
-        wt[i] = gpucd_tensor_resident((uint64_t)i + 1, GPUCD_F32, nd[i], sh[i]);
-        gt[i] = gpucd_tensor_new_resident(GPUCD_F32, nd[i], sh[i]);
-    }
+    nmmo3_weights_resident(wt, GPUCD_F32);
+    for (int i = 0; i < 7; i++) /* the gradients take the weights' shapes */
+        gt[i] = gpucd_tensor_new_resident(GPUCD_F32, wt[i].ndim, wt[i].shape);
     gpucd_nmmo3_weights w = {&wt[0], &wt[1], &wt[2], &wt[3], &wt[4], &wt[5], &wt[6]};
     gpucd_nmmo3_weights g = {&gt[0], &gt[1], &gt[2], &gt[3], &gt[4], &gt[5], &gt[6]};
     uint8_t obs[2 * 1707];
@@ -509,12 +515,8 @@ static void test_nmmo3_saved_sized_by_daemon(void **state)
     fake_daemon_start(&fd, nmmo3_save_handler, &st);
     gpucd_client *c;
     assert_int_equal(gpucd_connect(fd.url, NULL, &c), 0);
-    const int64_t sh[][4] = {{128, 59, 5, 5}, {128}, {128, 128, 3, 3}, {128},
-                             {128, 32},       {64, 1817}, {64}};
-    const int nd[] = {4, 1, 4, 1, 2, 2, 1};
     gpucd_tensor wt[7];
-    for (int i = 0; i < 7; i++)
-        wt[i] = gpucd_tensor_resident((uint64_t)i + 1, GPUCD_BF16, nd[i], sh[i]);
+    nmmo3_weights_resident(wt, GPUCD_BF16);
     gpucd_nmmo3_weights w = {&wt[0], &wt[1], &wt[2], &wt[3], &wt[4], &wt[5], &wt[6]};
     const int64_t os[] = {2, 1707}, hs[] = {2, 64};
     gpucd_tensor obs = gpucd_tensor_resident(30, GPUCD_U8, 2, os);
