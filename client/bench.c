@@ -277,8 +277,10 @@ static double rel_err(const void *got, const void *want, gpucd_dtype dt, int64_t
 
 /*
  * One request at a small batch with every output poisoned, compared with the CPU
- * kernels: f32 outputs within 1e-4 (the daemon may sum in another order), bf16/f16
- * within 2e-2 (a rounding of the output itself is 2^-8).
+ * kernels: f32 outputs of an f32 operation within 1e-4 (the daemon may sum in another
+ * order); everything of a bf16/f16 operation within 2e-2, f32 outputs too: a bf16
+ * step's f32 weight gradients sum products of bf16-rounded values, which the GPU rounds
+ * at other points than the CPU (measured on the H200: 1.7e-3 to 2.8e-3).
  */
 static int check_once(bench_run *r, void *const *whost, bench_check *chk, uint64_t *rng)
 {
@@ -322,7 +324,7 @@ static int check_once(bench_run *r, void *const *whost, bench_check *chk, uint64
             continue;
         int nonfinite = 0;
         double e = rel_err(s.data[i], ref[i], sp->dtype, bench_spec_numel(sp), &nonfinite);
-        double tol = sp->dtype == GPUCD_F32 ? 1e-4 : 2e-2;
+        double tol = sp->dtype == GPUCD_F32 && r->o->shape.dtype == GPUCD_F32 ? 1e-4 : 2e-2;
         if (e > chk->worst || chk->worst_name[0] == '\0') {
             chk->worst = e;
             snprintf(chk->worst_name, sizeof chk->worst_name, "%s", sp->name);
