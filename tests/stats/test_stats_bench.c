@@ -21,6 +21,7 @@
 
 #include "harness.h"
 #include "scrape.h"
+#include "stats_daemon.h"
 
 static const char *gpucdctl_;
 static th_daemon daemon_;
@@ -336,11 +337,7 @@ static int group_setup(void **state)
     snprintf(dir_, sizeof dir_, "/tmp/gpucd-bench-XXXXXX");
     if (mkdtemp(dir_) == NULL)
         return -1;
-    port_ = ts_free_port();
-    char url[64];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d", port_);
-    const char *extra[] = {"--stats-listen", url, NULL};
-    th_daemon_start(&daemon_, extra);
+    port_ = ts_daemon_start(&daemon_);
     return 0;
 }
 

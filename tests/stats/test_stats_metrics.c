@@ -18,6 +18,7 @@
 
 #include "harness.h"
 #include "scrape.h"
+#include "stats_daemon.h"
 
 static th_daemon daemon_;
 static int port_;
@@ -226,11 +227,7 @@ static void test_parser_rejects_bad_exposition(void **state)
 
 static int group_setup(void **state)
 {
-    port_ = ts_free_port();
-    char url[64];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d", port_);
-    const char *extra[] = {"--stats-listen", url, NULL};
-    th_daemon_start(&daemon_, extra);
+    port_ = ts_daemon_start(&daemon_);
     return 0;
 }
 
