@@ -27,7 +27,8 @@ typedef struct gcd_config {
     uint32_t max_inflight;
     uint64_t batch_window_us; /* 0: no dynamic batching */
     uint64_t max_batch;       /* rows of one merged launch */
-    uint64_t spin_us;         /* a worker polls this long for the next request before sleeping */
+    uint64_t spin_us;         /* a worker polls this long for the next request before sleeping;
+                                 GCD_SPIN_AUTO until gcd_config_finish sets it */
     uint64_t cpu_latency_us;  /* PM QoS wake-up latency held while running (cpu_latency.h);
                                  GCD_CPU_LATENCY_OFF: none */
     gcd_log_level log_level;
@@ -49,6 +50,8 @@ int gcd_config_finish(gcd_config *cfg, char *err, size_t errlen);
 
 void gcd_config_usage(FILE *out);
 
+/* spin_us unset: polling only where a spare core is likely. */
+#define GCD_SPIN_AUTO UINT64_MAX
 /* cpu_latency_us unset: the machine's power management is left alone. */
 #define GCD_CPU_LATENCY_OFF UINT64_MAX
 /* workspace_mb unset: the backend sizes it from the device's memory (backend_cuda.c). */

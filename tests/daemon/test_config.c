@@ -45,11 +45,12 @@ static void test_defaults_and_flags(void **state)
     assert_int_equal(parse(&cfg, err, sizeof err, 1, none), 0);
     assert_int_equal(cfg.backend, GCD_BACKEND_AUTO);
     assert_int_equal(cfg.max_inflight, 64);
-    assert_int_equal(cfg.spin_us, 0); /* polling is the operator's choice */
-    /* Unset: chosen later from the device's memory. */
+    /* Unset: chosen later from the CPU count and the device's memory. */
+    assert_true(cfg.spin_us == GCD_SPIN_AUTO);
     assert_true(cfg.workspace_mb == GCD_WORKSPACE_AUTO);
     assert_true(cfg.cpu_latency_us == GCD_CPU_LATENCY_OFF);
     assert_int_equal(gcd_config_finish(&cfg, err, sizeof err), 0);
+    assert_int_equal(cfg.spin_us, sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 1000 : 0);
     assert_int_equal(cfg.nlisten, 1);
     assert_memory_equal(cfg.listen[0], "ipc://", 6);
 }
