@@ -108,6 +108,10 @@ __device__ __forceinline__ uint32_t bits_to_bf16x2(uint32_t y)
     return (y & 1u) * 0x3f80u + (y & 2u) * 0x1fc00000u;
 }
 
+/* Programmatic dependent launch (the wgmma kernel after the pack kernel; see launch_wgmma). */
+__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void griddep_release() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 /*
  * Weights (128, 59, 5, 5) -> bf16 a tap, output channel and input channel,
  * zero channels 59..63; with NSPLIT = 3 (f32) each weight as three exact bf16
@@ -116,16 +120,39 @@ __device__ __forceinline__ uint32_t bits_to_bf16x2(uint32_t y)
  * each 128-byte oc row XOR-swizzled by oc % 8 as wgmma's 128-byte swizzle
  * reads them, so that one linear bulk copy fills a stage.  Block 0 also resets
  * the error record: stream order puts that before the convolution kernel.
+ * Then prep's transforms (conv1_obs.cuh), the elements after the pack's in
+ * one index space.  The convolution kernel may be dispatched at once: it
+ * waits for this grid before it reads anything this grid writes.
  */
 template <class T, int NSPLIT, bool SW>
 __global__ void __launch_bounds__(THREADS) conv1_pack_kernel(const T *__restrict__ w,
                                                              uint16_t *__restrict__ pack,
-                                                             unsigned long long *rec)
+                                                             unsigned long long *rec, conv1_obs_prep prep)
 {
-    if (blockIdx.x == 0 && threadIdx.x == 0)
+    griddep_release();
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
         *rec = OBS_RECORD_CLEAN;
-    const int total = TAPS * OC * KC;
-    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
+        if (prep.rec != nullptr)
+            *prep.rec = OBS_RECORD_CLEAN;
+    }
+    /* 32-bit indices: the host keeps the padded proj_w below 2^31 elements */
+    constexpr unsigned total = TAPS * OC * KC, C2 = OC * OC * 9, C2K = OC * 9;
+    const unsigned c2_end = total + (prep.conv2_r != nullptr ? C2 : 0);
+    const unsigned end = c2_end + (prep.proj_p != nullptr ? (unsigned)prep.proj_rows * (unsigned)prep.proj_ld : 0);
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < end; i += gridDim.x * blockDim.x) {
+        if (i >= c2_end) { /* proj_w's rows padded with zeros */
+            const unsigned k = i - c2_end, r = k / (unsigned)prep.proj_ld, c = k - r * (unsigned)prep.proj_ld;
+            static_cast<T *>(prep.proj_p)[k] =
+                c < GK_NMMO3_FEATURES ? static_cast<const T *>(prep.proj_w)[(size_t)r * GK_NMMO3_FEATURES + c] : T(0);
+            continue;
+        }
+        if (i >= total) { /* conv2_w (oc, c, kh, kw) -> (oc, kw, kh, c) */
+            const unsigned k = i - total, oc = k / C2K, r = k - oc * C2K;
+            const unsigned kw = r / 384, kh = (r - kw * 384) / 128, c = r & 127;
+            static_cast<T *>(prep.conv2_r)[k] = static_cast<const T *>(prep.conv2_w)[oc * C2K + c * 9 + kh * 3 + kw];
+            continue;
+        }
+        const int e = (int)i;
         const int tap = e / (OC * KC), rest = e - tap * (OC * KC);
         const int n = rest / KC, c = rest - n * KC;
         auto at = [&](int s) -> size_t {
@@ -435,20 +462,34 @@ conv1_obs_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ p
  * byte buffers and mask buffers over.  Each consumer warpgroup keeps one
  * tap's wgmma group in flight while it makes the next tap's fragments.
  */
-constexpr int WG_CONSUMERS = 3;                     /* warpgroups of 64 rows */
-constexpr int WG_THREADS = 128 * (WG_CONSUMERS + 1);
-constexpr int WG_CONSUMER_WARPS = 4 * WG_CONSUMERS; /* 12 */
 constexpr int WG_BUILDERS = 96;                     /* producer warps 1-3 */
 constexpr int WG_SUB_BYTES = OC * KC * 2;           /* one bf16 weight tile, 128 x 64: 16 KiB */
+/*
+ * Agents a tile: AGENTS (16: 192 rows, three consumer warpgroups), or
+ * SMALL_AGENTS (8: 96 rows, two warpgroups, the second's last 32 rows
+ * empty) for batches of at most one such tile an SM, where twice the tiles
+ * keep twice the SMs busy at two thirds of the tensor work each.  A row's
+ * arithmetic is the same in both (the same instructions over the same
+ * operands: a wgmma row does not depend on the others), so are its bits.
+ */
+constexpr int SMALL_AGENTS = 8;
 
-template <int NSPLIT> struct wgeom {
+template <int NSPLIT, int AG> struct wgeom {
+    static constexpr int CONSUMERS = (AG * PIXELS + 63) / 64;    /* warpgroups of 64 rows */
+    static constexpr int THREADS = 128 * (CONSUMERS + 1);
+    static constexpr int CONSUMER_WARPS = 4 * CONSUMERS;
+    static constexpr int MASK_AGENTS = (CONSUMERS * 64 + PIXELS - 1) / PIXELS; /* agents the rows touch */
     static constexpr int STAGES = NSPLIT == 1 ? 6 : 3;
     static constexpr int STAGE_BYTES = NSPLIT * WG_SUB_BYTES; /* a multiple of 1024: swizzle atoms */
     /* Tiles of bytes in flight: two in bf16, so that a tile's copy overlaps the masks of the one before. */
     static constexpr int RAW_BUFS = NSPLIT == 1 ? 2 : 1;
-    static constexpr int RAW_BYTES = AGENTS * GK_NMMO3_OBS_BYTES; /* a multiple of 16 */
+    /*
+     * A tile's bytes and, where the tile does not start 16-byte aligned (AG * 1707 is not a
+     * multiple of 16), the up to 15 bytes before it that its aligned bulk copy also brings.
+     */
+    static constexpr int RAW_BYTES = (AG * GK_NMMO3_OBS_BYTES + 16 + 15) / 16 * 16;
     static constexpr int MASK_AT = STAGES * STAGE_BYTES;
-    static constexpr int MASK_WORDS = AGENTS * MAP_PIX;
+    static constexpr int MASK_WORDS = MASK_AGENTS * MAP_PIX;
     static constexpr int RAW_AT = MASK_AT + 2 * MASK_WORDS * 8;
     static constexpr int BAR_AT = RAW_AT + RAW_BUFS * RAW_BYTES;
     /* full/empty a stage, raw full a buffer, mask full/empty x 2 */
@@ -505,6 +546,19 @@ __device__ __forceinline__ void named_sync(int id, int threads)
  */
 constexpr int FW_AGENTS = 8;
 
+/*
+ * Lowers the record to pos (OBS_RECORD_CLEAN: nothing to record) once the
+ * pack kernel, which resets it, has completed; a thread records the least of
+ * its offenders at the end of a pass, never waiting inside its loops.
+ */
+__device__ __forceinline__ void record_after_pack(unsigned long long *rec, unsigned long long pos)
+{
+    if (pos != OBS_RECORD_CLEAN) {
+        griddep_wait();
+        obs_record_offender(rec, pos);
+    }
+}
+
 template <class T>
 __device__ __forceinline__ void features_write(const uint8_t *rw, int b0, int nb, int bt, T *feat,
                                                int ld, const T *embed, unsigned long long *rec)
@@ -512,6 +566,7 @@ __device__ __forceinline__ void features_write(const uint8_t *rw, int b0, int nb
     constexpr int VEC = 16 / sizeof(T), FIRST = 2 * OC; /* conv2's 256 columns come later */
     constexpr int RAW_COL = FIRST + GK_NMMO3_PLAYER_COUNT * GK_NMMO3_EMBED_DIM;
     const int pieces = (ld - FIRST) / VEC;
+    unsigned long long first_bad = OBS_RECORD_CLEAN; /* recorded at the end: see record_after_pack */
     for (int k = bt; k < pieces; k += WG_BUILDERS) {
         const int c0 = FIRST + k * VEC;
         for (int a0 = 0; a0 < nb; a0 += FW_AGENTS) {
@@ -529,7 +584,7 @@ __device__ __forceinline__ void features_write(const uint8_t *rw, int b0, int nb
                     } else {
                         chunk[u] = make_uint4(0, 0, 0, 0);
                         if (d == 0)
-                            obs_record_offender(rec, (unsigned long long)(b0 + a0 + u) * GK_NMMO3_PLAYER_COUNT + j);
+                            first_bad = min(first_bad, (unsigned long long)(b0 + a0 + u) * GK_NMMO3_PLAYER_COUNT + j);
                     }
                 }
             } else {
@@ -560,10 +615,11 @@ __device__ __forceinline__ void features_write(const uint8_t *rw, int b0, int nb
                     *reinterpret_cast<uint4 *>(feat + (size_t)(b0 + a0 + u) * ld + c0) = chunk[u];
         }
     }
+    record_after_pack(rec, first_bad);
 }
 
-template <class T, int NSPLIT>
-__global__ void __launch_bounds__(WG_THREADS, 1)
+template <class T, int NSPLIT, int AG>
+__global__ void __launch_bounds__(wgeom<NSPLIT, AG>::THREADS, 1)
 conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restrict__ pack,
                        const T *__restrict__ bias, T *__restrict__ nchw, int nchw_ld, T *__restrict__ whc,
                        int batch, int tiles, int aligned, unsigned long long *rec,
@@ -571,7 +627,8 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
                        unsigned long long *feat_rec)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using G = wgeom<NSPLIT>;
+    using G = wgeom<NSPLIT, AG>;
+    constexpr int WG_CONSUMER_WARPS = G::CONSUMER_WARPS;
     extern __shared__ unsigned char smem_in[];
     const uint32_t in_at = smem_u32(smem_in), pad = (1024 - (in_at & 1023)) & 1023;
     unsigned char *smem = smem_in + pad;
@@ -604,6 +661,7 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
         /* The weights: every tap of every tile of this block, a stage each, in order. */
         if (lane != 0)
             return;
+        griddep_wait(); /* the pack kernel's output (every block passes here) */
         int stage = 0;
         uint32_t phase = 0;
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x)
@@ -626,13 +684,27 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
          * without branches; the rare bad value is recorded after.
          */
         const int bt = tid - (WG_CONSUMER_WARPS + 1) * 32;
+        /*
+         * Tile t's bytes: b0, their count, and (obs 16-byte aligned) the off bytes before them
+         * from the 16-byte boundary where its bulk copy of `bulk` bytes starts; the buffer's
+         * bytes [bulk, off + bytes) come by byte loads (all of them when obs is unaligned).
+         */
+        struct span {
+            int b0, bytes, off, bulk;
+        };
+        auto span_of = [&](int t) {
+            span p;
+            p.b0 = t * AG, p.bytes = min(AG, batch - p.b0) * GK_NMMO3_OBS_BYTES;
+            p.off = aligned && AG * GK_NMMO3_OBS_BYTES % 16 != 0 ? (int)(((size_t)p.b0 * GK_NMMO3_OBS_BYTES) & 15) : 0;
+            p.bulk = aligned ? (p.off + p.bytes) & ~15 : 0;
+            return p;
+        };
         auto issue_bytes = [&](int t, int rb) {
-            const int b0 = t * AGENTS, bytes = min(AGENTS, batch - b0) * GK_NMMO3_OBS_BYTES;
-            const int bulk = aligned ? bytes & ~15 : 0;
-            if (bulk > 0) {
-                mbar_arrive_tx(raw_full(rb), (uint32_t)bulk);
-                bulk_copy(sbase + G::RAW_AT + rb * G::RAW_BYTES, obs + (size_t)b0 * GK_NMMO3_OBS_BYTES,
-                          (uint32_t)bulk, raw_full(rb));
+            const span p = span_of(t);
+            if (p.bulk > 0) {
+                mbar_arrive_tx(raw_full(rb), (uint32_t)p.bulk);
+                bulk_copy(sbase + G::RAW_AT + rb * G::RAW_BYTES,
+                          obs + (size_t)p.b0 * GK_NMMO3_OBS_BYTES - p.off, (uint32_t)p.bulk, raw_full(rb));
             } else {
                 mbar_arrive(raw_full(rb));
             }
@@ -643,25 +715,26 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
                     issue_bytes(blockIdx.x + rb * gridDim.x, rb);
         int it = 0;
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, it++) {
-            const int b0 = tile * AGENTS, bytes = min(AGENTS, batch - b0) * GK_NMMO3_OBS_BYTES;
-            const int bulk = aligned ? bytes & ~15 : 0;
+            const span p = span_of(tile);
+            const int b0 = p.b0;
             const int rb = it % G::RAW_BUFS;
-            uint8_t *rw = raw + rb * G::RAW_BYTES;
+            uint8_t *rbuf = raw + rb * G::RAW_BYTES, *rw = rbuf + p.off;
             mbar_wait(raw_full(rb), (it / G::RAW_BUFS) & 1);
-            if (bulk < bytes) { /* the bytes no bulk copy brought: all of them when unaligned */
-                const uint8_t *src = obs + (size_t)b0 * GK_NMMO3_OBS_BYTES;
-                for (int k = bulk + bt; k < bytes; k += WG_BUILDERS)
-                    rw[k] = src[k];
+            if (p.bulk < p.off + p.bytes) { /* the bytes no bulk copy brought: all of them when unaligned */
+                const uint8_t *src = obs + (size_t)b0 * GK_NMMO3_OBS_BYTES - p.off;
+                for (int k = p.bulk + bt; k < p.off + p.bytes; k += WG_BUILDERS)
+                    rbuf[k] = src[k];
                 named_sync(1, WG_BUILDERS);
             }
             const int buf = it & 1;
             mbar_wait(mask_empty(buf), ((it >> 1) & 1) ^ 1);
             unsigned long long *mk = masks + buf * G::MASK_WORDS;
+            unsigned long long first_bad = OBS_RECORD_CLEAN;
             for (int i = bt; i < G::MASK_WORDS; i += WG_BUILDERS) {
-                const int a = i / MAP_PIX, p = i - a * MAP_PIX;
+                const int a = i / MAP_PIX, px = i - a * MAP_PIX;
                 unsigned long long m = 0;
-                if (b0 + a < batch) {
-                    const uint8_t *src = rw + a * GK_NMMO3_OBS_BYTES + p * NFEAT;
+                if (a < AG && b0 + a < batch) { /* else a row past the tile or the batch */
+                    const uint8_t *src = rw + a * GK_NMMO3_OBS_BYTES + px * NFEAT;
                     int v[NFEAT];
 #pragma unroll
                     for (int f = 0; f < NFEAT; f++)
@@ -674,14 +747,15 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
                         bad |= (unsigned)!ok << f;
                     }
                     if (bad != 0) /* the first bad feature of the pixel */
-                        obs_record_offender(rec, (unsigned long long)(b0 + a) * MAP_BYTES +
-                                                     (unsigned)(p * NFEAT + __ffs(bad) - 1));
+                        first_bad = min(first_bad, (unsigned long long)(b0 + a) * MAP_BYTES +
+                                                       (unsigned)(px * NFEAT + __ffs(bad) - 1));
                 }
                 mk[i] = m;
             }
+            record_after_pack(rec, first_bad);
             mbar_arrive(mask_full(buf)); /* this thread's masks are written */
             if (feat != nullptr) /* after the handover: the consumers need not wait for it */
-                features_write(rw, b0, min(AGENTS, batch - b0), bt, feat, feat_ld, embed, feat_rec);
+                features_write(rw, b0, min(AG, batch - b0), bt, feat, feat_ld, embed, feat_rec);
             named_sync(1, WG_BUILDERS); /* every builder is done with the bytes */
             const int next = tile + G::RAW_BUFS * (int)gridDim.x;
             if (bt == 0 && next < tiles) {
@@ -784,8 +858,8 @@ conv1_obs_wgmma_kernel(const uint8_t *__restrict__ obs, const uint16_t *__restri
         const int odd = g & 1;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int a = prow[h] / PIXELS, agent = tile * AGENTS + a, pix = prow[h] - a * PIXELS;
-            const bool valid = agent < batch;
+            const int a = prow[h] / PIXELS, agent = tile * AG + a, pix = prow[h] - a * PIXELS;
+            const bool valid = (AG * PIXELS == G::CONSUMERS * 64 || a < AG) && agent < batch; /* rows past the tile */
             T *o = nchw + (size_t)agent * nchw_ld + (pix - odd) + odd * PIXELS;
             T *t = whc + (size_t)agent * C1_ELEMS + ((pix & 3) * 3 + (pix >> 2)) * OC;
 #pragma unroll
@@ -846,14 +920,20 @@ size_t pack_bytes(gk_dtype dt)
     return dt == GK_BF16 ? geom<1>::PACK_BYTES : geom<3>::PACK_BYTES;
 }
 
-/* Packs the weights (and resets the record) for a kernel of layout SW. */
+/* Packs the weights (and resets the record) for a kernel of layout SW, with prep's transforms if given. */
 template <class T, int NSPLIT, bool SW>
-int pack_enqueue(const gk_tensor *w, const gk_cuda_exec *ex, gk_err *err)
+int pack_enqueue(const gk_tensor *w, const conv1_obs_prep *prep, const gk_cuda_exec *ex, gk_err *err)
 {
     unsigned long long *rec = (unsigned long long *)ex->workspace;
     uint16_t *pack = (uint16_t *)((uint8_t *)ex->workspace + GK_CUDA_OBS_RECORD_BYTES);
-    conv1_pack_kernel<T, NSPLIT, SW><<<(TAPS * OC * KC + THREADS - 1) / THREADS, THREADS, 0, ex->stream>>>(
-        (const T *)w->data, pack, rec);
+    const conv1_obs_prep none = {};
+    const conv1_obs_prep p = prep != NULL ? *prep : none;
+    const size_t total = (size_t)TAPS * OC * KC + (p.conv2_r != NULL ? (size_t)OC * OC * 9 : 0) +
+                         (p.proj_p != NULL ? (size_t)p.proj_rows * (size_t)p.proj_ld : 0);
+    size_t grid = (total + THREADS - 1) / THREADS;
+    if (grid > (size_t)ex->sm_count * 8)
+        grid = (size_t)ex->sm_count * 8; /* a grid-stride loop past that */
+    conv1_pack_kernel<T, NSPLIT, SW><<<(unsigned)grid, THREADS, 0, ex->stream>>>((const T *)w->data, pack, rec, p);
     return obs_launch_check("nmmo3 conv1", err);
 }
 
@@ -880,7 +960,7 @@ int launch(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *n
     int rc;
     if (per_sm < 0)
         return per_sm;
-    if ((rc = pack_enqueue<T, NSPLIT, false>(w, ex, err)) != GK_OK)
+    if ((rc = pack_enqueue<T, NSPLIT, false>(w, NULL, ex, err)) != GK_OK)
         return rc;
     const int batch = (int)obs->shape[0], tiles = (batch + AGENTS - 1) / AGENTS;
     if (batch == 0)
@@ -896,29 +976,67 @@ int launch(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *n
     return obs_launch_check("nmmo3 conv1", err);
 }
 
-template <class T, int NSPLIT>
+/*
+ * The pack kernel, then the wgmma kernel launched with programmatic stream
+ * serialisation: its blocks may be dispatched while the pack kernel's last
+ * blocks run (that kernel lets them at its start), and set up their barriers,
+ * copy the tile's bytes and build its masks meanwhile; they wait for the pack
+ * kernel's completion (griddepcontrol.wait) before the first weights copy and
+ * before recording a bad value.  Inside stream capture this becomes a
+ * programmatic edge of the graph.
+ */
+template <class T, int NSPLIT, int AG>
 int launch_wgmma(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw, int nchw_ld,
-                 void *whc, const conv1_obs_features *f, const gk_cuda_exec *ex, gk_err *err)
+                 void *whc, const conv1_obs_features *f, const conv1_obs_prep *prep, const gk_cuda_exec *ex,
+                 gk_err *err)
 {
-    using G = wgeom<NSPLIT>;
-    auto kernel = conv1_obs_wgmma_kernel<T, NSPLIT>;
-    const int per_sm = smem_ready(kernel, WG_THREADS, G::SMEM, err);
+    using G = wgeom<NSPLIT, AG>;
+    auto kernel = conv1_obs_wgmma_kernel<T, NSPLIT, AG>;
+    const int per_sm = smem_ready(kernel, G::THREADS, G::SMEM, err);
     int rc;
     if (per_sm < 0)
         return per_sm;
-    if ((rc = pack_enqueue<T, NSPLIT, true>(w, ex, err)) != GK_OK)
+    if ((rc = pack_enqueue<T, NSPLIT, true>(w, prep, ex, err)) != GK_OK)
         return rc;
-    const int batch = (int)obs->shape[0], tiles = (batch + AGENTS - 1) / AGENTS;
+    const int batch = (int)obs->shape[0], tiles = (batch + AG - 1) / AG;
     if (batch == 0)
         return GK_OK;
     const int grid = tiles < ex->sm_count * per_sm ? tiles : ex->sm_count * per_sm;
     const int aligned = (uintptr_t)obs->data % 16 == 0;
-    kernel<<<(unsigned)grid, WG_THREADS, G::SMEM, ex->stream>>>(
-        (const uint8_t *)obs->data,
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)grid);
+    cfg.blockDim = dim3(G::THREADS);
+    cfg.dynamicSmemBytes = G::SMEM;
+    cfg.stream = ex->stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    const cudaError_t e = cudaLaunchKernelEx(
+        &cfg, kernel, (const uint8_t *)obs->data,
         (const uint16_t *)((uint8_t *)ex->workspace + GK_CUDA_OBS_RECORD_BYTES), (const T *)b->data,
         (T *)nchw, nchw_ld, (T *)whc, batch, tiles, aligned, (unsigned long long *)ex->workspace,
         f ? (T *)f->rows : nullptr, f ? f->ld : 0, f ? (const T *)f->embed : nullptr, f ? f->rec : nullptr);
+    if (e != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "nmmo3 conv1 (cuda): launch: %s", cudaGetErrorString(e));
     return obs_launch_check("nmmo3 conv1", err);
+}
+
+/*
+ * The wgmma kernel with the tile for the batch: SMALL_AGENTS where the
+ * batch's tiles of them fit one an SM but its tiles of AGENTS would leave
+ * at least half the SMs idle (B <= 1056 on 132 SMs).
+ */
+template <class T, int NSPLIT>
+int launch_wgmma_for(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw, int nchw_ld,
+                     void *whc, const conv1_obs_features *f, const conv1_obs_prep *prep,
+                     const gk_cuda_exec *ex, gk_err *err)
+{
+    const int64_t batch = obs->shape[0];
+    if (batch > 0 && (batch + SMALL_AGENTS - 1) / SMALL_AGENTS <= (int64_t)ex->sm_count)
+        return launch_wgmma<T, NSPLIT, SMALL_AGENTS>(w, b, obs, nchw, nchw_ld, whc, f, prep, ex, err);
+    return launch_wgmma<T, NSPLIT, AGENTS>(w, b, obs, nchw, nchw_ld, whc, f, prep, ex, err);
 }
 
 } // namespace
@@ -932,8 +1050,9 @@ int conv1_obs_enqueue(const gk_tensor *w, const gk_tensor *b, const gk_tensor *o
     if ((uintptr_t)ex->workspace % 16 != 0)
         return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): the workspace must be 16-byte aligned");
     if (variant == CONV1_OBS_WGMMA)
-        return w->dtype == GK_BF16 ? launch_wgmma<uint16_t, 1>(w, b, obs, nchw, C1_ELEMS, whc, NULL, ex, err)
-                                   : launch_wgmma<float, 3>(w, b, obs, nchw, C1_ELEMS, whc, NULL, ex, err);
+        return w->dtype == GK_BF16
+                   ? launch_wgmma_for<uint16_t, 1>(w, b, obs, nchw, C1_ELEMS, whc, NULL, NULL, ex, err)
+                   : launch_wgmma_for<float, 3>(w, b, obs, nchw, C1_ELEMS, whc, NULL, NULL, ex, err);
     if (variant == CONV1_OBS_WEIGHTS_A)
         return w->dtype == GK_BF16 ? launch<uint16_t, 1, true>(w, b, obs, nchw, whc, ex, err)
                                    : launch<float, 3, true>(w, b, obs, nchw, whc, ex, err);
@@ -941,39 +1060,59 @@ int conv1_obs_enqueue(const gk_tensor *w, const gk_tensor *b, const gk_tensor *o
                                : launch<float, 3, false>(w, b, obs, nchw, whc, ex, err);
 }
 
-int conv1_obs_enqueue_strided(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw,
-                              int64_t nchw_ld, void *whc, const gk_cuda_exec *ex, gk_err *err)
+int conv1_obs_enqueue_forward(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw,
+                             int64_t nchw_ld, void *whc, const conv1_obs_features *f,
+                             const conv1_obs_prep *prep, const gk_cuda_exec *ex, gk_err *err)
 {
     int rc;
     const size_t es = gk_dtype_size(w->dtype);
-    if (nchw_ld < C1_ELEMS || nchw_ld > INT32_MAX || (uintptr_t)nchw % 16 != 0 || (size_t)nchw_ld * es % 16 != 0)
+    if (nchw != NULL && nchw_ld != C1_ELEMS &&
+        (nchw_ld < C1_ELEMS || nchw_ld > INT32_MAX || (uintptr_t)nchw % 16 != 0 || (size_t)nchw_ld * es % 16 != 0))
         return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): strided rows must be 16-byte aligned, of >= %d "
                        "elements a multiple of 16 bytes (got %lld)", C1_ELEMS, (long long)nchw_ld);
+    if (f != NULL && (f->rows == NULL || f->embed == NULL || f->rec == NULL || f->ld < GK_NMMO3_FEATURES ||
+                      (uintptr_t)f->rows % 16 != 0 || (uintptr_t)f->embed % 16 != 0 || (size_t)f->ld * es % 16 != 0))
+        return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): features rows, embedding and record "
+                       "must be given, 16-byte aligned, rows of >= %d elements a multiple of 16 bytes",
+                       GK_NMMO3_FEATURES);
+    if (prep != NULL && ((prep->conv2_r != NULL && prep->conv2_w == NULL) ||
+                         (prep->proj_p != NULL &&
+                          (prep->proj_w == NULL || prep->proj_rows < 0 || prep->proj_ld < GK_NMMO3_FEATURES ||
+                           (int64_t)prep->proj_rows * prep->proj_ld > INT32_MAX - (1 << 20)))))
+        return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): a weight transform without its source, or "
+                       "padded rows shorter than %d, or more than 2^31 elements of them", GK_NMMO3_FEATURES);
     if ((rc = obs_workspace_check(ex, pack_bytes(w->dtype), "nmmo3 conv1", err)))
         return rc;
     if ((uintptr_t)ex->workspace % 16 != 0)
         return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): the workspace must be 16-byte aligned");
-    return w->dtype == GK_BF16 ? launch_wgmma<uint16_t, 1>(w, b, obs, nchw, (int)nchw_ld, whc, NULL, ex, err)
-                               : launch_wgmma<float, 3>(w, b, obs, nchw, (int)nchw_ld, whc, NULL, ex, err);
+    const int ld = nchw != NULL ? (int)nchw_ld : C1_ELEMS;
+    return w->dtype == GK_BF16 ? launch_wgmma_for<uint16_t, 1>(w, b, obs, nchw, ld, whc, f, prep, ex, err)
+                               : launch_wgmma_for<float, 3>(w, b, obs, nchw, ld, whc, f, prep, ex, err);
+}
+
+int conv1_obs_one_tile_a_block(int64_t batch, int sm_count)
+{
+    /* the wgmma kernel runs one block an SM (its shared memory), so its grid is min(tiles, SMs) */
+    return (batch + AGENTS - 1) / AGENTS <= (int64_t)sm_count; /* then also with SMALL_AGENTS' tiles */
+}
+
+int conv1_obs_enqueue_strided(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw,
+                              int64_t nchw_ld, void *whc, const gk_cuda_exec *ex, gk_err *err)
+{
+    const size_t es = gk_dtype_size(w->dtype);
+    if (nchw_ld < C1_ELEMS || nchw_ld > INT32_MAX || (uintptr_t)nchw % 16 != 0 || (size_t)nchw_ld * es % 16 != 0)
+        return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): strided rows must be 16-byte aligned, of >= %d "
+                       "elements a multiple of 16 bytes (got %lld)", C1_ELEMS, (long long)nchw_ld);
+    return conv1_obs_enqueue_forward(w, b, obs, nchw, nchw_ld, whc, NULL, NULL, ex, err);
 }
 
 int conv1_obs_enqueue_features(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs,
                                void *nchw, void *whc, const conv1_obs_features *f,
                                const gk_cuda_exec *ex, gk_err *err)
 {
-    int rc;
-    const size_t es = gk_dtype_size(w->dtype);
-    if (f->rows == NULL || f->embed == NULL || f->rec == NULL || f->ld < GK_NMMO3_FEATURES ||
-        (uintptr_t)f->rows % 16 != 0 || (uintptr_t)f->embed % 16 != 0 || (size_t)f->ld * es % 16 != 0)
-        return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): features rows, embedding and record "
-                       "must be given, 16-byte aligned, rows of >= %d elements a multiple of 16 bytes",
-                       GK_NMMO3_FEATURES);
-    if ((rc = obs_workspace_check(ex, pack_bytes(w->dtype), "nmmo3 conv1", err)))
-        return rc;
-    if ((uintptr_t)ex->workspace % 16 != 0)
-        return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): the workspace must be 16-byte aligned");
-    return w->dtype == GK_BF16 ? launch_wgmma<uint16_t, 1>(w, b, obs, nchw, C1_ELEMS, whc, f, ex, err)
-                               : launch_wgmma<float, 3>(w, b, obs, nchw, C1_ELEMS, whc, f, ex, err);
+    if (f == NULL)
+        return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): features rows, embedding and record must be given");
+    return conv1_obs_enqueue_forward(w, b, obs, nchw, C1_ELEMS, whc, f, NULL, ex, err);
 }
 
 extern "C" int gk_cuda_nmmo3_conv1_workspace_bytes(const gk_tensor *conv1_w, size_t *bytes,

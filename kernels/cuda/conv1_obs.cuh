@@ -72,6 +72,37 @@ int conv1_obs_enqueue_features(const gk_tensor *w, const gk_tensor *b, const gk_
                                void *nchw, void *whc, const conv1_obs_features *f,
                                const gk_cuda_exec *ex, gk_err *err);
 
+/* Whether the default kernel gives each of its blocks at most one tile of a batch of this size. */
+int conv1_obs_one_tile_a_block(int64_t batch, int sm_count);
+
+/*
+ * The nmmo3 forward's other per-call weight transforms, done by conv1's
+ * weight-packing kernel in the same launch (one kernel before conv1 instead
+ * of four stream operations): another error record reset; conv2_w (128, 128,
+ * 3, 3) reordered to (oc, kw, kh, c) into conv2_r; proj_w (proj_rows, 1817)
+ * copied into rows of proj_ld >= 1817 elements at proj_p, zeros in the
+ * padding.  All of the weights' dtype; a NULL destination: not done.
+ */
+typedef struct conv1_obs_prep {
+    unsigned long long *rec;
+    const void *conv2_w;
+    void *conv2_r;
+    const void *proj_w;
+    void *proj_p;
+    int proj_rows, proj_ld;
+} conv1_obs_prep;
+
+/*
+ * The default (wgmma) kernel as the forward calls it: nchw (may be NULL)
+ * with agent rows nchw_ld elements apart (as conv1_obs_enqueue_strided when
+ * not 1536), whc (may be NULL), the features columns when f is given (as
+ * conv1_obs_enqueue_features), and prep's transforms when given.  The two
+ * calls above are this one with fewer parts.
+ */
+int conv1_obs_enqueue_forward(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw,
+                              int64_t nchw_ld, void *whc, const conv1_obs_features *f,
+                              const conv1_obs_prep *prep, const gk_cuda_exec *ex, gk_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -17,6 +17,19 @@
  * The choice is cached in the handle (each execution slot has its own; the
  * heuristic is deterministic, so every slot picks the same).  Descriptors
  * live on the stack (the *Init calls): nothing is allocated per call.
+ *
+ * bf16 inputs get two size classes, each with its own algorithm: n below
+ * SMALL_N_LIMIT (rollout batches) and the rest.  The large-n algorithm's big
+ * tiles leave most SMs idle at n = 1024 (the encoder's projection: 16 CTAs,
+ * 22 us; conv2: 16 CTAs, 10.5 us; ncu on the H200, 2026-11-30), and the bits
+ * do not change with the class: every no-split-K algorithm cuBLASLt 13.1
+ * offered for the encoder's two bf16 shapes (16 each, tile shapes 64 to 256
+ * wide) gave bitwise the large-n algorithm's output at n = 1024, 2048 and
+ * 32768 (encoder_bench --gemms): each accumulates an output's k in the same
+ * order with the same bf16 wgmma instruction (fp32 accumulation), so a
+ * column does not see the tile it belongs to.  tests/gpu_obs checks rows
+ * bitwise across the classes.  f32 (true fp32, not wgmma) keeps one
+ * algorithm for every n: there the equality was not measured.
  */
 #include <string.h>
 
@@ -26,6 +39,15 @@ namespace {
 
 /* The n the heuristic sees: a large batch, where split-K would never pay anyway. */
 constexpr int REPRESENTATIVE_N = 8192;
+/* bf16 n below this: the small class, whose algorithm the heuristic picks for SMALL_N. */
+constexpr int SMALL_N_LIMIT = 4096;
+constexpr int SMALL_N = 1024;
+
+/* The representative n of g's size class (see the top of the file). */
+int class_n(const gk_cuda_gemm *g)
+{
+    return g->type == CUDA_R_16BF && g->n < SMALL_N_LIMIT ? SMALL_N : REPRESENTATIVE_N;
+}
 
 /* Largest power of two <= 16 that divides every byte offset the kernel may start a row at. */
 uint32_t alignment_of(int64_t ld, int64_t stride, int batch, size_t elem)
@@ -98,13 +120,16 @@ cublasStatus_t descs_init(gemm_descs *d, const gk_cuda_gemm *g, int n)
     return st;
 }
 
-/* g without what may change between calls of one shape: n and the pointers (bias: whether one). */
+/*
+ * g without what may change between calls of one shape: the pointers (bias: whether one) and n,
+ * of which only its size class's representative stays.
+ */
 gk_cuda_gemm shape_key(const gk_cuda_gemm *g)
 {
     gk_cuda_gemm k;
     memset(&k, 0, sizeof k); /* padding too: keys are compared with memcmp */
     k.trans_a = g->trans_a, k.trans_b = g->trans_b;
-    k.m = g->m, k.k = g->k, k.type = g->type, k.batch = g->batch;
+    k.m = g->m, k.n = class_n(g), k.k = g->k, k.type = g->type, k.batch = g->batch;
     k.lda = g->lda, k.stride_a = g->stride_a;
     k.ldb = g->ldb, k.stride_b = g->stride_b;
     k.c_type = g->c_type, k.ldc = g->ldc, k.stride_c = g->stride_c;
@@ -116,7 +141,7 @@ gk_cuda_gemm shape_key(const gk_cuda_gemm *g)
 cublasStatus_t algo_choose(gk_cuda_blas *bl, const gk_cuda_gemm *g, cublasLtMatmulAlgo_t *algo)
 {
     gemm_descs d;
-    cublasStatus_t st = descs_init(&d, g, REPRESENTATIVE_N);
+    cublasStatus_t st = descs_init(&d, g, class_n(g));
     if (st != CUBLAS_STATUS_SUCCESS)
         return st;
     cublasLtMatmulPreferenceOpaque_t po;

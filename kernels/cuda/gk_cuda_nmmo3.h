@@ -10,7 +10,13 @@
  * rewards 10] -> optionally the projection relu(features . proj_w^T +
  * proj_b): a cuBLAS GEMM (fp32 accumulation and output, true fp32 for f32)
  * and a bias + ReLU kernel when ex->blas is given, else a 1x1 convolution.
- * The workspace covers both.  Shapes and dtypes as
+ * The workspace covers both.  Before conv1, one kernel makes every per-call
+ * weight transform (conv1's packed weights, conv2_w in window order, proj_w
+ * with padded rows) and resets the error records; conv1 is launched as its
+ * programmatic dependent (its prologue overlaps it).  Rollout batches (at
+ * most one conv1 tile an SM) take conv1's smaller tiles, the features rows
+ * written inside conv1's kernel and the GEMMs' small-n algorithms: a row's
+ * bytes are the same at every batch size (tests/gpu_obs).  Shapes and dtypes as
  * gk_nmmo3_forward_check.  Data values are validated on the device: after
  * the caller has synchronised ex->stream, gk_cuda_nmmo3_status returns
  * GK_ERANGE with the CPU kernel's message (a map value first, as the CPU

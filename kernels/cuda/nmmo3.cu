@@ -304,34 +304,6 @@ relu_mask_kernel(const T *__restrict__ hidden, unsigned rows, unsigned cols,
     }
 }
 
-/* conv2_w (oc, c, kh, kw) -> (oc, kw, kh, c), the order of conv1's (B, 4, 3, 128) windows. */
-template <typename T>
-__global__ void __launch_bounds__(THREADS)
-conv2_reorder_kernel(const T *__restrict__ w, T *__restrict__ out)
-{
-    constexpr unsigned K = GK_NMMO3_CONV_CH * 9, total = GK_NMMO3_CONV_CH * K;
-    for (unsigned k = blockIdx.x * blockDim.x + threadIdx.x; k < total; k += gridDim.x * blockDim.x) {
-        const unsigned oc = k / K, r = k - oc * K;
-        const unsigned kw = r / 384, kh = (r - kw * 384) / 128, c = r & 127;
-        out[k] = w[(size_t)oc * K + c * 9 + kh * 3 + kw];
-    }
-}
-
-/* proj_w (hidden, 1817) -> (hidden, FEAT_LD), zeros in the padding. */
-template <typename T>
-__global__ void __launch_bounds__(THREADS)
-pad_rows_kernel(const T *__restrict__ w, T *__restrict__ out, unsigned rows)
-{
-    const unsigned total = rows * FEAT_LD;
-    for (unsigned k = blockIdx.x * blockDim.x + threadIdx.x; k < total; k += gridDim.x * blockDim.x) {
-        const unsigned r = k / FEAT_LD, c = k - r * FEAT_LD;
-        if (c < GK_NMMO3_FEATURES)
-            out[k] = w[(size_t)r * GK_NMMO3_FEATURES + c];
-        else
-            store_f(out, k, 0.0f);
-    }
-}
-
 unsigned grid_for(size_t total, int sm_count)
 {
     size_t grid = (total + THREADS - 1) / THREADS;
@@ -524,43 +496,44 @@ int forward_run(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor
     gk_cuda_exec e_c1 = exec_at(ex, l.conv1, l.conv1_bytes);
     gk_cuda_exec e_conv = exec_at(ex, l.scratch, ex->workspace_bytes - l.scratch);
     unsigned long long *rec = (unsigned long long *)ws;
-    cudaError_t ce = cudaMemsetAsync(rec, 0xff, sizeof *rec, ex->stream);
-    if (ce != cudaSuccess)
-        return gk_fail(err, GK_EDEVICE, "nmmo3 forward (cuda): resetting the error record: %s",
-                       cudaGetErrorString(ce));
+    cudaError_t ce;
     const unsigned ld = padded ? FEAT_LD : GK_NMMO3_FEATURES;
+    const int projecting = gk_tensor_present(hidden);
     /*
      * Padded rows and an aligned embedding: 16-byte pieces of rows; fused, conv1's kernel
      * writes every column but conv2's while it runs (its producer warps have the bytes at
-     * hand), and conv2's follow.
+     * hand), and conv2's follow.  NMMO3_ROWS_AUTO fuses where that is free (nmmo3_rows.h).
      */
     const int embed16 = (uintptr_t)w->embed.data % 16 == 0;
     const int rows16 = ld == FEAT_LD && (embed16 || saving);
-    const int fused = rows16 && !saving && rows_way == NMMO3_ROWS_FUSED;
-    if (saving) {
-        rc = conv1_obs_enqueue_strided(&w->conv1_w, &w->conv1_b, obs, sv + s_c1, (int64_t)(srow / es), c1_whc,
-                                       &e_c1, err);
-    } else if (fused) {
-        const conv1_obs_features f = {feat, FEAT_LD, w->embed.data, rec};
-        rc = conv1_obs_enqueue_features(&w->conv1_w, &w->conv1_b, obs, c1_nchw, c1_whc, &f, &e_c1, err);
-    } else {
-        rc = conv1_obs_enqueue(&w->conv1_w, &w->conv1_b, obs, c1_nchw, c1_whc, CONV1_OBS_DEFAULT, &e_c1,
-                               err);
-    }
+    const int fused = rows16 && !saving &&
+                      (rows_way == NMMO3_ROWS_FUSED ||
+                       (rows_way == NMMO3_ROWS_AUTO && conv1_obs_one_tile_a_block(B, ex->sm_count)));
+    /*
+     * Every per-call weight transform and both error records' resets in conv1's packing kernel
+     * (conv1_obs_prep): conv2_w reordered for the GEMM, proj_w's rows padded for the projection.
+     */
+    void *w2r = ws + l.w2r;
+    const int pad_proj = projecting && blas && ld == FEAT_LD;
+    void *proj_pad = pad_proj ? ws + l.scratch + l.proj_pw : NULL;
+    const conv1_obs_prep prep = {rec,
+                                 w->conv2_w.data,
+                                 conv2_gemm ? w2r : NULL,
+                                 pad_proj ? w->proj_w.data : NULL,
+                                 pad_proj ? proj_pad : NULL,
+                                 pad_proj ? (int)w->proj_w.shape[0] : 0,
+                                 FEAT_LD};
+    const conv1_obs_features f = {feat, FEAT_LD, w->embed.data, rec};
+    if (saving)
+        rc = conv1_obs_enqueue_forward(&w->conv1_w, &w->conv1_b, obs, sv + s_c1, (int64_t)(srow / es), c1_whc,
+                                       NULL, &prep, &e_c1, err);
+    else
+        rc = conv1_obs_enqueue_forward(&w->conv1_w, &w->conv1_b, obs, c1_nchw, GK_NMMO3_CONV_CH * 12, c1_whc,
+                                       fused ? &f : NULL, &prep, &e_c1, err);
     if (rc != GK_OK)
         return rc;
     const cudaDataType_t cdt = dt == GK_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     if (conv2_gemm) {
-        void *w2r = ws + l.w2r;
-        const unsigned rg = grid_for((size_t)GK_NMMO3_CONV_CH * GK_NMMO3_CONV_CH * 9, ex->sm_count);
-        if (dt == GK_BF16)
-            conv2_reorder_kernel<__nv_bfloat16><<<rg, THREADS, 0, ex->stream>>>(
-                (const __nv_bfloat16 *)w->conv2_w.data, (__nv_bfloat16 *)w2r);
-        else
-            conv2_reorder_kernel<float><<<rg, THREADS, 0, ex->stream>>>((const float *)w->conv2_w.data,
-                                                                       (float *)w2r);
-        if ((rc = obs_launch_check("nmmo3 forward", err)) != GK_OK)
-            return rc;
         /* (B x 1152 at rows 1536 apart, offset 384 ow) . w2r^T -> fp32 (B, ow, 128), column-major
          * view; a fixed algorithm, so that a row's bits do not depend on B (merged batches). */
         const int K2 = GK_NMMO3_CONV_CH * 9;
@@ -578,7 +551,6 @@ int forward_run(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor
                                          err)))
             return rc;
     }
-    const int projecting = gk_tensor_present(hidden);
     const unsigned rows = (unsigned)B;
     const unsigned grid = rows < (unsigned)ex->sm_count * 8 ? (rows ? rows : 1) : (unsigned)ex->sm_count * 8;
     const uint8_t *o = (const uint8_t *)obs->data;
@@ -633,20 +605,7 @@ int forward_run(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor
      * gets padded rows when the features have them.
      */
     float *acc = dt == GK_BF16 ? (float *)(ws + l.scratch) : (float *)hidden->data;
-    const void *pw = w->proj_w.data;
-    if (ld == FEAT_LD) {
-        void *pad = ws + l.scratch + l.proj_pw;
-        const unsigned pg = grid_for((size_t)H * FEAT_LD, ex->sm_count);
-        if (dt == GK_BF16)
-            pad_rows_kernel<__nv_bfloat16><<<pg, THREADS, 0, ex->stream>>>(
-                (const __nv_bfloat16 *)pw, (__nv_bfloat16 *)pad, (unsigned)H);
-        else
-            pad_rows_kernel<float><<<pg, THREADS, 0, ex->stream>>>((const float *)pw, (float *)pad,
-                                                                  (unsigned)H);
-        if ((rc = obs_launch_check("nmmo3 forward", err)) != GK_OK)
-            return rc;
-        pw = pad;
-    }
+    const void *pw = pad_proj ? proj_pad : w->proj_w.data; /* padded by conv1's packing kernel */
     gk_cuda_gemm gp = {};
     gp.trans_a = CUBLAS_OP_T, gp.trans_b = CUBLAS_OP_N;
     gp.m = (int)H, gp.n = (int)B, gp.k = (int)ld, gp.type = cdt, gp.batch = 1;

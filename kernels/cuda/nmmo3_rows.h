@@ -19,10 +19,18 @@ extern "C" {
  * (conv1_obs_enqueue_features) and the pass after conv2 writes conv2's.
  * Measured on the H200 (tests/bench/OBS_RESULTS.md), bf16 B = 32768 hidden
  * 512: assembled 524 us, fused 666 us (its three builder warps, which also
- * make the masks, become the kernel's critical path: inferred, not profiled),
- * so ASSEMBLED is the default; FUSED stays tested and timed beside it.
+ * make the masks, become the kernel's critical path: inferred, not profiled).
+ * AUTO, the default: FUSED where each of conv1's blocks has one tile
+ * (conv1_obs_one_tile_a_block: rollout batches), whose builder warps are idle
+ * while the tensor cores run, else ASSEMBLED.  The rows' bytes are the same
+ * either way (tests/gpu_obs).
  */
-enum { NMMO3_ROWS_ASSEMBLED = 0, NMMO3_ROWS_FUSED = 1, NMMO3_ROWS_DEFAULT = NMMO3_ROWS_ASSEMBLED };
+enum {
+    NMMO3_ROWS_ASSEMBLED = 0,
+    NMMO3_ROWS_FUSED = 1,
+    NMMO3_ROWS_AUTO = 2,
+    NMMO3_ROWS_DEFAULT = NMMO3_ROWS_AUTO
+};
 
 /* gk_cuda_nmmo3_forward_keep, its padded rows written as rows_way (NMMO3_ROWS_*) says. */
 int nmmo3_forward_rows(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *features,

@@ -27,7 +27,10 @@
  * message.  The projection runs through cuBLAS (a handle given) and as a
  * 1x1 convolution (none); with a handle also hidden alone (features in the
  * workspace, conv1's output not kept), its padded rows written both ways of
- * nmmo3_rows.h (a bad player value too).  GPUCD_TEST_SMALL: B <= 37 only (for
+ * nmmo3_rows.h (a bad player value too).  Rows across batch sizes: the hidden and the
+ * features (and conv1's output) of 1000 agents alone bitwise equal to the same agents' rows
+ * inside batches of 2000 and 4500 (conv1's tile sizes, the fused and assembled rows, the GEMMs'
+ * size classes all differ between them).  GPUCD_TEST_SMALL: B <= 37 only (for
  * compute-sanitizer).  Exits 77 (skipped) without a CUDA device.
  */
 #include <setjmp.h>
@@ -428,7 +431,8 @@ static double rel_err_dt(const void *got, const void *ref, gk_dtype dt, size_t n
  * Runs the GPU forward on the host observations `obs`; returns its status; outputs to host.
  * mode: FWD_BLAS, a cuBLAS handle; FWD_HIDDEN_ONLY, hidden alone through gk_cuda_nmmo3_forward
  * (features in the workspace with padded rows, conv1's output not kept); FWD_OTHER_ROWS, hidden
- * alone with the padded rows written the way that is not the default (nmmo3_rows.h).
+ * alone with the padded rows assembled after conv2 (nmmo3_rows.h; at these batch sizes the
+ * default fuses them into conv1's kernel).
  */
 enum { FWD_BLAS = 1, FWD_HIDDEN_ONLY = 2, FWD_OTHER_ROWS = 4 };
 
@@ -456,7 +460,7 @@ static int fwd_gpu(fwd_setup *s, const uint8_t *obs, int mode, void *feat, void 
     gk_cuda_exec ex = exec_make(g_sms, ws, ws_bytes);
     ex.blas = blas ? g_blas : NULL;
     if (mode & FWD_OTHER_ROWS
-            ? nmmo3_forward_rows(&s->dw, &tobs, NULL, &th, NULL, !NMMO3_ROWS_DEFAULT, &ex, err)
+            ? nmmo3_forward_rows(&s->dw, &tobs, NULL, &th, NULL, NMMO3_ROWS_ASSEMBLED, &ex, err)
         : only ? gk_cuda_nmmo3_forward(&s->dw, &tobs, NULL, &th, &ex, err)
                : gk_cuda_nmmo3_forward_keep(&s->dw, &tobs, &tf, s->hidden ? &th : NULL, &tc, &ex, err))
         fail_msg("forward: %s", err->msg);
@@ -704,6 +708,68 @@ static void test_conv1_features(void **state)
     }
 }
 
+/*
+ * A row's bytes must not depend on the batch around it (the daemon merges requests and splits
+ * large ones).  BASE agents alone take conv1's 8-agent tiles, the features rows fused into conv1's
+ * kernel and the GEMMs' small-n algorithms (gemm_fixed.cu); the same observations at rows [at, at +
+ * BASE) of 2000 agents take 16-agent tiles, one a block, and of 4500 agents several tiles a block,
+ * the rows assembled after conv2 and the large-n algorithms.  Hidden alone (the rollout forward)
+ * and features with conv1's kept output, random weights (not exact in any order).
+ */
+static void rows_case(gk_dtype dt, int64_t hidden)
+{
+    enum { BASE = 1000 };
+    const int64_t bigs[2] = {2000, 4500}, ats[2] = {517, 3333};
+    const size_t es = gk_dtype_size(dt);
+    const size_t width = hidden ? (size_t)hidden : GK_NMMO3_FEATURES;
+    fwd_setup s = fwd_setup_make(dt, BASE, hidden);
+    const int mode = hidden ? FWD_BLAS | FWD_HIDDEN_ONLY : FWD_BLAS;
+    uint8_t *big = th_xmalloc((size_t)bigs[1] * OBS);
+    void *out = th_xmalloc((size_t)bigs[1] * width * es), *base = th_xmalloc((size_t)BASE * width * es);
+    void *c1 = th_xmalloc((size_t)bigs[1] * C1 * es), *c1_base = th_xmalloc((size_t)BASE * C1 * es);
+    gk_err err;
+    if (fwd_gpu(&s, s.obs, mode, base, base, c1_base, &err))
+        fail_msg("forward of %d agents: %s", BASE, err.msg);
+    for (int i = 0; i < 2; i++) {
+        th_fill_nmmo3_obs(big, (size_t)bigs[i]);
+        memcpy(big + (size_t)ats[i] * OBS, s.obs, (size_t)BASE * OBS);
+        s.batch = bigs[i];
+        if (fwd_gpu(&s, big, mode, out, out, c1, &err))
+            fail_msg("forward of %lld agents: %s", (long long)bigs[i], err.msg);
+        s.batch = BASE;
+        const char *what = hidden ? "hidden" : "features";
+        for (int64_t r = 0; r < BASE; r++) {
+            if (memcmp((uint8_t *)base + (size_t)r * width * es,
+                       (uint8_t *)out + (size_t)(ats[i] + r) * width * es, width * es) != 0)
+                fail_msg("%s %s: row %lld of %d agents differs at row %lld of %lld", gk_dtype_name(dt), what,
+                         (long long)r, BASE, (long long)(ats[i] + r), (long long)bigs[i]);
+            if (!hidden && memcmp((uint8_t *)c1_base + (size_t)r * C1 * es,
+                                  (uint8_t *)c1 + (size_t)(ats[i] + r) * C1 * es, C1 * es) != 0)
+                fail_msg("%s c1: row %lld of %d agents differs at row %lld of %lld", gk_dtype_name(dt),
+                         (long long)r, BASE, (long long)(ats[i] + r), (long long)bigs[i]);
+        }
+        printf("ok %s %s%s: %d rows alone bitwise equal to rows %lld.. of %lld\n", gk_dtype_name(dt), what,
+               hidden ? "" : " and c1", BASE, (long long)ats[i], (long long)bigs[i]);
+    }
+    free(big);
+    free(out);
+    free(base);
+    free(c1);
+    free(c1_base);
+    fwd_setup_free(&s);
+}
+
+static void test_nmmo3_rows_across_batches(void **state)
+{
+    (void)state;
+    if (g_small) /* batches of thousands: not for compute-sanitizer */
+        return;
+    for (int d = 0; d < 2; d++) {
+        rows_case(d ? GK_BF16 : GK_F32, 512);
+        rows_case(d ? GK_BF16 : GK_F32, 0);
+    }
+}
+
 int main(int argc, char **argv)
 {
     th_init(argc, argv);
@@ -727,6 +793,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_conv1_features),
         cmocka_unit_test(test_nmmo3_forward),
         cmocka_unit_test(test_nmmo3_forward_bad),
+        cmocka_unit_test(test_nmmo3_rows_across_batches),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gk_cuda_blas_close(g_blas);
