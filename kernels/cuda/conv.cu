@@ -12,14 +12,18 @@
  *            stride phase (h % sh, w % sw):
  *            M = N*(H/sh)*(W/sw), N = C, K = OC * (the taps kh, kw that reach that
  *            phase): A = dy gathered, B = w.
- *   wgrad    M = OC, N = C*KH*KW, K = N*OH*OW: A = dy rows, B = x gathered; db is a
- *            separate reduction (split over samples, or one block per channel).
+ *   wgrad    bf16 with C <= 64, OC <= 128, KW <= 5, no padding, OH*OW a multiple of 4:
+ *            conv_wgrad_tile.cuh (a block a kernel row kh and a part of the samples,
+ *            a wgmma warpgroup a tap; db from a constant-1 channel when C < 64).
+ *            Otherwise M = OC, N = C*KH*KW, K = N*OH*OW: A = dy rows, B = x gathered;
+ *            db is a separate reduction (split over samples, or one block per channel).
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "gk_cuda.h"
 #include "conv_fwd_tile.cuh"
+#include "conv_wgrad_tile.cuh"
 #include "dgrad_tile.cuh"
 #include "igemm.cuh"
 
@@ -656,6 +660,202 @@ int fwd_tile_run(const conv_shape &s, const fwd_tile_plan &d, const uint16_t *x,
     return launch_check<uint16_t>("forward", err);
 }
 
+/*
+ * The staged bf16 weight gradient (conv_wgrad_tile.cuh), where wgrad_tile_plan_of says
+ * it applies; the bias gradient comes with it when C < 64.  Measured on the H200 against
+ * the implicit GEMM: tests/bench/RESULTS.md.
+ */
+struct wgrad_tile_plan {
+    bool fits;
+    int sb, ks, depth, nj, pc, rb, cg8, cgw, ones, RS, SS, slot_bytes, xraw_bytes, smem;
+    int nsteps, parts;
+    size_t ws_bytes;
+};
+
+int gcd_of(int a, int b) { return b == 0 ? a : gcd_of(b, a % b); }
+
+/*
+ * Bank-group collisions of the weight gradient's A ldmatrix phases: for each tap kw, each
+ * 8 consecutive output pixels k of a stage read slots slot(k) + kw; the cost is the sum of
+ * the most slots sharing a residue mod 8.  The best (RS, SS) of 8 x 8 candidates, kept per
+ * thread for a few shapes (as fwd_tile_strides).
+ */
+void wgrad_tile_strides(const conv_shape &s, int sb, int width, int *RS, int *SS)
+{
+    struct remembered {
+        int sb, width, OH, OW, sw, KW, rs, ss;
+    };
+    enum { REMEMBERED = 8 };
+    static thread_local remembered seen[REMEMBERED];
+    static thread_local int nseen, next_evicted;
+    for (int i = 0; i < nseen; i++) {
+        const remembered &o = seen[i];
+        if (o.sb == sb && o.width == width && o.OH == s.OH && o.OW == s.OW && o.sw == s.sw &&
+            o.KW == s.KW) {
+            *RS = o.rs;
+            *SS = o.ss;
+            return;
+        }
+    }
+    const int ohw = s.OH * s.OW, rows = sb * ohw;
+    int best = -1;
+    for (int rs = width; rs < width + 8; rs++)
+        for (int ss = s.OH * rs; ss < s.OH * rs + 8; ss++) {
+            int cost = 0;
+            for (int kw = 0; kw < s.KW; kw++)
+                for (int k0 = 0; k0 < rows; k0 += 8) {
+                    int count[8] = {0, 0, 0, 0, 0, 0, 0, 0}, most = 0;
+                    for (int k = k0; k < k0 + 8; k++) {
+                        const int sm = k / ohw, pix = k % ohw;
+                        const int slot = sm * ss + (pix / s.OW) * rs + (pix % s.OW) * s.sw + kw;
+                        const int c = ++count[slot & 7];
+                        most = c > most ? c : most;
+                    }
+                    cost += most;
+                }
+            if (best < 0 || cost < best) {
+                best = cost;
+                *RS = rs;
+                *SS = ss;
+            }
+        }
+    remembered &r = seen[nseen < REMEMBERED ? nseen++ : next_evicted++ % REMEMBERED];
+    r = {sb, width, s.OH, s.OW, s.sw, s.KW, *RS, *SS};
+}
+
+/*
+ * Applies when C <= 64 (the warpgroup's M), OC <= 128 (its N), KW <= 5 warpgroups,
+ * no padding, OH*OW a multiple of 4 up to 32 (dy moves in 8-byte pieces) with a stage of
+ * whole samples at most 4 k16 steps, and the buffers fit the shared memory.
+ * ones: the bias gradient is wanted (computed here when C < 64).
+ */
+wgrad_tile_plan wgrad_tile_plan_of(const conv_shape &s, int sm_count, bool relu, bool ones)
+{
+    wgrad_tile_plan d = {};
+    const int ohw = s.OH * s.OW;
+    if (s.C > WT_CH || s.OC > WT_OC || s.KW > WT_KW_MAX || s.ph != 0 || s.pw != 0 || ohw % 4 != 0 ||
+        ohw / 4 > WT_PIECES_MAX)
+        return d;
+    d.sb = 16 / gcd_of(ohw, 16);
+    d.ks = d.sb * ohw / 16;
+    if (d.ks > WT_KS_MAX)
+        return d;
+    const int width = (s.OW - 1) * s.sw + s.KW; /* input columns a tap reads */
+    d.nj = (width + 1) / 2;
+    /* 16-byte copies of a row: its pairs' 2 nj elements, shifted by up to 7, and one more word */
+    d.pc = (2 * d.nj + 9 + 7) / 8;
+    d.rb = d.pc * 16;
+    if (d.pc > WT_PC_MAX)
+        return d;
+    d.ones = ones && s.C < WT_CH;
+    d.cg8 = (s.C + 7) / 8;
+    d.cgw = (s.C + d.ones + 7) / 8;
+    wgrad_tile_strides(s, d.sb, 2 * d.nj, &d.RS, &d.SS);
+    d.slot_bytes = d.sb * d.SS * 128;
+    d.xraw_bytes = (d.sb * s.OH * d.cg8 * (8 * d.rb + WT_GROUP_PAD) + 127) / 128 * 128;
+    for (d.depth = WT_DEPTH_MAX; d.depth >= 2; d.depth--) { /* the most stages in flight that fit */
+        d.smem = wt_smem_bytes(d.slot_bytes, d.xraw_bytes, d.ks * WT_TILE_BYTES, d.depth, relu);
+        if (d.smem <= WT_SMEM_MAX)
+            break;
+    }
+    if (d.depth < 2)
+        return d;
+    d.nsteps = (s.N + d.sb - 1) / d.sb;
+    d.parts = sm_count / s.KH < d.nsteps ? sm_count / s.KH : d.nsteps;
+    d.parts = d.parts < 1 ? 1 : d.parts;
+    d.ws_bytes = round256((size_t)d.parts * s.KH * s.KW * WT_CH * WT_OC * sizeof(float));
+    d.fits = true;
+    return d;
+}
+
+/* The weight-gradient tile kernel for ks k16 steps a stage (1..WT_KS_MAX), depth 2 or 3 stages in flight. */
+template <int D> void (*wgrad_tile_kernel_of_depth(int ks))(wt_params)
+{
+    switch (ks) {
+    case 1: return conv_wgrad_tile_kernel<1, D>;
+    case 2: return conv_wgrad_tile_kernel<2, D>;
+    case 3: return conv_wgrad_tile_kernel<3, D>;
+    default: return conv_wgrad_tile_kernel<4, D>;
+    }
+}
+
+void (*wgrad_tile_kernel_of(int ks, int depth))(wt_params)
+{
+    return depth == 3 ? wgrad_tile_kernel_of_depth<3>(ks) : wgrad_tile_kernel_of_depth<2>(ks);
+}
+
+/* Blocks per SM of the staged weight gradient at its largest shared memory; 0: it cannot run. */
+int g_wt_occupancy[WT_KS_MAX + 1][WT_DEPTH_MAX + 1];
+
+int wgrad_tile_occupancy(int ks, int depth)
+{
+    int n = __atomic_load_n(&g_wt_occupancy[ks][depth], __ATOMIC_RELAXED);
+    if (n != 0)
+        return n > 0 ? n : 0;
+    void (*kernel)(wt_params) = wgrad_tile_kernel_of(ks, depth);
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WT_SMEM_MAX) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, WT_THREADS_MAX, WT_SMEM_MAX) != cudaSuccess ||
+        n < 1) {
+        (void)cudaGetLastError();
+        n = -1;
+    }
+    __atomic_store_n(&g_wt_occupancy[ks][depth], n, __ATOMIC_RELAXED);
+    return n > 0 ? n : 0;
+}
+
+int wgrad_tile_run(const conv_shape &s, const wgrad_tile_plan &d, const uint16_t *x, const uint16_t *dy,
+                   const uint16_t *mask, uint16_t *dw, uint16_t *db, const gk_cuda_exec *ex,
+                   gk_err *err)
+{
+    if (d.ws_bytes > ex->workspace_bytes)
+        return gk_fail(err, GK_ENOMEM, "conv2d (cuda): wgrad needs %zu workspace bytes, %zu given",
+                       d.ws_bytes, ex->workspace_bytes);
+    wt_params p;
+    p.x = x;
+    p.dy = dy;
+    p.y = mask;
+    p.part = (float *)ex->workspace;
+    p.N = s.N;
+    p.C = s.C;
+    p.HW = s.H * s.W;
+    p.W = s.W;
+    p.OC = s.OC;
+    p.ohw = s.OH * s.OW;
+    p.OH = s.OH;
+    p.OW = s.OW;
+    p.sh = s.sh;
+    p.sw = s.sw;
+    p.KH = s.KH;
+    p.KW = s.KW;
+    p.sb = d.sb;
+    p.ks = d.ks;
+    p.nsteps = d.nsteps;
+    p.parts = d.parts;
+    p.nj = d.nj;
+    p.pc = d.pc;
+    p.rb = d.rb;
+    p.cg8 = d.cg8;
+    p.cgw = d.cgw;
+    p.ones = d.ones;
+    p.RS = d.RS;
+    p.SS = d.SS;
+    p.slot_bytes = d.slot_bytes;
+    p.xraw_bytes = d.xraw_bytes;
+    p.x_bytes = (uint32_t)((size_t)s.N * s.C * s.H * s.W * sizeof(uint16_t));
+    p.c_div = fastdiv_make((uint32_t)s.C);
+    p.oh_div = fastdiv_make((uint32_t)s.OH);
+    p.oc_div = fastdiv_make((uint32_t)s.OC);
+    p.cgw_div = fastdiv_make((uint32_t)d.cgw);
+    p.nj_div = fastdiv_make((uint32_t)d.nj);
+    wgrad_tile_kernel_of(d.ks, d.depth)<<<d.parts * s.KH, 128 * s.KW, d.smem, ex->stream>>>(p);
+    int rc = launch_check<uint16_t>("wgrad", err);
+    if (rc)
+        return rc;
+    wt_finalize_kernel<<<ex->sm_count * 2, 256, 0, ex->stream>>>(p.part, d.parts, s.OC, s.C,
+                                                                  s.KH * s.KW, d.ones, dw, db);
+    return launch_check<uint16_t>("wgrad reduction", err);
+}
+
 template <class T, int MATH>
 int forward_run(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, const gk_tensor *b,
                 const gk_tensor *y, const gk_cuda_exec *ex, int var, gk_err *err)
@@ -683,13 +883,31 @@ int backward_run(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, con
 {
     const conv_shape s = shape_of(p, x, w);
     const T *mask = p->relu ? (const T *)y->data : nullptr;
-    ig_params<T> wg = wgrad_params<T>(s, (const T *)x->data, (const T *)dy->data, mask,
-                                      (T *)dw->data);
-    const launch_plan lw = plan_splits(wg, var, ex->sm_count, true);
-    int rc = igemm_run<T, MATH>(wg, lw, s.ph || s.pw, ex, "wgrad", err, true);
-    if (rc)
-        return rc;
-    if (gk_tensor_present(db)) {
+    bool wgrad_done = false, db_done = false;
+    int rc;
+    if constexpr (MATH == MATH_BF16) {
+        const wgrad_tile_plan wt =
+            wgrad_tile_plan_of(s, ex->sm_count, mask != nullptr, gk_tensor_present(db));
+        /* x by 16-byte copies, dy (and y) by 8-byte ones */
+        const uintptr_t align = (uintptr_t)x->data % 16 | (uintptr_t)dy->data % 8 | (uintptr_t)mask % 8;
+        if (wt.fits && align == 0 && wgrad_tile_occupancy(wt.ks, wt.depth) > 0) {
+            rc = wgrad_tile_run(s, wt, (const uint16_t *)x->data, (const uint16_t *)dy->data,
+                                (const uint16_t *)mask, (uint16_t *)dw->data,
+                                wt.ones ? (uint16_t *)db->data : nullptr, ex, err);
+            if (rc)
+                return rc;
+            wgrad_done = true;
+            db_done = wt.ones;
+        }
+    }
+    if (!wgrad_done) {
+        ig_params<T> wg = wgrad_params<T>(s, (const T *)x->data, (const T *)dy->data, mask,
+                                          (T *)dw->data);
+        const launch_plan lw = plan_splits(wg, var, ex->sm_count, true);
+        if ((rc = igemm_run<T, MATH>(wg, lw, s.ph || s.pw, ex, "wgrad", err, true)))
+            return rc;
+    }
+    if (gk_tensor_present(db) && !db_done) {
         const bias_plan bp = bias_plan_of(s, ex->sm_count);
         if (bp.blocks > 0) {
             /* partials at the workspace start: the wgrad reduction before is done with it */
@@ -754,6 +972,10 @@ size_t workspace_of(const gk_conv2d *p, const gk_tensor *x, const gk_tensor *w, 
     ig_params<T> wg = wgrad_params<T>(s, nullptr, nullptr, nullptr, nullptr);
     size_t b = plan_splits(wg, var, sm, true).ws_bytes;
     most = b > most ? b : most;
+    if constexpr (sizeof(T) == 2) {
+        const wgrad_tile_plan wt = wgrad_tile_plan_of(s, sm, p->relu != 0, true);
+        most = wt.fits && wt.ws_bytes > most ? wt.ws_bytes : most;
+    }
     b = bias_plan_of(s, sm).ws_bytes;
     most = b > most ? b : most;
     dgrad_tile_plan dt;
@@ -826,6 +1048,15 @@ extern "C" int gk_cuda_conv_warmup(gk_err *err)
         kernel_load(dgrad_pack_dy_kernel<uint16_t, MATH_BF16>),
         kernel_load(conv_fwd_tile_kernel),
         kernel_load(ft_pack_w_kernel),
+        kernel_load(conv_wgrad_tile_kernel<1, 2>),
+        kernel_load(conv_wgrad_tile_kernel<2, 2>),
+        kernel_load(conv_wgrad_tile_kernel<3, 2>),
+        kernel_load(conv_wgrad_tile_kernel<4, 2>),
+        kernel_load(conv_wgrad_tile_kernel<1, 3>),
+        kernel_load(conv_wgrad_tile_kernel<2, 3>),
+        kernel_load(conv_wgrad_tile_kernel<3, 3>),
+        kernel_load(conv_wgrad_tile_kernel<4, 3>),
+        kernel_load(wt_finalize_kernel),
     };
     for (cudaError_t one : e) {
         if (one != cudaSuccess)
@@ -839,6 +1070,9 @@ extern "C" int gk_cuda_conv_warmup(gk_err *err)
         dgrad_tile_occupancy<uint16_t, MATH_BF16>(VAR_BF16) < 1)
         return gk_fail(err, GK_EDEVICE, "conv2d (cuda): the dgrad kernels cannot be resident");
     (void)fwd_tile_occupancy(); /* 0 leaves the bf16 forward on the implicit GEMM */
+    for (int ks = 1; ks <= WT_KS_MAX; ks++) /* 0 leaves the bf16 weight gradient on it too */
+        for (int depth = 2; depth <= WT_DEPTH_MAX; depth++)
+            (void)wgrad_tile_occupancy(ks, depth);
     return GK_OK;
 }
 

@@ -42,6 +42,13 @@ typedef struct layer {
 static const layer layers[] = {
     {"nmmo3 conv1", 24, 59, 11, 15, 128, 5, 5, 3, 3, 0, 0, 1},
     {"nmmo3 conv2", 96, 128, 3, 4, 128, 3, 3, 1, 1, 0, 0, 0},
+    /* the bf16 weight-gradient tile (conv_wgrad_tile.cuh): a partial last stage of 4
+       samples, 26 stages in one part with 1 SM; the bias gradient from its ones channel */
+    {"conv1 shape, no relu, 103 samples", 103, 59, 11, 15, 128, 5, 5, 3, 3, 0, 0, 0},
+    /* the tile with 4 taps a row, 2 samples a stage, the ones channel in a group of its own */
+    {"wgrad tile: C 16, K 2x4, stride (1,2)", 7, 16, 7, 11, 128, 2, 4, 1, 2, 0, 0, 0},
+    /* the tile with C = 64 (no ones channel: the bias kernels), OC tail, one sample a stage */
+    {"wgrad tile: C 64, OC 40, K3 S1", 10, 64, 6, 6, 40, 3, 3, 1, 1, 0, 0, 1},
     {"stride 2 pad 1", 3, 5, 9, 7, 6, 3, 3, 2, 2, 1, 1, 1},
     {"stride 3 pad 2, C=59", 2, 59, 11, 15, 20, 5, 5, 3, 3, 2, 2, 0},
     {"B=1 pad 1, OC tail", 1, 59, 6, 5, 130, 3, 3, 1, 1, 1, 1, 1},
