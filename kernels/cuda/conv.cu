@@ -667,7 +667,7 @@ int fwd_tile_run(const conv_shape &s, const fwd_tile_plan &d, const uint16_t *x,
  */
 struct wgrad_tile_plan {
     bool fits;
-    int sb, ks, depth, nj, pc, rb, cg8, cgw, ones, RS, SS, slot_bytes, xraw_bytes, smem;
+    int sb, ks, depth, nj, pc, rb, cg8, cgw, ones, RS, SS, slot_bytes, so_bytes, xraw_bytes, smem;
     int nsteps, parts;
     size_t ws_bytes;
 };
@@ -752,7 +752,8 @@ wgrad_tile_plan wgrad_tile_plan_of(const conv_shape &s, int sm_count, bool relu,
     d.cgw = (s.C + d.ones + 7) / 8;
     wgrad_tile_strides(s, d.sb, 2 * d.nj, &d.RS, &d.SS);
     d.slot_bytes = d.sb * d.SS * 128;
-    d.xraw_bytes = (d.sb * s.OH * d.cg8 * (8 * d.rb + WT_GROUP_PAD) + 127) / 128 * 128;
+    d.so_bytes = d.cg8 * (8 * d.rb + WT_GROUP_PAD) + WT_ROWSET_PAD;
+    d.xraw_bytes = (d.sb * s.OH * d.so_bytes + 127) / 128 * 128;
     for (d.depth = WT_DEPTH_MAX; d.depth >= 2; d.depth--) { /* the most stages in flight that fit */
         d.smem = wt_smem_bytes(d.slot_bytes, d.xraw_bytes, d.ks * WT_TILE_BYTES, d.depth, relu);
         if (d.smem <= WT_SMEM_MAX)
@@ -841,6 +842,7 @@ int wgrad_tile_run(const conv_shape &s, const wgrad_tile_plan &d, const uint16_t
     p.SS = d.SS;
     p.slot_bytes = d.slot_bytes;
     p.xraw_bytes = d.xraw_bytes;
+    p.so_bytes = d.so_bytes;
     p.x_bytes = (uint32_t)((size_t)s.N * s.C * s.H * s.W * sizeof(uint16_t));
     p.c_div = fastdiv_make((uint32_t)s.C);
     p.oh_div = fastdiv_make((uint32_t)s.OH);

@@ -56,6 +56,8 @@ enum {
     WT_PIECES_MAX = 8,            /* 8-byte dy pieces of a sample's output channel: OH*OW <= 32 */
     WT_TILE_BYTES = WT_OC * 32,   /* dy of one k16 step: 16 oc groups x 2 core matrices */
     WT_GROUP_PAD = 16,            /* bytes after 8 raw rows: spreads the transpose's loads over banks */
+    WT_ROWSET_PAD = 16,           /* bytes after the channel groups of an output row: the 3 rows of a
+                                     channel, copied by neighbouring lanes, land in other banks */
     WT_SMEM_MAX = 227 * 1024
 };
 
@@ -69,15 +71,18 @@ struct wt_params {
     int ones;                  /* channel C is the constant 1 */
     int RS, SS;                /* slot strides of an output row and a sample */
     int slot_bytes, xraw_bytes;
+    int so_bytes;              /* raw bytes of one (sample, output row): cg8 groups + WT_ROWSET_PAD */
     uint32_t x_bytes;          /* copies past the end of x read zeros */
     fastdiv c_div, oh_div, oc_div, cgw_div, nj_div;
 };
 
-/* Shared memory: two slot buffers, depth raw x buffers, depth + 1 dy tiles, depth y tiles (relu). */
+/* Shared memory: two slot buffers, depth raw x buffers, depth + 1 dy tiles, depth y tiles (relu),
+   the slot table of the fragments (KW x 16 rows x ks). */
 __host__ __device__ constexpr int wt_smem_bytes(int slot_bytes, int xraw_bytes, int tile_bytes, int depth,
                                                 bool mask)
 {
-    return 2 * slot_bytes + depth * xraw_bytes + (depth + 1) * tile_bytes + (mask ? depth * tile_bytes : 0);
+    return 2 * slot_bytes + depth * xraw_bytes + (depth + 1) * tile_bytes + (mask ? depth * tile_bytes : 0) +
+           WT_KW_MAX * 16 * WT_KS_MAX * 4;
 }
 
 /* K-major B without swizzle: core matrices of 8 rows x 16 bytes, k neighbours 128 bytes
@@ -114,7 +119,7 @@ __device__ __forceinline__ void wt_issue_x(const wt_params &p, int st, int kh, u
         const int s = (int)fastdiv_q(p.c_div, (uint32_t)sc), c = sc - s * p.C;
         const uint32_t e = (uint32_t)(n0 + s) * chw + (uint32_t)(c * p.HW + (oh * p.sh + kh) * p.W);
         const uint32_t a = (e * 2) & ~15u;
-        const uint32_t dst = xraw + ((s * p.OH + oh) * p.cg8 + (c >> 3)) * gbytes + (c & 7) * p.rb;
+        const uint32_t dst = xraw + (s * p.OH + oh) * p.so_bytes + (c >> 3) * gbytes + (c & 7) * p.rb;
         const unsigned char *src = (const unsigned char *)p.x + a;
         if (inside) {
 #pragma unroll
@@ -178,11 +183,15 @@ __device__ __forceinline__ void wt_mask(const wt_params &p, unsigned char *dyt, 
     }
 }
 
-/* The two elements j of a raw row that began sh elements into its copy, as one word. */
-__device__ __forceinline__ uint32_t wt_pair(const unsigned char *rowj, uint32_t sh)
+/*
+ * The two elements j of a raw row that began at element e of x, (e & 7) elements into its
+ * copy, as one word: bytes 4 * j + 2 * (e & 7) on (an odd shift takes the upper half of
+ * one word and the lower half of the next: selector 0x5432 = 0x3210 + 0x2222).
+ */
+__device__ __forceinline__ uint32_t wt_pair(const unsigned char *rowj, uint32_t e)
 {
-    const uint32_t *w = (const uint32_t *)rowj + (sh >> 1);
-    return __byte_perm(w[0], w[1], (sh & 1u) ? 0x5432u : 0x3210u);
+    const uint32_t *w = (const uint32_t *)(rowj + ((e * 2u) & 12u));
+    return __byte_perm(w[0], w[1], 0x3210u + (e & 1u) * 0x2222u);
 }
 
 /*
@@ -202,14 +211,14 @@ __device__ __forceinline__ void wt_transpose(const wt_params &p, int st, int kh,
         const int so = (int)fastdiv_q(p.nj_div, (uint32_t)r2), j = r2 - so * p.nj;
         const int s = (int)fastdiv_q(p.oh_div, (uint32_t)so), oh = so - s * p.OH;
         /* the ones channel's group past the raw groups (C % 8 == 0) reads the last one, unused */
-        const unsigned char *rowj = raw + (so * p.cg8 + min(cg, p.cg8 - 1)) * gbytes + 4 * j;
+        const unsigned char *rowj = raw + so * p.so_bytes + min(cg, p.cg8 - 1) * gbytes + 4 * j;
         uint32_t e = (uint32_t)(n0 + s) * chw + (uint32_t)(cg * 8 * p.HW + (oh * p.sh + kh) * p.W);
         const int cn = p.C - cg * 8; /* channels of the group that exist */
         const uint32_t fill = p.ones && cn >= 0 && cn < 8 ? 0x3f803f80u : 0u; /* at channel C */
         uint32_t v[8];
 #pragma unroll
         for (int i = 0; i < 8; i++, e += p.HW) {
-            const uint32_t w = wt_pair(rowj + i * p.rb, e & 7u);
+            const uint32_t w = wt_pair(rowj + i * p.rb, e);
             v[i] = i < cn ? w : i == cn ? fill : 0u;
         }
         const int q = s * p.SS + oh * p.RS + 2 * j;
@@ -232,25 +241,37 @@ __global__ void __launch_bounds__(WT_THREADS_MAX, 1) conv_wgrad_tile_kernel(cons
     const int kh = blockIdx.x % p.KH, pt = blockIdx.x / p.KH;
     const int lo = (int)((long long)pt * p.nsteps / p.parts);
     const int steps = (int)((long long)(pt + 1) * p.nsteps / p.parts) - lo;
-    const int tile = p.ks * WT_TILE_BYTES;
+    constexpr int tile = KS * WT_TILE_BYTES;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(wt_smem);
-    const int x_off = 2 * p.slot_bytes, d_off = x_off + D * p.xraw_bytes, y_off = d_off + (D + 1) * tile;
+    /* buffer offsets read from the parameters at each use: kept in registers they spill */
+    auto x_off = [&] { return 2 * p.slot_bytes; };
+    auto d_off = [&] { return 2 * p.slot_bytes + D * p.xraw_bytes; };
+    auto y_off = [&] { return 2 * p.slot_bytes + D * p.xraw_bytes + (D + 1) * tile; };
     /* stage i (counted from lo) lives in raw buffer i % D, dy tile i % (D + 1), y tile i % D */
     auto issue = [&](int i, int xb, int db) {
-        wt_issue_x(p, lo + i, kh, sbase + x_off + xb * p.xraw_bytes, tid, nt);
-        wt_issue_dy(p, lo + i, sbase + d_off + db * tile, sbase + y_off + xb * tile, tid, nt);
+        wt_issue_x(p, lo + i, kh, sbase + x_off() + xb * p.xraw_bytes, tid, nt);
+        wt_issue_dy(p, lo + i, sbase + d_off() + db * tile, sbase + y_off() + xb * tile, tid, nt);
     };
     auto transpose = [&](int i, int xb, int db) { /* stage i's x into slot buffer i & 1; dy masked (relu) */
-        wt_transpose(p, lo + i, kh, wt_smem + x_off + xb * p.xraw_bytes, wt_smem + (i & 1) * p.slot_bytes, tid,
+        wt_transpose(p, lo + i, kh, wt_smem + x_off() + xb * p.xraw_bytes, wt_smem + (i & 1) * p.slot_bytes, tid,
                      nt);
         if (p.y != nullptr)
-            wt_mask(p, wt_smem + d_off + db * tile, wt_smem + y_off + xb * tile, tid, nt);
+            wt_mask(p, wt_smem + d_off() + db * tile, wt_smem + y_off() + xb * tile, tid, nt);
     };
 
     /* zeros where no copy writes: dy rows past OC, slots past the staged pixels */
     const int zbytes = wt_smem_bytes(p.slot_bytes, p.xraw_bytes, tile, D, p.y != nullptr);
-    for (int i = tid; i < zbytes / 16; i += nt)
+    const int tab_off = zbytes - WT_KW_MAX * 16 * WT_KS_MAX * 4;
+    for (int i = tid; i < tab_off / 16; i += nt)
         ((uint4 *)wt_smem)[i] = make_uint4(0, 0, 0, 0);
+    /* the slot of fragment row k = 16 j + r (r < 16) at tap kw: qtab[(kw * 16 + r) * KS + j]
+       (a table, not registers: 640 threads have none to spare) */
+    int *qtab = (int *)(wt_smem + tab_off);
+    for (int i = tid; i < p.KW * 16 * KS; i += nt) {
+        const int j = i % KS, r = i / KS % 16, w = i / (16 * KS);
+        const int k = 16 * j + r, s = k / p.ohw, pix = k - s * p.ohw, oh = pix / p.OW, ow = pix - oh * p.OW;
+        qtab[i] = s * p.SS + oh * p.RS + ow * p.sw + w;
+    }
     __syncthreads();
     for (int i = 0; i < D; i++) {
         if (i < steps)
@@ -270,14 +291,7 @@ __global__ void __launch_bounds__(WT_THREADS_MAX, 1) conv_wgrad_tile_kernel(cons
     const int g = lane >> 2, t4 = lane & 3;
     /* ldmatrix.trans matrices: (k 0-7 | 8-15) x (channel group 2 wq | 2 wq + 1): a0 a1 a2 a3 */
     const int krow = (lane & 7) + (lane >> 4) * 8, cgl = 2 * wq + ((lane >> 3) & 1);
-    uint32_t aoff[KS];
-#pragma unroll
-    for (int j = 0; j < KS; j++) {
-        const int k = 16 * j + krow, s = k / p.ohw, pix = k - s * p.ohw;
-        const int oh = pix / p.OW, ow = pix - oh * p.OW;
-        const int q = s * p.SS + oh * p.RS + ow * p.sw + kw;
-        aoff[j] = (uint32_t)(q * 128 + ((cgl ^ (q & 7)) << 4));
-    }
+    const int *qrow = qtab + (kw * 16 + krow) * KS;
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; i++)
@@ -301,22 +315,23 @@ __global__ void __launch_bounds__(WT_THREADS_MAX, 1) conv_wgrad_tile_kernel(cons
          */
         const uint32_t sl = sbase + (uint32_t)((t & 1) * p.slot_bytes);
         const uint32_t ut = (uint32_t)t;
-        const uint32_t dyt = sbase + d_off + (ut % (D + 1)) * tile;
+        const uint32_t dyt = sbase + d_off() + (ut % (D + 1)) * tile;
         const int nx = t + D, xbn = (int)(ut % D), dbn = (int)((ut + D) % (D + 1));
 #pragma unroll
         for (int j = 0; j < KS; j++) {
             uint32_t a[4];
+            const int q = qrow[j];
             wgmma_wait<0>(); /* the fragment registers are free */
-            ldmatrix_x4_trans(a, sl + aoff[j]);
+            ldmatrix_x4_trans(a, sl + (uint32_t)(q * 128 + ((cgl ^ (q & 7)) << 4)));
             acc_fence(acc);
             asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
             wgmma_m64n128k16(acc, a, wt_desc(dyt + j * WT_TILE_BYTES), 1);
             asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
             if (j == 0 && nx < steps)
-                wt_issue_x(p, lo + nx, kh, sbase + x_off + xbn * p.xraw_bytes, tid, nt);
+                wt_issue_x(p, lo + nx, kh, sbase + x_off() + xbn * p.xraw_bytes, tid, nt);
             if (j == (KS > 1 ? 1 : 0)) {
                 if (nx < steps)
-                    wt_issue_dy(p, lo + nx, sbase + d_off + dbn * tile, sbase + y_off + xbn * tile, tid, nt);
+                    wt_issue_dy(p, lo + nx, sbase + d_off() + dbn * tile, sbase + y_off() + xbn * tile, tid, nt);
                 dg_cp_async_commit();
             }
             if (j == KS - 1 && t + 1 < steps)
