@@ -112,6 +112,13 @@ __device__ __forceinline__ uint32_t bits_to_bf16x2(uint32_t y)
 __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void griddep_release() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
+/* 16 bytes of elements from registers, at a 16-byte aligned address. */
+template <class E, int N> __device__ __forceinline__ void store16(E *dst, const E (&v)[N])
+{
+    static_assert(sizeof(E) * N == 16, "16 bytes");
+    *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(v);
+}
+
 /*
  * Weights (128, 59, 5, 5) -> bf16 a tap, output channel and input channel,
  * zero channels 59..63; with NSPLIT = 3 (f32) each weight as three exact bf16
@@ -120,9 +127,11 @@ __device__ __forceinline__ void griddep_release() { asm volatile("griddepcontrol
  * each 128-byte oc row XOR-swizzled by oc % 8 as wgmma's 128-byte swizzle
  * reads them, so that one linear bulk copy fills a stage.  Block 0 also resets
  * the error record: stream order puts that before the convolution kernel.
- * Then prep's transforms (conv1_obs.cuh), the elements after the pack's in
- * one index space.  The convolution kernel may be dispatched at once: it
- * waits for this grid before it reads anything this grid writes.
+ * Then prep's transforms (conv1_obs.cuh), their work items after the pack's
+ * in one index space.  A work item writes 16 bytes of one output (8 channels
+ * of a tap and output channel; 8 or 4 elements of conv2_r or of a padded
+ * proj_w row) with one store each.  The convolution kernel may be dispatched
+ * at once: it waits for this grid before it reads anything this grid writes.
  */
 template <class T, int NSPLIT, bool SW>
 __global__ void __launch_bounds__(THREADS) conv1_pack_kernel(const T *__restrict__ w,
@@ -135,43 +144,59 @@ __global__ void __launch_bounds__(THREADS) conv1_pack_kernel(const T *__restrict
         if (prep.rec != nullptr)
             *prep.rec = OBS_RECORD_CLEAN;
     }
-    /* 32-bit indices: the host keeps the padded proj_w below 2^31 elements */
-    constexpr unsigned total = TAPS * OC * KC, C2 = OC * OC * 9, C2K = OC * 9;
-    const unsigned c2_end = total + (prep.conv2_r != nullptr ? C2 : 0);
-    const unsigned end = c2_end + (prep.proj_p != nullptr ? (unsigned)prep.proj_rows * (unsigned)prep.proj_ld : 0);
+    /* items; 32-bit indices: the host keeps the padded proj_w below 2^31 elements */
+    constexpr unsigned VT = 16 / sizeof(T), PACK = TAPS * OC * KC / 8, C2K = OC * 9, C2 = OC * C2K / VT;
+    const unsigned c2_end = PACK + (prep.conv2_r != nullptr ? C2 : 0);
+    const unsigned ld = (unsigned)prep.proj_ld;
+    const unsigned end = c2_end + (prep.proj_p != nullptr ? (unsigned)prep.proj_rows * ld / VT : 0);
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < end; i += gridDim.x * blockDim.x) {
-        if (i >= c2_end) { /* proj_w's rows padded with zeros */
-            const unsigned k = i - c2_end, r = k / (unsigned)prep.proj_ld, c = k - r * (unsigned)prep.proj_ld;
-            static_cast<T *>(prep.proj_p)[k] =
-                c < GK_NMMO3_FEATURES ? static_cast<const T *>(prep.proj_w)[(size_t)r * GK_NMMO3_FEATURES + c] : T(0);
+        T v[VT];
+        if (i >= c2_end) { /* proj_w's rows padded with zeros: elements k .. k + VT - 1 of one row */
+            const unsigned k = (i - c2_end) * VT, r = k / ld, c0 = k - r * ld;
+            const T *src = static_cast<const T *>(prep.proj_w) + (size_t)r * GK_NMMO3_FEATURES;
+#pragma unroll
+            for (unsigned e = 0; e < VT; e++)
+                v[e] = c0 + e < GK_NMMO3_FEATURES ? src[c0 + e] : T(0);
+            store16(static_cast<T *>(prep.proj_p) + k, v);
             continue;
         }
-        if (i >= total) { /* conv2_w (oc, c, kh, kw) -> (oc, kw, kh, c) */
-            const unsigned k = i - total, oc = k / C2K, r = k - oc * C2K;
-            const unsigned kw = r / 384, kh = (r - kw * 384) / 128, c = r & 127;
-            static_cast<T *>(prep.conv2_r)[k] = static_cast<const T *>(prep.conv2_w)[oc * C2K + c * 9 + kh * 3 + kw];
+        if (i >= PACK) { /* conv2_w (oc, c, kh, kw) -> (oc, kw, kh, c): channels c0 .. c0 + VT - 1 */
+            const unsigned k = (i - PACK) * VT, oc = k / C2K, r = k - oc * C2K;
+            const unsigned kw = r / 384, kh = (r - kw * 384) / 128, c0 = r & 127;
+            const T *src = static_cast<const T *>(prep.conv2_w) + oc * C2K + kh * 3 + kw;
+#pragma unroll
+            for (unsigned e = 0; e < VT; e++)
+                v[e] = src[(c0 + e) * 9];
+            store16(static_cast<T *>(prep.conv2_r) + k, v);
             continue;
         }
-        const int e = (int)i;
-        const int tap = e / (OC * KC), rest = e - tap * (OC * KC);
-        const int n = rest / KC, c = rest - n * KC;
-        auto at = [&](int s) -> size_t {
-            return SW ? (((size_t)tap * NSPLIT + s) * OC + n) * KC + (((c >> 3) ^ (n & 7)) << 3) + (c & 7)
-                      : ((size_t)tap * OC + n) * (NSPLIT * KC) + s * KC + c;
-        };
-        if constexpr (NSPLIT == 1) {
-            pack[at(0)] = c < IN_CH ? (uint16_t)w[((size_t)n * IN_CH + c) * TAPS + tap] : (uint16_t)0;
-        } else {
-            const float v = c < IN_CH ? elem_to_float(w[((size_t)n * IN_CH + c) * TAPS + tap]) : 0.0f;
-            /* Each remainder is exact in fp32: hi + mid + lo = v to 2^-24 relative or better. */
-            const __nv_bfloat16 hi = __float2bfloat16_rn(v);
-            const float r1 = v - __bfloat162float(hi);
-            const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
-            const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
-            pack[at(0)] = __bfloat16_as_ushort(hi);
-            pack[at(1)] = __bfloat16_as_ushort(mid);
-            pack[at(2)] = __bfloat16_as_ushort(lo);
+        /* conv1: channels c0 .. c0 + 7 of output channel n at one tap, one 16-byte chunk a term */
+        const unsigned tap = i / (OC * KC / 8), rest = i - tap * (OC * KC / 8);
+        const unsigned n = rest / (KC / 8), c0 = (rest - n * (KC / 8)) * 8;
+        const size_t at0 = SW ? ((size_t)tap * NSPLIT * OC + n) * KC + (((c0 >> 3) ^ (n & 7)) << 3)
+                              : ((size_t)tap * OC + n) * (NSPLIT * KC) + c0;
+        const size_t term = SW ? (size_t)OC * KC : KC; /* between the terms of one weight */
+        uint16_t t[NSPLIT][8];
+#pragma unroll
+        for (unsigned e = 0; e < 8; e++) {
+            const unsigned c = c0 + e;
+            if constexpr (NSPLIT == 1) {
+                t[0][e] = c < IN_CH ? (uint16_t)w[((size_t)n * IN_CH + c) * TAPS + tap] : (uint16_t)0;
+            } else {
+                const float x = c < IN_CH ? elem_to_float(w[((size_t)n * IN_CH + c) * TAPS + tap]) : 0.0f;
+                /* Each remainder is exact in fp32: hi + mid + lo = x to 2^-24 relative or better. */
+                const __nv_bfloat16 hi = __float2bfloat16_rn(x);
+                const float r1 = x - __bfloat162float(hi);
+                const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+                const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+                t[0][e] = __bfloat16_as_ushort(hi);
+                t[1][e] = __bfloat16_as_ushort(mid);
+                t[2][e] = __bfloat16_as_ushort(lo);
+            }
         }
+#pragma unroll
+        for (int s2 = 0; s2 < NSPLIT; s2++)
+            store16(pack + at0 + s2 * term, t[s2]);
     }
 }
 
@@ -928,8 +953,9 @@ int pack_enqueue(const gk_tensor *w, const conv1_obs_prep *prep, const gk_cuda_e
     uint16_t *pack = (uint16_t *)((uint8_t *)ex->workspace + GK_CUDA_OBS_RECORD_BYTES);
     const conv1_obs_prep none = {};
     const conv1_obs_prep p = prep != NULL ? *prep : none;
-    const size_t total = (size_t)TAPS * OC * KC + (p.conv2_r != NULL ? (size_t)OC * OC * 9 : 0) +
-                         (p.proj_p != NULL ? (size_t)p.proj_rows * (size_t)p.proj_ld : 0);
+    const size_t vt = 16 / sizeof(T); /* elements of prep's outputs a work item */
+    const size_t total = (size_t)TAPS * OC * KC / 8 + (p.conv2_r != NULL ? (size_t)OC * OC * 9 / vt : 0) +
+                         (p.proj_p != NULL ? (size_t)p.proj_rows * (size_t)p.proj_ld / vt : 0);
     size_t grid = (total + THREADS - 1) / THREADS;
     if (grid > (size_t)ex->sm_count * 8)
         grid = (size_t)ex->sm_count * 8; /* a grid-stride loop past that */
@@ -1033,8 +1059,7 @@ int launch_wgmma_for(const gk_tensor *w, const gk_tensor *b, const gk_tensor *ob
                      void *whc, const conv1_obs_features *f, const conv1_obs_prep *prep,
                      const gk_cuda_exec *ex, gk_err *err)
 {
-    const int64_t batch = obs->shape[0];
-    if (batch > 0 && (batch + SMALL_AGENTS - 1) / SMALL_AGENTS <= (int64_t)ex->sm_count)
+    if (conv1_obs_small_tiles(obs->shape[0], ex->sm_count))
         return launch_wgmma<T, NSPLIT, SMALL_AGENTS>(w, b, obs, nchw, nchw_ld, whc, f, prep, ex, err);
     return launch_wgmma<T, NSPLIT, AGENTS>(w, b, obs, nchw, nchw_ld, whc, f, prep, ex, err);
 }
@@ -1078,9 +1103,12 @@ int conv1_obs_enqueue_forward(const gk_tensor *w, const gk_tensor *b, const gk_t
     if (prep != NULL && ((prep->conv2_r != NULL && prep->conv2_w == NULL) ||
                          (prep->proj_p != NULL &&
                           (prep->proj_w == NULL || prep->proj_rows < 0 || prep->proj_ld < GK_NMMO3_FEATURES ||
-                           (int64_t)prep->proj_rows * prep->proj_ld > INT32_MAX - (1 << 20)))))
+                           (size_t)prep->proj_ld * es % 16 != 0 || (uintptr_t)prep->proj_p % 16 != 0 ||
+                           (int64_t)prep->proj_rows * prep->proj_ld > INT32_MAX - (1 << 20)))) ||
+        (prep != NULL && prep->conv2_r != NULL && (uintptr_t)prep->conv2_r % 16 != 0))
         return gk_fail(err, GK_EINVAL, "nmmo3 conv1 (cuda): a weight transform without its source, or "
-                       "padded rows shorter than %d, or more than 2^31 elements of them", GK_NMMO3_FEATURES);
+                       "padded rows shorter than %d, not of 16-byte aligned rows, or of more than 2^31 "
+                       "elements; or conv2_r not 16-byte aligned", GK_NMMO3_FEATURES);
     if ((rc = obs_workspace_check(ex, pack_bytes(w->dtype), "nmmo3 conv1", err)))
         return rc;
     if ((uintptr_t)ex->workspace % 16 != 0)
@@ -1090,10 +1118,9 @@ int conv1_obs_enqueue_forward(const gk_tensor *w, const gk_tensor *b, const gk_t
                                : launch_wgmma_for<float, 3>(w, b, obs, nchw, ld, whc, f, prep, ex, err);
 }
 
-int conv1_obs_one_tile_a_block(int64_t batch, int sm_count)
+int conv1_obs_small_tiles(int64_t batch, int sm_count)
 {
-    /* the wgmma kernel runs one block an SM (its shared memory), so its grid is min(tiles, SMs) */
-    return (batch + AGENTS - 1) / AGENTS <= (int64_t)sm_count; /* then also with SMALL_AGENTS' tiles */
+    return batch > 0 && (batch + SMALL_AGENTS - 1) / SMALL_AGENTS <= (int64_t)sm_count;
 }
 
 int conv1_obs_enqueue_strided(const gk_tensor *w, const gk_tensor *b, const gk_tensor *obs, void *nchw,

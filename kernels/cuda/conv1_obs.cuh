@@ -72,8 +72,12 @@ int conv1_obs_enqueue_features(const gk_tensor *w, const gk_tensor *b, const gk_
                                void *nchw, void *whc, const conv1_obs_features *f,
                                const gk_cuda_exec *ex, gk_err *err);
 
-/* Whether the default kernel gives each of its blocks at most one tile of a batch of this size. */
-int conv1_obs_one_tile_a_block(int64_t batch, int sm_count);
+/*
+ * Whether the default kernel runs a batch of this size in its small tiles (8
+ * agents, two consumer warpgroups) instead of 16-agent ones: when they fit
+ * one an SM (B <= 1056 on 132 SMs), so that twice the SMs share the work.
+ */
+int conv1_obs_small_tiles(int64_t batch, int sm_count);
 
 /*
  * The nmmo3 forward's other per-call weight transforms, done by conv1's

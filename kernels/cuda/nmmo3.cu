@@ -508,7 +508,7 @@ int forward_run(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor
     const int rows16 = ld == FEAT_LD && (embed16 || saving);
     const int fused = rows16 && !saving &&
                       (rows_way == NMMO3_ROWS_FUSED ||
-                       (rows_way == NMMO3_ROWS_AUTO && conv1_obs_one_tile_a_block(B, ex->sm_count)));
+                       (rows_way == NMMO3_ROWS_AUTO && conv1_obs_small_tiles(B, ex->sm_count)));
     /*
      * Every per-call weight transform and both error records' resets in conv1's packing kernel
      * (conv1_obs_prep): conv2_w reordered for the GEMM, proj_w's rows padded for the projection.

@@ -20,10 +20,11 @@ extern "C" {
  * Measured on the H200 (tests/bench/OBS_RESULTS.md), bf16 B = 32768 hidden
  * 512: assembled 524 us, fused 666 us (its three builder warps, which also
  * make the masks, become the kernel's critical path: inferred, not profiled).
- * AUTO, the default: FUSED where each of conv1's blocks has one tile
- * (conv1_obs_one_tile_a_block: rollout batches), whose builder warps are idle
- * while the tensor cores run, else ASSEMBLED.  The rows' bytes are the same
- * either way (tests/gpu_obs).
+ * AUTO, the default: FUSED where conv1 runs its small tiles
+ * (conv1_obs_small_tiles: B <= 1056 on 132 SMs), else ASSEMBLED; at B = 2048
+ * (16-agent tiles, one a block) fused rows made conv1 37 us instead of 27
+ * (ncu, 12:37 UTC 2026-11-30).  The rows' bytes are the same either way
+ * (tests/gpu_obs).
  */
 enum {
     NMMO3_ROWS_ASSEMBLED = 0,

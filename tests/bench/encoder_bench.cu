@@ -21,7 +21,9 @@
  *   --rollout: the rollout forward (bf16, hidden 512 only, no features) at
  *            B = 1024, 2048 and 32768, launched on the stream and replayed
  *            as a CUDA graph (as the daemon runs it): median and p90 of
- *            single calls between two events, and back-to-back replays
+ *            single calls between two events, and back-to-back replays;
+ *            beside it the graph with the features rows assembled after
+ *            conv2 and fused into conv1 (nmmo3_rows.h), whatever the default
  *   --rollout-once: that forward once at B = 1024 and 2048 after one
  *            warm-up (for a profiler's per-kernel times)
  *   --gemms: the forward's two cuBLASLt GEMMs (conv2, projection) at n = B:
@@ -44,6 +46,7 @@
 #include "gk.h"
 #include "gk_cuda.h"
 #include "gk_cuda_nmmo3.h"
+#include "nmmo3_rows.h"
 
 static const int64_t HIDDEN = 512;
 static void *dev_obs(int64_t rows)
@@ -109,6 +112,34 @@ static double pct_of(std::vector<double> v, double p)
     return v[(size_t)(p * (double)(v.size() - 1))];
 }
 
+/* Median of single replays of a graph of `way`'s forward (NMMO3_ROWS_*), between two events. */
+static double graph_median(const weights &s, const gk_tensor &to, const gk_tensor &th, int way,
+                           const gk_cuda_exec &ex, cudaStream_t st, int calls, cudaEvent_t e0, cudaEvent_t e1)
+{
+    gk_err err;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    CKGK(nmmo3_forward_rows(&s.w, &to, NULL, &th, NULL, way, &ex, &err));
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    std::vector<double> v;
+    for (int it = 0; it < calls + 10; it++) {
+        float ms = 0;
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        CKGK(gk_cuda_nmmo3_status(&to, &ex, &err));
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (it >= 10)
+            v.push_back(ms * 1e3);
+    }
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    return pct_of(v, 0.5);
+}
+
 /*
  * The rollout forward: bf16, hidden only.  Single calls timed between two
  * events (the GPU's time for one request), and 100 replays back to back
@@ -124,7 +155,8 @@ static void rollout(const weights &s, const gk_cuda_exec &ex, cudaStream_t st, b
                                             : std::vector<int64_t>{1024, 2048, 32768};
     if (!once)
         printf("| B | stream median us | stream p90 us | graph median us | graph p90 us | "
-               "graph back-to-back us/call |\\n|---|---|---|---|---|---|\\n");
+               "graph back-to-back us/call | graph, rows assembled | graph, rows fused |\n"
+               "|---|---|---|---|---|---|---|---|\n");
     for (int64_t B : sizes) {
         void *obs = dev_obs(B);
         void *hid = NULL;
@@ -175,10 +207,12 @@ static void rollout(const weights &s, const gk_cuda_exec &ex, cudaStream_t st, b
         CK(cudaEventSynchronize(e1));
         CK(cudaEventElapsedTime(&b2b, e0, e1));
         CKGK(gk_cuda_nmmo3_status(&to, &ex, &err));
-        printf("| %lld | %.1f | %.1f | %.1f | %.1f | %.1f |\\n", (long long)B, pct_of(sv, 0.5),
-               pct_of(sv, 0.9), pct_of(gv, 0.5), pct_of(gv, 0.9), b2b * 1e3 / 100);
         CK(cudaGraphExecDestroy(ge));
         CK(cudaGraphDestroy(g));
+        const double ga = graph_median(s, to, th, NMMO3_ROWS_ASSEMBLED, ex, st, calls, e0, e1);
+        const double gf = graph_median(s, to, th, NMMO3_ROWS_FUSED, ex, st, calls, e0, e1);
+        printf("| %lld | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", (long long)B, pct_of(sv, 0.5),
+               pct_of(sv, 0.9), pct_of(gv, 0.5), pct_of(gv, 0.9), b2b * 1e3 / 100, ga, gf);
         CK(cudaFree(obs));
         CK(cudaFree(hid));
     }
@@ -275,7 +309,7 @@ static void gemm_sweep(gk_cuda_blas *bl, const char *name, gk_cuda_gemm g, cudaS
         CKBLAS(cublasLtMatmulPreferenceDestroy(pref));
         lt_descs_free(d);
     }
-    printf("\\n%s: %zu candidate algorithms (no split-K); us at n = 1024 / 2048 / 32768, bits vs fixed\\n",
+    printf("\n%s: %zu candidate algorithms (no split-K); us at n = 1024 / 2048 / 32768, bits vs fixed\n",
            name, cand.size());
     gk_err err;
     cudaEvent_t e0, e1;
@@ -297,7 +331,7 @@ static void gemm_sweep(gk_cuda_blas *bl, const char *name, gk_cuda_gemm g, cudaS
             if (it >= 5)
                 t.push_back(ms * 1e3);
         }
-        printf("  fixed n=%d: %.1f us\\n", n, median_of(t));
+        printf("  fixed n=%d: %.1f us\n", n, median_of(t));
     }
     for (size_t ci = 0; ci < cand.size(); ci++) {
         const cublasLtMatmulAlgo_t &a = cand[ci];
@@ -342,7 +376,7 @@ static void gemm_sweep(gk_cuda_blas *bl, const char *name, gk_cuda_gemm g, cudaS
                 printf("[%zu]", diff);
             lt_descs_free(d);
         }
-        printf("\\n");
+        printf("\n");
     }
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
