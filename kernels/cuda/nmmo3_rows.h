@@ -23,7 +23,7 @@ extern "C" {
  * AUTO, the default: FUSED where conv1 runs its small tiles
  * (conv1_obs_small_tiles: B <= 1056 on 132 SMs), else ASSEMBLED; at B = 2048
  * (16-agent tiles, one a block) fused rows made conv1 37 us instead of 27
- * (ncu, 12:37 UTC 2026-11-30).  The rows' bytes are the same either way
+ * (ncu, 12:35 UTC 2026-11-30).  The rows' bytes are the same either way
  * (tests/gpu_obs).
  */
 enum {
