@@ -102,6 +102,19 @@ template <int BYTES> __device__ __forceinline__ void wt_cp_async(uint32_t dst, c
 }
 
 /*
+ * 16 bytes at the end of x (n < 16 of them exist, maybe none) -> shared, zero-filled, by
+ * plain 2-byte loads: a cp.async of 16 bytes would address bytes past x even when told to
+ * read only n (compute-sanitizer reports it).
+ */
+__device__ __forceinline__ void wt_copy_tail(uint32_t dst, const unsigned char *src, uint32_t n)
+{
+    for (uint32_t b = 0; b < 16u; b += 2u) {
+        const unsigned short v = b < n ? *(const unsigned short *)(src + b) : (unsigned short)0;
+        asm volatile("st.shared.u16 [%0], %1;" ::"r"(dst + b), "h"(v) : "memory");
+    }
+}
+
+/*
  * Issues the x copies of stage st (samples st * sb ..) of kernel row kh: each row
  * h = oh*sh + kh of each channel as pc 16-byte copies of its 16-byte-aligned span, a
  * thread a row (its copies share the index math).  Stages that end pc * 16 bytes or more
@@ -131,8 +144,12 @@ __device__ __forceinline__ void wt_issue_x(const wt_params &p, int st, int kh, u
 #pragma unroll
             for (int i = 0; i < WT_PC_MAX; i++) {
                 const uint32_t o = 16u * i, n = rem > o ? min(rem - o, 16u) : 0u;
-                if (i < p.pc)
-                    wt_cp_async<16>(dst + o, n > 0 ? src + o : (const unsigned char *)p.x, n);
+                if (i < p.pc) {
+                    if (n == 16u)
+                        wt_cp_async<16>(dst + o, src + o, 16u);
+                    else
+                        wt_copy_tail(dst + o, src + o, n);
+                }
             }
         }
     }
