@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "embedding_onehot.cuh"
 #include "gk_cuda.h"
 #include "multihot_embedding_pdl.cuh"
 #include "obs_record.cuh"
@@ -426,7 +427,7 @@ embedding_quad_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout,
  * elements; warp k adds tables k, k + 8, ... in order, then the eight
  * sums are added in warp order.  With an offender dtable is left as it was.
  */
-constexpr int REDUCE_WARPS = 8;
+constexpr int REDUCE_WARPS = 8, REDUCE_BATCH = 16;
 __global__ void __launch_bounds__(REDUCE_WARPS * 32)
 embedding_reduce_kernel(const float *__restrict__ partials, const unsigned *__restrict__ slots,
                         int ntables, int VD, float *__restrict__ dtable,
@@ -436,6 +437,22 @@ embedding_reduce_kernel(const float *__restrict__ partials, const unsigned *__re
     __shared__ float sums[REDUCE_WARPS][32];
     pdl_release();
     pdl_wait();
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int e = blockIdx.x * 32 + lane;
+    /*
+     * A warp's tables REDUCE_BATCH at a time: their loads all issued, then
+     * added in table order (one L2 round trip a batch, not a table); the
+     * first batch before the slots are read.
+     */
+    float x[REDUCE_BATCH];
+    auto batch_load = [&](int t0) {
+#pragma unroll
+        for (int u = 0; u < REDUCE_BATCH; u++) {
+            const int t = t0 + u * REDUCE_WARPS;
+            x[u] = e < VD && t < ntables ? partials[(size_t)t * VD + e] : 0.0f;
+        }
+    };
+    batch_load(w);
     first_init(&first);
     __syncthreads();
     for (int t = threadIdx.x; t < ntables; t += blockDim.x)
@@ -445,12 +462,15 @@ embedding_reduce_kernel(const float *__restrict__ partials, const unsigned *__re
         *rec = first == OFFENDER_NONE ? OBS_RECORD_CLEAN : (unsigned long long)first;
     if (first != OFFENDER_NONE)
         return; /* an invalid index: dtable stays as it was */
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int e = blockIdx.x * 32 + lane;
     float s = 0.0f;
-    if (e < VD)
-        for (int t = w; t < ntables; t += REDUCE_WARPS)
-            s += partials[(size_t)t * VD + e];
+    for (int t0 = w; t0 < ntables; t0 += REDUCE_BATCH * REDUCE_WARPS) {
+        if (t0 != w)
+            batch_load(t0);
+#pragma unroll
+        for (int u = 0; u < REDUCE_BATCH; u++)
+            if (t0 + u * REDUCE_WARPS < ntables)
+                s += x[u];
+    }
     sums[w][lane] = s;
     __syncthreads();
     if (w == 0 && e < VD) {
@@ -469,6 +489,7 @@ struct bwd_plan {
     int warps;   /* warps a block, each with a shared table; 0: tables in the workspace */
     int ntables; /* partial tables in the workspace, each with its offender slot */
     bool quad;
+    bool onehot; /* bf16 dout: embedding_onehot_kernel (embedding_onehot.cuh) */
     size_t smem;
 };
 
@@ -501,6 +522,7 @@ int bwd_plan_ideal(int64_t vd, int64_t dim, bool dout_aligned, int sm_count, bwd
     const size_t quad_table = dim == 32 ? (size_t)(vd + dim) * sizeof(float) : 0;
     const bool quad_fits = dim == 32 && quad_table <= optin - STATIC_SMEM;
     pl->quad = quad_fits && dout_aligned;
+    pl->onehot = false;
     const size_t table = (size_t)vd * sizeof(float), fit_table = quad_fits ? quad_table : table;
     size_t fit = fit_table ? (optin - STATIC_SMEM) / fit_table : MAX_WARPS;
     pl->warps = fit > MAX_WARPS ? MAX_WARPS : (int)fit;
@@ -614,6 +636,42 @@ int rows_dispatch(const gk_tensor *idx, const gk_tensor *table, const gk_tensor 
     }
 }
 
+/* The reduce kernel after the partial kernels: dtable and the record from the partial tables. */
+cudaError_t reduce_launch(const float *partials, const unsigned *slots, int ntables, int VD,
+                          float *dtable, const gk_cuda_exec *ex, unsigned long long *rec)
+{
+    return pdl_launch(embedding_reduce_kernel, (unsigned)((VD + 31) / 32), REDUCE_WARPS * 32, 0,
+                      ex->stream, partials, slots, ntables, VD, dtable, rec);
+}
+
+/*
+ * bf16 dout of 32 columns, 16-byte aligned, a table of at most 128 rows:
+ * the tensor-core kernel, one partial table a block.
+ */
+bool onehot_fits(const gk_tensor *dout, int64_t V, int64_t D, const bwd_plan &pl)
+{
+    return dout->dtype == GK_BF16 && D == 32 && V >= 1 && V <= onehot::ROWS &&
+           (uintptr_t)dout->data % 16 == 0 && pl.warps > 0;
+}
+
+template <typename Idx>
+int onehot_launch(const Idx *idx, const uint16_t *dout, float *partials, unsigned *slots, unsigned n,
+                  int V, float *dtable, const bwd_plan &pl, const gk_cuda_exec *ex,
+                  unsigned long long *rec, gk_err *err)
+{
+    auto kernel = embedding_onehot_kernel<Idx>;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, onehot::SMEM);
+    if (e == cudaSuccess)
+        e = pdl_launch(kernel, (unsigned)pl.ntables, onehot::THREADS, onehot::SMEM, ex->stream, idx, dout,
+                       partials, slots, n, V);
+    if (e == cudaSuccess)
+        e = reduce_launch(partials, slots, pl.ntables, V * 32, dtable, ex, rec);
+    if (e != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "embedding backward (cuda): kernel launch: %s",
+                       cudaGetErrorString(e));
+    return GK_OK;
+}
+
 /* The partial kernel chosen by the plan, then the reduce into dtable and the record. */
 template <typename Idx, typename G>
 int backward_launch(const gk_tensor *idx, const gk_tensor *dout, const gk_tensor *dtable,
@@ -638,14 +696,17 @@ int backward_launch(const gk_tensor *idx, const gk_tensor *dout, const gk_tensor
     const unsigned threads = pl.warps > 0 ? (unsigned)pl.warps * 32 : 32;
     const Idx *ip = (const Idx *)idx->data;
     const G *gp = (const G *)dout->data;
+    if constexpr (sizeof(G) == 2) {
+        if (pl.onehot)
+            return onehot_launch<Idx>(ip, gp, partials, slots, n, V, (float *)dtable->data, pl, ex, rec,
+                                      err);
+    }
     cudaError_t e = pl.quad ? pdl_launch(quad, (unsigned)pl.ntables, threads, pl.smem, ex->stream,
                                          ip, gp, partials, slots, n, V)
                             : pdl_launch(kernel, (unsigned)pl.ntables, threads, pl.smem, ex->stream,
                                          ip, gp, partials, slots, n, D, V);
     if (e == cudaSuccess)
-        e = pdl_launch(embedding_reduce_kernel, (unsigned)((VD + 31) / 32), REDUCE_WARPS * 32, 0,
-                       ex->stream, (const float *)partials, (const unsigned *)slots, pl.ntables, VD,
-                       (float *)dtable->data, rec);
+        e = reduce_launch(partials, slots, pl.ntables, VD, (float *)dtable->data, ex, rec);
     if (e != cudaSuccess)
         return gk_fail(err, GK_EDEVICE, "embedding backward (cuda): kernel launch: %s",
                        cudaGetErrorString(e));
@@ -742,6 +803,7 @@ extern "C" int gk_cuda_embedding_backward(const gk_tensor *idx, const gk_tensor 
     const size_t fit = (ex->workspace_bytes - GK_CUDA_OBS_RECORD_BYTES) / partial_bytes(vd);
     if ((size_t)pl.ntables > fit)
         pl.ntables = (int)fit;
+    pl.onehot = onehot_fits(dout, dtable->shape[0], dtable->shape[1], pl);
     unsigned long long *rec = (unsigned long long *)ex->workspace;
     float *partials = (float *)((uint8_t *)ex->workspace + GK_CUDA_OBS_RECORD_BYTES);
     return dout->dtype == GK_BF16
