@@ -112,17 +112,11 @@ static double pct_of(std::vector<double> v, double p)
     return v[(size_t)(p * (double)(v.size() - 1))];
 }
 
-/* Median of single replays of a graph of `way`'s forward (NMMO3_ROWS_*), between two events. */
-static double graph_median(const weights &s, const gk_tensor &to, const gk_tensor &th, int way,
-                           const gk_cuda_exec &ex, cudaStream_t st, int calls, cudaEvent_t e0, cudaEvent_t e1)
+/* Single replays of ge, each between two events after 10 warm-up ones: us each. */
+static std::vector<double> graph_replays(cudaGraphExec_t ge, const gk_tensor &to, const gk_cuda_exec &ex,
+                                         cudaStream_t st, int calls, cudaEvent_t e0, cudaEvent_t e1)
 {
     gk_err err;
-    cudaGraph_t g = NULL;
-    cudaGraphExec_t ge = NULL;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    CKGK(nmmo3_forward_rows(&s.w, &to, NULL, &th, NULL, way, &ex, &err));
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
     std::vector<double> v;
     for (int it = 0; it < calls + 10; it++) {
         float ms = 0;
@@ -135,6 +129,21 @@ static double graph_median(const weights &s, const gk_tensor &to, const gk_tenso
         if (it >= 10)
             v.push_back(ms * 1e3);
     }
+    return v;
+}
+
+/* Median of single replays of a graph of `way`'s forward (NMMO3_ROWS_*), between two events. */
+static double graph_median(const weights &s, const gk_tensor &to, const gk_tensor &th, int way,
+                           const gk_cuda_exec &ex, cudaStream_t st, int calls, cudaEvent_t e0, cudaEvent_t e1)
+{
+    gk_err err;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    CKGK(nmmo3_forward_rows(&s.w, &to, NULL, &th, NULL, way, &ex, &err));
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    const std::vector<double> v = graph_replays(ge, to, ex, st, calls, e0, e1);
     CK(cudaGraphExecDestroy(ge));
     CK(cudaGraphDestroy(g));
     return pct_of(v, 0.5);
@@ -188,17 +197,7 @@ static void rollout(const weights &s, const gk_cuda_exec &ex, cudaStream_t st, b
         CKGK(gk_cuda_nmmo3_forward(&s.w, &to, NULL, &th, &ex, &err));
         CK(cudaStreamEndCapture(st, &g));
         CK(cudaGraphInstantiate(&ge, g, 0));
-        for (int it = 0; it < calls + 10; it++) {
-            float ms = 0;
-            CK(cudaEventRecord(e0, st));
-            CK(cudaGraphLaunch(ge, st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
-            CKGK(gk_cuda_nmmo3_status(&to, &ex, &err));
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            if (it >= 10)
-                gv.push_back(ms * 1e3);
-        }
+        gv = graph_replays(ge, to, ex, st, calls, e0, e1);
         float b2b = 0;
         CK(cudaEventRecord(e0, st));
         for (int it = 0; it < 100; it++)
