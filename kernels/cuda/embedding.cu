@@ -30,7 +30,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "embedding_onehot.cuh"
 #include "gk_cuda.h"
 #include "multihot_embedding_pdl.cuh"
 #include "obs_record.cuh"
@@ -285,9 +284,10 @@ __device__ __forceinline__ void quad_add(float4 *row, float4 g)
  * position after the other.  Either way every table element receives its
  * additions in position order, as in the general kernel.  Invalid positions
  * (a bad index, past the range's end) add into row V, which is never read,
- * so the adds have no branch.  A batch's loads (32 positions, bf16 64) are
- * issued a batch ahead, and its rows found before its adds, whose chain of
- * shared loads and stores is then all that is left to wait on.
+ * so the adds have no branch.  A batch's gradients (32 positions, bf16 64)
+ * are loaded a batch ahead (its indices with them, bf16 two batches ahead),
+ * and its rows found before its adds, whose chain of shared loads and
+ * stores is then all that is left to wait on.
  */
 template <typename Idx, typename G>
 __global__ void __launch_bounds__(MAX_WARPS * 32, 1)
@@ -317,16 +317,18 @@ embedding_quad_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout,
     const Q *src = reinterpret_cast<const Q *>(dout) + cq; /* position p: src[8 p] */
 
     /* Only issued here: the indices are checked when the batch is added. */
-    auto load = [&](unsigned p, Q (&g)[K], Idx (&raw)[SUBS]) {
+    auto load_idx = [&](unsigned p, Idx (&raw)[SUBS]) {
 #pragma unroll
         for (int s = 0; s < SUBS; s++) {
             const unsigned u = p + 32u * s + (unsigned)lane;
             raw[s] = u < end ? idx[u] : Idx(0);
         }
+    };
+    auto load_grad = [&](unsigned p, Q (&g)[K]) {
 #pragma unroll
         for (int k = 0; k < K; k++) {
             const unsigned u = p + 4u * k + (unsigned)quarter;
-            g[k] = u < end ? src[(size_t)u * 8] : Q{};
+            g[k] = u < end ? __ldcs(src + (size_t)u * 8) : Q{};
         }
     };
     auto add = [&](unsigned p, const Q (&g)[K], const Idx (&raw)[SUBS]) {
@@ -388,20 +390,50 @@ embedding_quad_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout,
             }
         }
     };
-    /* Two register buffers taken in turn, a batch loading while the other is added. */
+    /*
+     * Two register buffers taken in turn, a batch's gradients loading while
+     * the other is added.  bf16: the indices (the adds start with them) are
+     * loaded two batches ahead into i2, i3 and moved to i0, i1 two batches
+     * later, when they have arrived (ncu: a fifth of the stall samples were
+     * the wait for indices loaded with their batch's gradients; 49.2 -> 46.5
+     * us at B = 32768).  f32 keeps them with the gradients: the same change
+     * measured 0.6 us slower there, its index wait being the gradient stream
+     * ahead of it.
+     */
     Q ga[K], gb[K];
-    Idx ia[SUBS], ib[SUBS];
-    if (start < end)
-        load(start, ga, ia);
+    Idx i0[SUBS], i1[SUBS], i2[SUBS], i3[SUBS];
+    if (start < end) {
+        load_idx(start, i0);
+        load_grad(start, ga);
+    }
+    if (sizeof(G) == 2 && start + P < end)
+        load_idx(start + P, i1);
     for (unsigned p = start; p < end; p += 2 * P) {
-        if (p + P < end)
-            load(p + P, gb, ib);
-        add(p, ga, ia);
+        if (p + P < end) {
+            load_grad(p + P, gb);
+            if (sizeof(G) == 4)
+                load_idx(p + P, i1);
+        }
+        if (sizeof(G) == 2 && p + 2 * P < end)
+            load_idx(p + 2 * P, i2);
+        if (sizeof(G) == 2 && p + 3 * P < end)
+            load_idx(p + 3 * P, i3);
+        add(p, ga, i0);
         if (p + P >= end)
             break;
-        if (p + 2 * P < end)
-            load(p + 2 * P, ga, ia);
-        add(p + P, gb, ib);
+        if (p + 2 * P < end) {
+            load_grad(p + 2 * P, ga);
+            if (sizeof(G) == 4)
+                load_idx(p + 2 * P, i0);
+        }
+        add(p + P, gb, i1);
+        if (sizeof(G) == 2) {
+#pragma unroll
+            for (int s = 0; s < SUBS; s++) {
+                i0[s] = i2[s];
+                i1[s] = i3[s];
+            }
+        }
     }
     __syncthreads();
     float4 *part = reinterpret_cast<float4 *>(partials) + (size_t)blockIdx.x * V * 8;
@@ -489,7 +521,6 @@ struct bwd_plan {
     int warps;   /* warps a block, each with a shared table; 0: tables in the workspace */
     int ntables; /* partial tables in the workspace, each with its offender slot */
     bool quad;
-    bool onehot; /* bf16 dout: embedding_onehot_kernel (embedding_onehot.cuh) */
     size_t smem;
 };
 
@@ -522,7 +553,6 @@ int bwd_plan_ideal(int64_t vd, int64_t dim, bool dout_aligned, int sm_count, bwd
     const size_t quad_table = dim == 32 ? (size_t)(vd + dim) * sizeof(float) : 0;
     const bool quad_fits = dim == 32 && quad_table <= optin - STATIC_SMEM;
     pl->quad = quad_fits && dout_aligned;
-    pl->onehot = false;
     const size_t table = (size_t)vd * sizeof(float), fit_table = quad_fits ? quad_table : table;
     size_t fit = fit_table ? (optin - STATIC_SMEM) / fit_table : MAX_WARPS;
     pl->warps = fit > MAX_WARPS ? MAX_WARPS : (int)fit;
@@ -636,42 +666,6 @@ int rows_dispatch(const gk_tensor *idx, const gk_tensor *table, const gk_tensor 
     }
 }
 
-/* The reduce kernel after the partial kernels: dtable and the record from the partial tables. */
-cudaError_t reduce_launch(const float *partials, const unsigned *slots, int ntables, int VD,
-                          float *dtable, const gk_cuda_exec *ex, unsigned long long *rec)
-{
-    return pdl_launch(embedding_reduce_kernel, (unsigned)((VD + 31) / 32), REDUCE_WARPS * 32, 0,
-                      ex->stream, partials, slots, ntables, VD, dtable, rec);
-}
-
-/*
- * bf16 dout of 32 columns, 16-byte aligned, a table of at most 128 rows:
- * the tensor-core kernel, one partial table a block.
- */
-bool onehot_fits(const gk_tensor *dout, int64_t V, int64_t D, const bwd_plan &pl)
-{
-    return dout->dtype == GK_BF16 && D == 32 && V >= 1 && V <= onehot::ROWS &&
-           (uintptr_t)dout->data % 16 == 0 && pl.warps > 0;
-}
-
-template <typename Idx>
-int onehot_launch(const Idx *idx, const uint16_t *dout, float *partials, unsigned *slots, unsigned n,
-                  int V, float *dtable, const bwd_plan &pl, const gk_cuda_exec *ex,
-                  unsigned long long *rec, gk_err *err)
-{
-    auto kernel = embedding_onehot_kernel<Idx>;
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, onehot::SMEM);
-    if (e == cudaSuccess)
-        e = pdl_launch(kernel, (unsigned)pl.ntables, onehot::THREADS, onehot::SMEM, ex->stream, idx, dout,
-                       partials, slots, n, V);
-    if (e == cudaSuccess)
-        e = reduce_launch(partials, slots, pl.ntables, V * 32, dtable, ex, rec);
-    if (e != cudaSuccess)
-        return gk_fail(err, GK_EDEVICE, "embedding backward (cuda): kernel launch: %s",
-                       cudaGetErrorString(e));
-    return GK_OK;
-}
-
 /* The partial kernel chosen by the plan, then the reduce into dtable and the record. */
 template <typename Idx, typename G>
 int backward_launch(const gk_tensor *idx, const gk_tensor *dout, const gk_tensor *dtable,
@@ -696,17 +690,14 @@ int backward_launch(const gk_tensor *idx, const gk_tensor *dout, const gk_tensor
     const unsigned threads = pl.warps > 0 ? (unsigned)pl.warps * 32 : 32;
     const Idx *ip = (const Idx *)idx->data;
     const G *gp = (const G *)dout->data;
-    if constexpr (sizeof(G) == 2) {
-        if (pl.onehot)
-            return onehot_launch<Idx>(ip, gp, partials, slots, n, V, (float *)dtable->data, pl, ex, rec,
-                                      err);
-    }
     cudaError_t e = pl.quad ? pdl_launch(quad, (unsigned)pl.ntables, threads, pl.smem, ex->stream,
                                          ip, gp, partials, slots, n, V)
                             : pdl_launch(kernel, (unsigned)pl.ntables, threads, pl.smem, ex->stream,
                                          ip, gp, partials, slots, n, D, V);
     if (e == cudaSuccess)
-        e = reduce_launch(partials, slots, pl.ntables, VD, (float *)dtable->data, ex, rec);
+        e = pdl_launch(embedding_reduce_kernel, (unsigned)((VD + 31) / 32), REDUCE_WARPS * 32, 0,
+                       ex->stream, (const float *)partials, (const unsigned *)slots, pl.ntables, VD,
+                       (float *)dtable->data, rec);
     if (e != cudaSuccess)
         return gk_fail(err, GK_EDEVICE, "embedding backward (cuda): kernel launch: %s",
                        cudaGetErrorString(e));
@@ -803,7 +794,6 @@ extern "C" int gk_cuda_embedding_backward(const gk_tensor *idx, const gk_tensor 
     const size_t fit = (ex->workspace_bytes - GK_CUDA_OBS_RECORD_BYTES) / partial_bytes(vd);
     if ((size_t)pl.ntables > fit)
         pl.ntables = (int)fit;
-    pl.onehot = onehot_fits(dout, dtable->shape[0], dtable->shape[1], pl);
     unsigned long long *rec = (unsigned long long *)ex->workspace;
     float *partials = (float *)((uint8_t *)ex->workspace + GK_CUDA_OBS_RECORD_BYTES);
     return dout->dtype == GK_BF16

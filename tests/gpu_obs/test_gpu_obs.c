@@ -16,8 +16,7 @@
  * count, on one SM and with a workspace of one partial table: within 1e-6 of
  * a float64 reference (||gpu - ref|| / ||ref||) and 1e-5 of the CPU, the
  * workspace filled with random bytes before each call; for D = 32, dout off
- * its 16-byte alignment must give the same bytes (except bf16 with at most
- * 128 rows, whose aligned path is the tensor-core kernel).
+ * its 16-byte alignment must give the same bytes.
  * Outputs are poisoned (NaN bytes) first and followed by a guard region
  * that must stay untouched; every run is repeated and must give the same
  * bytes.  Out-of-range observation values and indices fail with GK_ERANGE
@@ -537,9 +536,7 @@ static void emb_backward_case(gk_dtype idt, gk_dtype gdt, int64_t rows, int64_t 
     /*
      * dout 4 bytes off its alignment: D = 32 then takes the general kernel
      * instead of the four-rows-at-once one, which splits the positions and
-     * adds them in the same order, so there the bytes must be the same.  bf16
-     * with at most 128 rows takes the tensor-core kernel when aligned, whose
-     * sums are grouped otherwise: there only the tolerance holds.
+     * adds them in the same order, so there the bytes must be the same.
      */
     dbuf dg_off = dbuf_new(gbytes, 4);
     TH_CUDA_OK(upload(dg_off.data, dout, gbytes));
@@ -556,7 +553,7 @@ static void emb_backward_case(gk_dtype idt, gk_dtype gdt, int64_t rows, int64_t 
     if (!(rel_off < 1e-6))
         fail_msg("backward idx %s dout %s (%lld x %lld), dout unaligned: rel err %.3g vs float64",
                  gk_dtype_name(idt), gk_dtype_name(gdt), (long long)vocab, (long long)dim, rel_off);
-    const int same_split = dim == 32 && !(gdt == GK_BF16 && vocab <= 128);
+    const int same_split = dim == 32;
     if (same_split && memcmp(got, all_sms, tbytes) != 0)
         fail_msg("backward idx %s dout %s (%lld x %lld): dout unaligned gives other bytes",
                  gk_dtype_name(idt), gk_dtype_name(gdt), (long long)vocab, (long long)dim);
@@ -621,7 +618,7 @@ static void test_embedding_backward(void **state)
     /* larger tables of 32 columns: fewer warps (tables) a block */
     emb_backward_case(GK_I32, GK_BF16, 300, 47, 300, 32, 0);
     emb_backward_case(GK_I64, GK_F32, 200, 47, 300, 32, 0);
-    /* bf16, 100 rows: the tensor-core kernel's product rows past the table, ~6 stages a range */
+    /* bf16, 100 rows, four times the positions (longer ranges a warp) */
     emb_backward_case(GK_U8, GK_BF16, 4096, 47, 100, 32, 0);
 }
 
