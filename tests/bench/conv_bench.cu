@@ -14,6 +14,8 @@
  *
  * Usage: conv_bench [--quick]   (--quick: B = 1024 only, fewer repetitions)
  *        conv_bench --batch B       (only that batch size, the full repetitions)
+ *        conv_bench --only LAYER PREC   (that layer and precision at both batch sizes, the
+ *                                         full repetitions: one row group in one run)
  *        conv_bench --case LAYER PREC B   (gpucd only, forward and backward 5 times each:
  *                                           a target for a profiler; then their times)
  */
@@ -594,6 +596,7 @@ int main(int argc, char **argv)
 {
     const bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     const int only_batch = argc == 3 && strcmp(argv[1], "--batch") == 0 ? atoi(argv[2]) : 0;
+    const bool only_one = argc == 4 && strcmp(argv[1], "--only") == 0;
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     cudaDeviceProp prop;
@@ -613,6 +616,13 @@ int main(int argc, char **argv)
 
     if (argc == 5 && strcmp(argv[1], "--case") == 0)
         return run_profile_case(argv[2], argv[3], atoi(argv[4]), st, sms);
+    if (only_one && (!std::any_of(std::begin(layers), std::end(layers),
+                                  [&](const layer &l) { return strcmp(l.name, argv[2]) == 0; }) ||
+                     !std::any_of(std::begin(prec_name), std::end(prec_name),
+                                  [&](const char *n) { return strcmp(n, argv[3]) == 0; }))) {
+        fprintf(stderr, "conv_bench --only: unknown layer or precision\n");
+        return 2;
+    }
     const ceilings c = measure_ceilings(st, blas);
     printf("ceilings: GEMM fp32 %.1f, tf32 %.1f, bf16 %.1f TFLOP/s; copy %.2f TB/s (read+write)\n",
            c.flops[0] / 1e12, c.flops[1] / 1e12, c.flops[2] / 1e12, c.copy_bw / 1e12);
@@ -623,6 +633,8 @@ int main(int argc, char **argv)
         for (const layer &L : layers)
             for (int prec = 0; prec < 3; prec++) {
                 if (only_batch > 0 && batches[bi] != only_batch)
+                    continue;
+                if (only_one && (strcmp(L.name, argv[2]) != 0 || strcmp(prec_name[prec], argv[3]) != 0))
                     continue;
                 run_case(L, batches[bi], prec, quick ? 10 : (bi ? 15 : 40), st, dnn, blas, sms, rs);
                 fflush(stdout);

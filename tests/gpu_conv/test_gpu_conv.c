@@ -415,6 +415,72 @@ static void test_layers(void **state)
         fail_msg("%d output checks failed (seed %llu)", g_failures, (unsigned long long)g_seed);
 }
 
+/*
+ * The staged bf16 forward copies each sample's 8-channel run of x widened to 16-byte
+ * boundaries; an x that starts or ends off such a boundary (a view into a larger
+ * buffer) must neither be read outside nor change a bit of y: x placed 1, 4 and 7
+ * elements into its allocation (37 samples, so its end is off a boundary too) gives
+ * y bitwise equal to the aligned x's, and close to the float64 reference.
+ */
+static void test_forward_unaligned_x(void **state)
+{
+    (void)state;
+    const layer l = {"conv1 shape, x unaligned", 37, 59, 11, 15, 128, 5, 5, 3, 3, 0, 0, 1};
+    const geo g = geo_of(&l);
+    const gk_conv2d p = {l.sh, l.sw, l.ph, l.pw, l.relu, 0};
+    const int64_t xs[4] = {g.n, g.c, g.h, g.w}, ws[4] = {g.oc, g.c, g.kh, g.kw};
+    const int64_t ys[4] = {g.n, g.oc, g.oh, g.ow}, bs[1] = {g.oc};
+    const size_t nx = (size_t)g.n * g.c * g.h * g.w, nw = (size_t)g.oc * g.c * g.kh * g.kw;
+    const size_t ny = (size_t)g.n * g.oc * g.oh * g.ow;
+    buf x = buf_new(nx, GK_BF16), w = buf_new(nw, GK_BF16), b = buf_new(g.oc, GK_BF16);
+    buf y = buf_new(ny, GK_BF16);
+    buf_random(&x, 1.0);
+    buf_random(&w, 1.0 / sqrt((double)g.c * g.kh * g.kw));
+    buf_random(&b, 0.5);
+    double *yref = malloc(ny * sizeof(double)), *got = malloc(ny * sizeof(double));
+    unsigned char *aligned = malloc(y.bytes), *raw = malloc(y.bytes);
+    assert_true(yref && got && aligned && raw);
+    ref_forward(&g, x.v, w.v, b.v, l.relu, yref);
+
+    uint16_t *shifted;
+    CUDA_OK(cudaMalloc((void **)&shifted, x.bytes + 16));
+    const gk_tensor tw = buf_tensor(&w, 4, ws), tb = buf_tensor(&b, 1, bs), ty = buf_tensor(&y, 4, ys);
+    const int offsets[4] = {0, 1, 4, 7}; /* elements: 0 is the aligned run */
+    const int sm_options[2] = {g_sms, 1};
+    gk_err err = {{0}};
+    for (int si = 0; si < 2; si++)
+        for (int oi = 0; oi < 4; oi++) {
+            CUDA_OK(fill_bytes(shifted, 0xff, x.bytes + 16)); /* NaN around x: none of it may reach y */
+            CUDA_OK(cudaMemcpyAsync(shifted + offsets[oi], x.dev, x.bytes, cudaMemcpyDeviceToDevice,
+                                    g_stream));
+            const gk_tensor tx = gk_tensor_make(shifted + offsets[oi], GK_BF16, 4, xs);
+            const gk_cuda_exec ex = {g_stream, g_ws, g_ws_bytes, sm_options[si], NULL};
+            buf_poison(&y);
+            if (gk_cuda_conv2d_forward(&p, &tx, &tw, &tb, &ty, &ex, &err) != GK_OK)
+                fail_msg("unaligned x (%d elements, %d SMs): %s", offsets[oi], sm_options[si], err.msg);
+            CUDA_OK(cudaStreamSynchronize(g_stream));
+            buf_download(&y, raw, got);
+            const double e = rel_err(got, yref, ny);
+            print_message("  x %d elements in, %d SMs: rel err %.2e\n", offsets[oi], sm_options[si], e);
+            if (!(e < prec_tol[PREC_BF16]))
+                fail_msg("unaligned x (%d elements, %d SMs): rel err %g (seed %llu)", offsets[oi],
+                         sm_options[si], e, (unsigned long long)g_seed);
+            if (oi == 0)
+                memcpy(aligned, raw, y.bytes);
+            else if (memcmp(aligned, raw, y.bytes) != 0)
+                fail_msg("unaligned x (%d elements, %d SMs): y differs from the aligned x's (seed %llu)",
+                         offsets[oi], sm_options[si], (unsigned long long)g_seed);
+        }
+    cudaFree(shifted);
+    free(yref);
+    free(got);
+    free(aligned);
+    free(raw);
+    buf *all[] = {&x, &w, &b, &y};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        buf_free(all[i]);
+}
+
 /* ---- error cases ------------------------------------------------------------------ */
 
 static void test_errors(void **state)
@@ -513,6 +579,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layers),
+        cmocka_unit_test(test_forward_unaligned_x),
         cmocka_unit_test(test_errors),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
