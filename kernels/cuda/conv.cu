@@ -488,8 +488,7 @@ bias_plan bias_plan_of(const conv_shape &s, int sm_count)
 /*
  * The staged-input bf16 forward (conv_fwd_tile.cuh): applies when OC <= FT_BN,
  * OH*OW <= FT_BM, FT_TAPS_MIN <= KH*KW and the padded tap pairs fit the tap
- * table, and two chunk buffers and the raw buffer of the block's samples fit the
- * shared memory.
+ * table, and two chunk buffers of the block's samples fit the shared memory.
  * The staging pays one loader pass a chunk, which the taps reuse: measured on
  * the H200 (RESULTS.md), conv1 (25 taps) runs 934 -> 575 us at B = 32768, but
  * conv2 (9 taps) 125 -> 163 us, so few taps stay on the implicit GEMM.
@@ -497,7 +496,7 @@ bias_plan bias_plan_of(const conv_shape &s, int sm_count)
 enum { FT_TAPS_MIN = 16 };
 struct fwd_tile_plan {
     bool fits;
-    int sb, RS, SS, xbytes, raw_stride, smem, ntp, nch;
+    int sb, RS, SS, xbytes, smem, ntp, nch;
     size_t pack_bytes;
 };
 
@@ -580,13 +579,10 @@ fwd_tile_plan fwd_tile_plan_of(const conv_shape &s, int sm_count)
     d.sb = FT_BM / ohw < per_sm ? FT_BM / ohw : per_sm;
     fwd_tile_strides(s, d.sb, &d.RS, &d.SS);
     const long long xbytes = ((long long)d.sb * d.SS * 16 + 127) / 128 * 128;
-    /* a sample's 8-channel run, widened to 16-byte boundaries: up to 14 bytes ahead of it */
-    const long long raw_stride = ((long long)FT_CC * s.H * s.W * 2 + 14 + 15) / 16 * 16;
-    if (ft_smem_bytes(0, 0) + 2 * xbytes + d.sb * raw_stride > FT_SMEM_MAX)
+    if (ft_smem_bytes(0) + 2 * xbytes > FT_SMEM_MAX)
         return d;
     d.xbytes = (int)xbytes;
-    d.raw_stride = (int)raw_stride;
-    d.smem = ft_smem_bytes(d.xbytes, d.sb * d.raw_stride);
+    d.smem = ft_smem_bytes(d.xbytes);
     d.pack_bytes = round256((size_t)d.nch * d.ntp * FT_TILE_BYTES / FT_KPS);
     d.fits = true;
     return d;
@@ -654,7 +650,6 @@ int fwd_tile_run(const conv_shape &s, const fwd_tile_plan &d, const uint16_t *x,
     p.KW = s.KW;
     p.taps = s.KH * s.KW;
     p.xbytes = d.xbytes;
-    p.raw_stride = d.raw_stride;
     p.step_s = FT_LOAD_THREADS / p.HW;
     p.step_pix = FT_LOAD_THREADS % p.HW;
     p.hw_div = fastdiv_make((uint32_t)p.HW);

@@ -9,12 +9,9 @@
  * <= FT_BM output pixels, all OC <= FT_BN output channels) and walks the input
  * channels in chunks of 8:
  *
- *   loader warps   each live sample's channels c0..c0+7 (NCHW: one contiguous
- *                  run of x, widened to 16-byte boundaries) by one bulk copy
- *                  into a raw buffer (an mbarrier counts the bytes), then a
- *                  shared-memory transpose into one 16-byte slot per padded
- *                  pixel, xs[s][hp][wp][8 ch]; two chunk buffers, one raw
- *                  buffer, refilled as soon as its transpose is done;
+ *   loader warps   x[n][c0..c0+7][h][w] (NCHW, 2-byte loads coalesced along w)
+ *                  -> one 16-byte slot per padded pixel, xs[s][hp][wp][8 ch],
+ *                  written by 16-byte stores; two chunk buffers;
  *   MMA warps      3 warpgroups of 64 rows issue wgmma m64n128k16 per k16 step
  *                  (8 channels x 2 taps): the A fragments come by ldmatrix
  *                  straight from the slots into registers (row (s, oh, ow), tap
@@ -28,11 +25,6 @@
  * The row and sample strides RS >= W + 2pw, SS >= (H + 2ph) * RS are chosen on
  * the host so that the 8 rows of an ldmatrix phase hit 8 distinct bank groups
  * (conv1: RS 20, SS 220).  Padding slots are zeroed once and never written.
- * The copies keep global latency off the loaders: with 2-byte loads (56 a
- * thread in flight, 3 rounds a chunk, ~1.1 TB/s) they were the likely limit
- * (NOTES.md v12-v14: the loaders alone took ~500 us of conv1's ~575).  A
- * chunk in which a widened run would leave x (x not 16-byte aligned at its
- * start or its end) is copied by 2-byte loads instead.
  * Named barriers hand the chunk buffers over (FULL: loaders -> MMA, EMPTY:
  * back), as in dgrad_tile.cuh.  Each output is one thread's fixed-order sum:
  * deterministic, no atomics.
@@ -55,18 +47,15 @@ enum {
     FT_THREADS = FT_MMA_THREADS + FT_LOAD_THREADS,
     FT_KPS = 4,                  /* k16 steps a B tile: 128 oc x 64 k, one 128-byte row an oc */
     FT_TILE_BYTES = FT_BN * 128, /* 16 KiB, a multiple of the 1024-byte swizzle atom */
-    FT_STAGES = 4,               /* B ring; tiles issued FT_STAGES - 2 ahead (the raw buffer took 2 tiles' room) */
+    FT_STAGES = 6,               /* B ring; tiles issued FT_STAGES - 2 ahead */
     FT_TAPS_MAX = 64,
     FT_HW_MAX = 1024, /* the loaders' pixel -> slot table */
-    FT_UNROLL = 4,    /* transpose tasks in flight a thread (32 loads from the raw buffer) */
+    FT_UNROLL = 7,    /* loader tasks in flight a thread (56 loads); conv1: 2640 tasks, 3 rounds */
     FT_SMEM_MAX = 227 * 1024
 };
 
-/*
- * Named barriers (0 is __syncthreads): MMA warps among themselves; chunk buffer b full /
- * empty; loader warps among themselves (the raw buffer read, or written by plain loads).
- */
-enum { FT_BAR_MMA = 1, FT_BAR_FULL = 2, FT_BAR_EMPTY = 4, FT_BAR_LOAD = 6 };
+/* Named barriers (0 is __syncthreads): MMA warps among themselves; chunk buffer b full / empty. */
+enum { FT_BAR_MMA = 1, FT_BAR_FULL = 2, FT_BAR_EMPTY = 4 };
 
 struct ft_params {
     const uint16_t *x, *bpack, *bias;
@@ -76,19 +65,15 @@ struct ft_params {
     int nch, ntp, steps; /* channel chunks, k16 steps a chunk (tap pairs, padded), nch * ntp */
     int RS, SS, ph, pw;
     int OW, sh, sw, KW, taps;
-    int xbytes;     /* one chunk buffer: sb * SS slots of 16 bytes, a multiple of 128 */
-    int raw_stride; /* bytes of a sample in the raw buffer: 8 channels widened, a multiple of 16 */
+    int xbytes; /* one chunk buffer: sb * SS slots of 16 bytes, a multiple of 128 */
     int step_s, step_pix; /* FT_LOAD_THREADS tasks on: samples and pixels */
     fastdiv hw_div, w_div;
 };
 
-/* Shared memory tables: row slots, outputs, samples; tap offsets; pixel slots; the bias. */
-enum { FT_TABLE_BYTES = (3 * FT_BM + FT_TAPS_MAX + FT_HW_MAX + FT_BN) * 4 };
-
-/* Shared memory of one block: two chunk buffers, the raw buffer, the B ring (1024-aligned), the tables, the mbarrier. */
-__host__ __device__ constexpr int ft_smem_bytes(int xbytes, int rawbytes)
+/* Shared memory of one block: two chunk buffers, the B ring (1024-aligned), the tables. */
+__host__ __device__ constexpr int ft_smem_bytes(int xbytes)
 {
-    return 2 * xbytes + rawbytes + 1024 + FT_STAGES * FT_TILE_BYTES + FT_TABLE_BYTES + 8;
+    return 2 * xbytes + 1024 + FT_STAGES * FT_TILE_BYTES + (3 * FT_BM + FT_TAPS_MAX + FT_HW_MAX + FT_BN) * 4;
 }
 
 __device__ __forceinline__ void ft_prefetch_l2(const void *p, uint32_t bytes)
@@ -114,122 +99,23 @@ __device__ __forceinline__ void ft_prefetch_chunk(const ft_params &p, int q, int
     ft_prefetch_l2((const void *)lo, (uint32_t)(hi - lo));
 }
 
-/* Chunk q of this block's sequence: item q / nch, channels c0 .. c0 + ncv - 1 of ns live samples from n0. */
-struct ft_chunk {
-    int n0, c0, ns, ncv;
-};
-
-__device__ __forceinline__ ft_chunk ft_chunk_of(const ft_params &p, int q)
-{
-    const int item = (int)blockIdx.x + (q / p.nch) * (int)gridDim.x;
-    ft_chunk k;
-    k.n0 = item * p.sb;
-    k.c0 = (q % p.nch) * FT_CC;
-    k.ns = min(p.sb, p.N - k.n0);
-    k.ncv = min(FT_CC, p.C - k.c0);
-    return k;
-}
-
-/* Byte address of x[n0][c0][0][0]: each live sample's run starts sample_bytes after the one before. */
-__device__ __forceinline__ uintptr_t ft_chunk_start(const ft_params &p, const ft_chunk &k)
-{
-    return (uintptr_t)p.x + ((size_t)k.n0 * p.C + k.c0) * p.HW * 2;
-}
-
-/* Whether every run of the chunk, widened to 16-byte boundaries, lies inside x (then bulk copies). */
-__device__ __forceinline__ bool ft_chunk_bulk(const ft_params &p, const ft_chunk &k)
-{
-    const uintptr_t xa = (uintptr_t)p.x, xend = xa + (size_t)p.N * p.C * p.HW * 2;
-    const uintptr_t first = ft_chunk_start(p, k);
-    const uintptr_t last_end = first + (size_t)(k.ns - 1) * p.C * p.HW * 2 + (size_t)k.ncv * p.HW * 2;
-    return (first & ~(uintptr_t)15) >= xa && ((last_end + 15) & ~(uintptr_t)15) <= xend;
-}
-
-__device__ __forceinline__ void ft_mbar_init(uint32_t bar, unsigned count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-/* Waits until the barrier's phase of this parity has completed. */
-__device__ __forceinline__ void ft_mbar_wait(uint32_t bar, uint32_t parity)
-{
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-/* Arrives and expects `bytes` of bulk copies to complete on the barrier. */
-__device__ __forceinline__ void ft_mbar_arrive_tx(uint32_t bar, uint32_t bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-/* Global -> shared bulk copy (16-byte aligned, a multiple of 16 bytes), completing on bar. */
-__device__ __forceinline__ void ft_bulk_copy(uint32_t dst, uintptr_t src, uint32_t bytes, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-
 /*
- * Loader warps: chunk q into the raw buffer, sample s's run at s * raw_stride + (its
- * address & 15).  Normally warp 0 issues one bulk copy a sample (lane s) and the barrier
- * expects their bytes; a chunk whose widened runs would leave x is copied element by
- * element by every loader thread instead (the caller's FT_BAR_LOAD makes those stores
- * visible), and the barrier's phase completes on the arrival alone.
- */
-__device__ __forceinline__ void ft_fill_raw(const ft_params &p, int q, int lt, unsigned char *raw, uint32_t raw_s,
-                                            uint32_t bar)
-{
-    const ft_chunk k = ft_chunk_of(p, q);
-    const uintptr_t first = ft_chunk_start(p, k);
-    const size_t sample = (size_t)p.C * p.HW * 2, len = (size_t)k.ncv * p.HW * 2;
-    if (ft_chunk_bulk(p, k)) {
-        if (lt >= 32)
-            return;
-        uint32_t bytes = 0;
-        for (int s = lt; s < k.ns; s += 32) {
-            const uintptr_t a = first + s * sample;
-            bytes += (uint32_t)(((a + len + 15) & ~(uintptr_t)15) - (a & ~(uintptr_t)15));
-        }
-        bytes = __reduce_add_sync(0xffffffffu, bytes);
-        if (lt == 0)
-            ft_mbar_arrive_tx(bar, bytes);
-        __syncwarp();
-        for (int s = lt; s < k.ns; s += 32) {
-            const uintptr_t a = first + s * sample, lo = a & ~(uintptr_t)15;
-            ft_bulk_copy(raw_s + s * p.raw_stride, lo, (uint32_t)(((a + len + 15) & ~(uintptr_t)15) - lo), bar);
-        }
-        return;
-    }
-    const int per = k.ncv * p.HW, total = k.ns * per;
-    for (int e = lt; e < total; e += FT_LOAD_THREADS) {
-        const int s = e / per, r = e - s * per;
-        const uintptr_t a = first + s * sample;
-        *(uint16_t *)(raw + s * p.raw_stride + (a & 15) + 2 * r) = __ldg((const uint16_t *)a + r);
-    }
-    if (lt == 0)
-        ft_mbar_arrive_tx(bar, 0);
-}
-
-/*
- * Loader warps, one chunk from the raw buffer to the slots: task id = (sample s, pixel)
- * of the live samples, lanes along the pixels (each of the 8 channel loads of a warp
- * reads 64 contiguous bytes), U tasks (8 U loads) in flight a thread.  A thread's tasks
- * are FT_LOAD_THREADS apart, so (s, pixel) advances by constants; pixslot[pixel] is the
- * pixel's slot in a sample.  The tail group reads sample 0's first pixel instead of
- * branching; only its stores are skipped.  FULL: all 8 channels exist.  head0: the low
- * address bits of the chunk's first run (a run's offset in its raw slot is its & 15).
+ * Loader warps, one chunk: task id = (sample s, pixel) of the live samples, lanes along
+ * the pixels (each of the 8 channel loads of a warp reads 64 contiguous bytes), U tasks
+ * (8 U loads) in flight a thread.  A thread's tasks are FT_LOAD_THREADS
+ * apart, so (s, pixel) advances by constants; pixslot[pixel] is the pixel's slot in a
+ * sample.  The tail group reads sample 0's first pixel instead of branching; only its
+ * stores are skipped.  FULL: all 8 channels exist.
  */
 template <bool FULL, int U = FT_UNROLL>
-__device__ __forceinline__ void ft_transpose_chunk(const ft_params &p, const unsigned char *raw, unsigned char *xb,
-                                                   int tasks, int ncv, uint32_t head0, int lt, const int *pixslot)
+__device__ __forceinline__ void ft_load_chunk(const ft_params &p, const uint16_t *xc, unsigned char *xb,
+                                              int tasks, int ncv, int lt, const int *pixslot)
 {
-    const uint32_t sample_bytes = (uint32_t)(p.C * p.HW * 2); /* only its low 4 bits matter */
-    const int hw2 = 2 * p.HW;
+    const int chw = p.C * p.HW;
+    /* an opaque copy: keeps each load's address one 32 x 32 + 64 multiply-add from xc
+       (the compiler otherwise re-associates the chunk's 64-bit offset into every load) */
+    const uint16_t *base;
+    asm("mov.b64 %0, %1;" : "=l"(base) : "l"(xc));
     int s = (int)fastdiv_q(p.hw_div, (uint32_t)lt), pix = lt - s * p.HW;
     for (int id0 = lt; id0 < tasks; id0 += U * FT_LOAD_THREADS) {
         uint32_t v[U][FT_CC];
@@ -238,12 +124,10 @@ __device__ __forceinline__ void ft_transpose_chunk(const ft_params &p, const uns
         for (int u = 0; u < U; u++) {
             const bool in = id0 + u * FT_LOAD_THREADS < tasks;
             slot[u] = s * p.SS + pixslot[pix];
-            const int rs = in ? s : 0, rp = in ? pix : 0;
-            const unsigned char *r =
-                raw + rs * p.raw_stride + ((head0 + (uint32_t)rs * sample_bytes) & 15u) + 2 * rp;
+            const int o = in ? s * chw + pix : 0;
 #pragma unroll
             for (int j = 0; j < FT_CC; j++)
-                v[u][j] = (FULL || j < ncv) ? (uint32_t) * (const uint16_t *)(r + j * hw2) : 0u;
+                v[u][j] = (FULL || j < ncv) ? (uint32_t)__ldg(base + (o + j * p.HW)) : 0u;
             s += p.step_s;
             pix += p.step_pix;
             if (pix >= p.HW) {
@@ -264,22 +148,14 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
 {
     extern __shared__ __align__(128) unsigned char ft_smem[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(ft_smem);
-    unsigned char *raw = ft_smem + 2 * p.xbytes; /* the raw buffer: sb * raw_stride bytes */
-    const uint32_t raw_s = sbase + 2 * p.xbytes;
-    const uint32_t ring_off = ((raw_s + p.sb * p.raw_stride + 1023) & ~1023u) - sbase; /* swizzle atoms */
+    const uint32_t ring_off = ((sbase + 2 * p.xbytes + 1023) & ~1023u) - sbase; /* swizzle atoms */
     int *rowslot = (int *)(ft_smem + ring_off + FT_STAGES * FT_TILE_BYTES); /* A slot of tile row m */
     int *rowout = rowslot + FT_BM;      /* s * OC * ohw + pixel: y offset of row m in its block */
     int *rowsamp = rowout + FT_BM;      /* s, or -1 past sb * ohw */
     int *tapoff = rowsamp + FT_BM;      /* slot offset of tap t (dummy taps: 0) */
     int *pixslot = tapoff + FT_TAPS_MAX; /* slot of input pixel h * W + w in its sample */
     float *biasf = (float *)(pixslot + FT_HW_MAX);
-    const uint32_t rawbar = sbase + ring_off + FT_STAGES * FT_TILE_BYTES + FT_TABLE_BYTES; /* raw buffer full */
     const int tid = threadIdx.x;
-
-    if (tid == FT_MMA_THREADS) {
-        ft_mbar_init(rawbar, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
 
     for (int i = tid; i < 2 * p.xbytes / 16; i += FT_THREADS)
         ((uint4 *)ft_smem)[i] = make_uint4(0, 0, 0, 0); /* padding slots stay zero */
@@ -305,28 +181,20 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
         const int lt = tid - FT_MMA_THREADS;
         ft_prefetch_chunk(p, 0, lt);
         ft_prefetch_chunk(p, 1, lt);
-        if (fills > 0)
-            ft_fill_raw(p, 0, lt, raw, raw_s, rawbar);
         for (int q = 0; q < fills; q++) {
-            const int buf = q & 1;
-            const ft_chunk k = ft_chunk_of(p, q);
+            const int buf = q & 1, item = (int)blockIdx.x + (q / p.nch) * (int)gridDim.x;
+            const int n0 = item * p.sb, c0 = (q % p.nch) * FT_CC;
             if (q >= 2) /* the MMA warps are done with chunk q - 2 */
                 dg_bar_sync(FT_BAR_EMPTY + buf, FT_THREADS);
             ft_prefetch_chunk(p, q + 2, lt);
-            ft_mbar_wait(rawbar, (uint32_t)q & 1);
-            if (!ft_chunk_bulk(p, k)) /* every loader thread's plain stores */
-                dg_bar_sync(FT_BAR_LOAD, FT_LOAD_THREADS);
             unsigned char *xb = ft_smem + buf * p.xbytes;
-            const uint32_t head0 = (uint32_t)ft_chunk_start(p, k);
-            const int tasks = k.ns * p.HW; /* samples past N keep stale slots */
-            if (k.ncv == FT_CC)
-                ft_transpose_chunk<true>(p, raw, xb, tasks, FT_CC, head0, lt, pixslot);
+            const uint16_t *xc = p.x + ((size_t)n0 * p.C + c0) * p.HW;
+            const int tasks = min(p.sb, p.N - n0) * p.HW; /* samples past N keep stale slots */
+            if (p.C - c0 >= FT_CC)
+                ft_load_chunk<true>(p, xc, xb, tasks, FT_CC, lt, pixslot);
             else
-                ft_transpose_chunk<false>(p, raw, xb, tasks, k.ncv, head0, lt, pixslot);
-            dg_bar_sync(FT_BAR_LOAD, FT_LOAD_THREADS); /* the raw buffer is free */
+                ft_load_chunk<false>(p, xc, xb, tasks, p.C - c0, lt, pixslot);
             dg_bar_arrive(FT_BAR_FULL + buf, FT_THREADS);
-            if (q + 1 < fills)
-                ft_fill_raw(p, q + 1, lt, raw, raw_s, rawbar);
         }
         return;
     }
@@ -337,7 +205,6 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
     const uint32_t ring0 = sbase + ring_off;
     const int rs = rowslot[wg * 64 + wq * 16 + (lane & 15)];
     const int ts = lane >> 4; /* lanes 16-31 address the second tap of the step */
-    const bool live = wg * 64 < p.rows; /* a warpgroup without rows (small batches) issues no wgmma */
     const int total = mine * p.steps, tiles_item = p.steps / FT_KPS; /* an item: whole B tiles */
     constexpr int AHEAD = FT_STAGES - 2; /* tiles in flight past the current one */
     int tile_next = 0;                   /* the packed tile of the next copy: it repeats each item */
@@ -378,23 +245,20 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
         for (int kk = 0; kk < FT_KPS; kk++) {
             if (tp == 0)
                 dg_bar_sync(FT_BAR_FULL + (q & 1), FT_THREADS);
-            if (live)
-                ldmatrix_x4(af[kk], sbase + (q & 1) * p.xbytes + (uint32_t)(rs + tapoff[2 * tp + ts]) * 16);
+            ldmatrix_x4(af[kk], sbase + (q & 1) * p.xbytes + (uint32_t)(rs + tapoff[2 * tp + ts]) * 16);
             if (++tp == p.ntp) {
                 tp = 0;
                 done = q++;
                 ci = ci + 1 == p.nch ? 0 : ci + 1;
             }
         }
-        if (live) {
-            const uint32_t bt = ring0 + (t % FT_STAGES) * FT_TILE_BYTES;
-            acc_fence(acc);
-            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        const uint32_t bt = ring0 + (t % FT_STAGES) * FT_TILE_BYTES;
+        acc_fence(acc);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-            for (int kk = 0; kk < FT_KPS; kk++)
-                wgmma_m64n128k16(acc, af[kk], sw128_desc(bt + kk * 32), 1);
-            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        }
+        for (int kk = 0; kk < FT_KPS; kk++)
+            wgmma_m64n128k16(acc, af[kk], sw128_desc(bt + kk * 32), 1);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         if (done >= 0 && done + 2 < fills) /* the loaders wait for it only if they fill it again */
             dg_bar_arrive(FT_BAR_EMPTY + (done & 1), FT_THREADS);
     };
