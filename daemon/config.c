@@ -143,7 +143,7 @@ static const config_option config_options[] = {
     {"spin-us", "US",
      "a worker that finished a request polls this long for the next one before it sleeps, one "
      "worker at a time: lower latency for a core's time when requests come back to back "
-     "(default 1000 with 8 or more CPUs, else 0: never)",
+     "(default 1000 with the cuda backend and 8 or more CPUs, else 0: never)",
      CONFIG_NUMBER(spin_us, 0, 1000000)},
     {"cpu-latency-us", "US",
      "while running, ask the kernel (/dev/cpu_dma_latency) to keep every CPU's wake-up latency "
@@ -317,22 +317,22 @@ int gcd_config_parse_args(gcd_config *cfg, int argc, char **argv, char *err, siz
 }
 
 /*
- * --spin-us unset: 1000 us where there are cores to spare (8 or more), long enough to
- * catch a closed-loop client's next request a socket round trip later.  On the H200
- * machine (ENCODER_RESULTS.md, session 5) it took the daemon's own time a request at
- * B = 1024 from 24-54 to 16-20 us at p50 and cost nothing measurable under 64 client
- * processes; one worker polls at a time, so it costs at most one core.  None on smaller
- * machines: on 2 cores a poller doubled the ping latency (measured).
+ * 1000 us where a device backend serves and there are cores to spare (8 or more): long
+ * enough to catch a closed-loop client's next request a socket round trip later.  On
+ * the H200 machine (ENCODER_RESULTS.md, session 5) it took the daemon's own time a
+ * request at B = 1024 from 24-54 to 16-20 us at p50 and cost nothing measurable under 64
+ * client processes; one worker polls at a time, so it costs at most one core.  None on
+ * smaller machines (on 2 cores a poller doubled the ping latency, measured) and none
+ * for the CPU backend, whose requests take milliseconds and whose OpenMP threads want
+ * every core the poller would hold.
  */
-static uint64_t spin_default(void)
+uint64_t gcd_config_spin_auto(int device_backend)
 {
-    return sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 1000 : 0;
+    return device_backend && sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 1000 : 0;
 }
 
 int gcd_config_finish(gcd_config *cfg, char *err, size_t errlen)
 {
-    if (cfg->spin_us == GCD_SPIN_AUTO)
-        cfg->spin_us = spin_default();
     if (cfg->nlisten > 0)
         return 0;
     char url[GCD_URL_MAX];

@@ -28,7 +28,7 @@ typedef struct gcd_config {
     uint64_t batch_window_us; /* 0: no dynamic batching */
     uint64_t max_batch;       /* rows of one merged launch */
     uint64_t spin_us;         /* a worker polls this long for the next request before sleeping;
-                                 GCD_SPIN_AUTO until gcd_config_finish sets it */
+                                 GCD_SPIN_AUTO until main sets it (gcd_config_spin_auto) */
     uint64_t cpu_latency_us;  /* PM QoS wake-up latency held while running (cpu_latency.h);
                                  GCD_CPU_LATENCY_OFF: none */
     gcd_log_level log_level;
@@ -47,6 +47,9 @@ int gcd_config_parse_args(gcd_config *cfg, int argc, char **argv, char *err, siz
 
 /* Fills the default listen URL when none was given (creating its directory, mode 0700). */
 int gcd_config_finish(gcd_config *cfg, char *err, size_t errlen);
+
+/* --spin-us unset: the poll for a daemon whose backend is a device (1) or the CPU (0). */
+uint64_t gcd_config_spin_auto(int device_backend);
 
 void gcd_config_usage(FILE *out);
 

@@ -121,6 +121,8 @@ int main(int argc, char **argv)
         gcd_log_error("%s", err);
         return 1;
     }
+    if (d->cfg.spin_us == GCD_SPIN_AUTO)
+        d->cfg.spin_us = gcd_config_spin_auto(d->ops != &gcd_backend_cpu);
     gk_err kerr = {{0}};
     if (d->ops->open(&d->cfg, &d->backend, &kerr) != 0) {
         gcd_log_error("cannot open the %s backend: %s", d->ops->name, kerr.msg);

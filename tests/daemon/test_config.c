@@ -50,7 +50,9 @@ static void test_defaults_and_flags(void **state)
     assert_true(cfg.workspace_mb == GCD_WORKSPACE_AUTO);
     assert_true(cfg.cpu_latency_us == GCD_CPU_LATENCY_OFF);
     assert_int_equal(gcd_config_finish(&cfg, err, sizeof err), 0);
-    assert_int_equal(cfg.spin_us, sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 1000 : 0);
+    assert_true(cfg.spin_us == GCD_SPIN_AUTO); /* main decides, knowing the backend */
+    assert_int_equal(gcd_config_spin_auto(0), 0);
+    assert_int_equal(gcd_config_spin_auto(1), sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 1000 : 0);
     assert_int_equal(cfg.nlisten, 1);
     assert_memory_equal(cfg.listen[0], "ipc://", 6);
 }
