@@ -228,6 +228,24 @@ static void test_parser_rejects_bad_exposition(void **state)
     ts_metrics_free(&m);
 }
 
+/* An operator's --spin-us is kept whatever the backend (the default is the backend's). */
+static void test_spin_us_given_is_shown(void **state)
+{
+    const int port = ts_free_port();
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
+    const char *extra[] = {"--stats-listen", url, "--spin-us", "250", NULL};
+    th_daemon d;
+    th_daemon_start(&d, extra);
+    ts_http r;
+    assert_int_equal(ts_http_get(port, "/stats", &r), 0);
+    assert_int_equal(r.status, 200);
+    if (strstr(r.body, "\"spin_us\":250,") == NULL)
+        fail_msg("/stats lacks \"spin_us\":250: %s", r.body);
+    ts_http_free(&r);
+    assert_int_equal(th_daemon_stop_checked(&d), 0);
+}
+
 static int group_setup(void **state)
 {
     port_ = ts_daemon_start(&daemon_);
@@ -244,6 +262,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_counters_move_by_the_requests_made),
         cmocka_unit_test(test_stats_json_agrees),
         cmocka_unit_test(test_health_and_unknown_paths),
+        cmocka_unit_test(test_spin_us_given_is_shown),
     };
     return th_run_group_tests(tests, group_setup, group_teardown);
 }
