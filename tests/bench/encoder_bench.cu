@@ -221,6 +221,24 @@ static void rollout(const weights &s, const gk_cuda_exec &ex, cudaStream_t st, b
 
 /* ---- --gemms: the forward's GEMMs under every no-split-K algorithm ------------------ */
 
+/* Median us of 20 launches on st, each between two events, after 5 warm-up ones. */
+template <typename Launch>
+static double gemm_median_us(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, Launch launch)
+{
+    std::vector<double> t;
+    for (int it = 0; it < 25; it++) {
+        float ms = 0;
+        CK(cudaEventRecord(e0, st));
+        launch();
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (it >= 5)
+            t.push_back(ms * 1e3);
+    }
+    return median_of(t);
+}
+
 static void lt_layout(cublasLtMatrixLayout_t *l, cudaDataType_t t, uint64_t rows, uint64_t cols, int64_t ld,
                       int batch, int64_t stride)
 {
@@ -319,18 +337,8 @@ static void gemm_sweep(gk_cuda_blas *bl, const char *name, gk_cuda_gemm g, cudaS
         gk_cuda_gemm gr = g;
         gr.n = n, gr.c = ref;
         CKGK(gk_cuda_gemm_fixed(bl, &gr, name, &err));
-        std::vector<double> t;
-        for (int it = 0; it < 25; it++) {
-            float ms = 0;
-            CK(cudaEventRecord(e0, st));
-            CKGK(gk_cuda_gemm_fixed(bl, &gr, name, &err));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            if (it >= 5)
-                t.push_back(ms * 1e3);
-        }
-        printf("  fixed n=%d: %.1f us\n", n, median_of(t));
+        const double us = gemm_median_us(st, e0, e1, [&] { CKGK(gk_cuda_gemm_fixed(bl, &gr, name, &err)); });
+        printf("  fixed n=%d: %.1f us\n", n, us);
     }
     for (size_t ci = 0; ci < cand.size(); ci++) {
         const cublasLtMatmulAlgo_t &a = cand[ci];
@@ -352,25 +360,17 @@ static void gemm_sweep(gk_cuda_blas *bl, const char *name, gk_cuda_gemm g, cudaS
             gk_cuda_gemm gr = g;
             gr.n = n, gr.c = ref;
             CKGK(gk_cuda_gemm_fixed(bl, &gr, name, &err));
-            std::vector<double> t;
-            for (int it = 0; it < 25; it++) {
-                float ms = 0;
-                CK(cudaEventRecord(e0, st));
+            const double us = gemm_median_us(st, e0, e1, [&] {
                 CKBLAS(cublasLtMatmul(bl->lt, d.op, &one, g.a, d.a, g.b, d.b, &zero, out, d.c, out, d.c, &a,
                                       bl->workspace, GK_CUDA_BLAS_WORKSPACE_BYTES, st));
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                if (it >= 5)
-                    t.push_back(ms * 1e3);
-            }
+            });
             const size_t bytes = (size_t)n * g.ldc * cs;
             CK(cudaMemcpy(href.data(), ref, bytes, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(hout.data(), out, bytes, cudaMemcpyDeviceToHost));
             size_t diff = 0;
             for (size_t i = 0; i < bytes; i += cs)
                 diff += memcmp(&href[i], &hout[i], cs) != 0;
-            printf(" %.1f%s", median_of(t), diff ? "(DIFF)" : "(same)");
+            printf(" %.1f%s", us, diff ? "(DIFF)" : "(same)");
             if (diff)
                 printf("[%zu]", diff);
             lt_descs_free(d);
