@@ -20,6 +20,7 @@
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "gk_cuda.h"
 #include "conv_fwd_tile.cuh"
@@ -501,64 +502,93 @@ struct fwd_tile_plan {
 };
 
 /*
- * Bank-group collisions of the A ldmatrix phases: each 8 consecutive tile rows
- * read 8 slots at the same tap offset; the cost is the sum over those groups
- * of the most rows sharing a slot residue mod 8 (8 groups of 16 bytes a
- * 128-byte bank row).  The best (RS, SS) of 8 x 8 candidates; answers are
- * kept per thread (one search per shape, not per call).
+ * Strides (RS, SS) of a staged tile's slots: slot(sample, oh, ow) = sample * SS
+ * + oh * oh_step * RS + ow * sw (+ a tap offset t < taps), 16 bytes each.  An
+ * ldmatrix phase reads the slots of 8 consecutive rows (row m = sample * OH*OW
+ * + output pixel, m < rows); its cost is the most of them sharing a residue
+ * mod 8 (8 groups of 16 bytes a 128-byte bank row).  strides_search returns
+ * the cheapest of the 8 x 8 candidates RS = rs0.., SS = rows_a_sample * RS..,
+ * the first on ties; strides_memo keeps a thread's last answers, because the
+ * search costs ~50 us at the NMMO3 shapes and callers alternate between shapes
+ * and sample counts (layers, batches, workspace queries): one was not enough
+ * (a conv2 workspace query at B = 1024 took 110 us, 0.3 us at B = 32768).
  */
-void fwd_tile_strides(const conv_shape &s, int sb, int *RS, int *SS)
+struct strides_walk {
+    int rows, ohw, OW, oh_step, sw, taps;
+};
+
+int strides_cost(const strides_walk &w, int rs, int ss)
 {
-    struct key {
-        int sb, Hp, Wp, OH, OW, sh, sw;
-    };
-    /*
-     * The search below costs ~50 us at the NMMO3 shapes, and callers alternate
-     * between shapes and sample counts (layers, batches, workspace queries), so
-     * a few results are remembered: one was not enough (measured when the
-     * weight gradient used it too: a conv2 workspace query at B = 1024 took
-     * 110 us, 0.3 us at B = 32768).
-     */
-    struct remembered {
-        key k;
-        int rs, ss;
-    };
-    enum { REMEMBERED = 8 };
-    static thread_local remembered seen[REMEMBERED];
-    static thread_local int nseen, next_evicted;
-    const int Hp = s.H + 2 * s.ph, Wp = s.W + 2 * s.pw, ohw = s.OH * s.OW, rows = sb * ohw;
-    const key k = {sb, Hp, Wp, s.OH, s.OW, s.sh, s.sw};
-    for (int i = 0; i < nseen; i++) {
-        const key &o = seen[i].k;
-        if (k.sb == o.sb && k.Hp == o.Hp && k.Wp == o.Wp && k.OH == o.OH && k.OW == o.OW &&
-            k.sh == o.sh && k.sw == o.sw) {
-            *RS = seen[i].rs;
-            *SS = seen[i].ss;
-            return;
-        }
-    }
-    int best = -1;
-    for (int rs = Wp; rs < Wp + 8; rs++)
-        for (int ss = Hp * rs; ss < Hp * rs + 8; ss++) {
-            int cost = 0;
-            for (int m0 = 0; m0 < rows; m0 += 8) {
-                int count[8] = {0, 0, 0, 0, 0, 0, 0, 0}, most = 0;
-                for (int m = m0; m < m0 + 8 && m < rows; m++) {
-                    const int sm = m / ohw, pix = m % ohw;
-                    const int slot = sm * ss + (pix / s.OW) * s.sh * rs + (pix % s.OW) * s.sw;
-                    const int c = ++count[slot & 7];
-                    most = c > most ? c : most;
-                }
-                cost += most;
+    int cost = 0;
+    for (int t = 0; t < w.taps; t++)
+        for (int m0 = 0; m0 < w.rows; m0 += 8) {
+            int count[8] = {0, 0, 0, 0, 0, 0, 0, 0}, most = 0;
+            for (int m = m0; m < m0 + 8 && m < w.rows; m++) {
+                const int sm = m / w.ohw, pix = m % w.ohw;
+                const int slot = sm * ss + (pix / w.OW) * w.oh_step * rs + (pix % w.OW) * w.sw + t;
+                const int c = ++count[slot & 7];
+                most = c > most ? c : most;
             }
+            cost += most;
+        }
+    return cost;
+}
+
+void strides_search(const strides_walk &w, int rs0, int rows_a_sample, int *RS, int *SS)
+{
+    int best = -1;
+    for (int rs = rs0; rs < rs0 + 8; rs++)
+        for (int ss = rows_a_sample * rs; ss < rows_a_sample * rs + 8; ss++) {
+            const int cost = strides_cost(w, rs, ss);
             if (best < 0 || cost < best) {
                 best = cost;
                 *RS = rs;
                 *SS = ss;
             }
         }
-    remembered &r = seen[nseen < REMEMBERED ? nseen++ : next_evicted++ % REMEMBERED];
-    r = {k, *RS, *SS};
+}
+
+/* A thread's last answers of one search, by a key of up to 8 ints. */
+struct strides_memo {
+    enum { REMEMBERED = 8 };
+    struct entry {
+        int key[8], rs, ss;
+    } seen[REMEMBERED];
+    int nseen, next_evicted;
+
+    bool find(const int (&key)[8], int *RS, int *SS) const
+    {
+        for (int i = 0; i < nseen; i++)
+            if (memcmp(seen[i].key, key, sizeof key) == 0) {
+                *RS = seen[i].rs;
+                *SS = seen[i].ss;
+                return true;
+            }
+        return false;
+    }
+    void keep(const int (&key)[8], int rs, int ss)
+    {
+        entry &e = seen[nseen < REMEMBERED ? nseen++ : next_evicted++ % REMEMBERED];
+        memcpy(e.key, key, sizeof key);
+        e.rs = rs;
+        e.ss = ss;
+    }
+};
+
+/*
+ * The forward tile: the A ldmatrix phases read 8 consecutive tile rows at one
+ * tap offset; oh advances sh padded rows.
+ */
+void fwd_tile_strides(const conv_shape &s, int sb, int *RS, int *SS)
+{
+    static thread_local strides_memo memo;
+    const int Hp = s.H + 2 * s.ph, Wp = s.W + 2 * s.pw;
+    const int key[8] = {sb, Hp, Wp, s.OH, s.OW, s.sh, s.sw, 0};
+    if (memo.find(key, RS, SS))
+        return;
+    const strides_walk w = {sb * s.OH * s.OW, s.OH * s.OW, s.OW, s.sh, s.sw, 1};
+    strides_search(w, Wp, Hp, RS, SS);
+    memo.keep(key, *RS, *SS);
 }
 
 fwd_tile_plan fwd_tile_plan_of(const conv_shape &s, int sm_count)
@@ -675,52 +705,20 @@ struct wgrad_tile_plan {
 int gcd_of(int a, int b) { return b == 0 ? a : gcd_of(b, a % b); }
 
 /*
- * Bank-group collisions of the weight gradient's A ldmatrix phases: for each tap kw, each
- * 8 consecutive output pixels k of a stage read slots slot(k) + kw; the cost is the sum of
- * the most slots sharing a residue mod 8.  The best (RS, SS) of 8 x 8 candidates, kept per
- * thread for a few shapes (as fwd_tile_strides).
+ * The weight gradient's tile: for each tap kw, the A ldmatrix phases read the
+ * slots of 8 consecutive output pixels plus kw, over whole groups of 8 (the
+ * last one past the stage's rows too).
  */
 void wgrad_tile_strides(const conv_shape &s, int sb, int width, int *RS, int *SS)
 {
-    struct remembered {
-        int sb, width, OH, OW, sw, KW, rs, ss;
-    };
-    enum { REMEMBERED = 8 };
-    static thread_local remembered seen[REMEMBERED];
-    static thread_local int nseen, next_evicted;
-    for (int i = 0; i < nseen; i++) {
-        const remembered &o = seen[i];
-        if (o.sb == sb && o.width == width && o.OH == s.OH && o.OW == s.OW && o.sw == s.sw &&
-            o.KW == s.KW) {
-            *RS = o.rs;
-            *SS = o.ss;
-            return;
-        }
-    }
-    const int ohw = s.OH * s.OW, rows = sb * ohw;
-    int best = -1;
-    for (int rs = width; rs < width + 8; rs++)
-        for (int ss = s.OH * rs; ss < s.OH * rs + 8; ss++) {
-            int cost = 0;
-            for (int kw = 0; kw < s.KW; kw++)
-                for (int k0 = 0; k0 < rows; k0 += 8) {
-                    int count[8] = {0, 0, 0, 0, 0, 0, 0, 0}, most = 0;
-                    for (int k = k0; k < k0 + 8; k++) {
-                        const int sm = k / ohw, pix = k % ohw;
-                        const int slot = sm * ss + (pix / s.OW) * rs + (pix % s.OW) * s.sw + kw;
-                        const int c = ++count[slot & 7];
-                        most = c > most ? c : most;
-                    }
-                    cost += most;
-                }
-            if (best < 0 || cost < best) {
-                best = cost;
-                *RS = rs;
-                *SS = ss;
-            }
-        }
-    remembered &r = seen[nseen < REMEMBERED ? nseen++ : next_evicted++ % REMEMBERED];
-    r = {sb, width, s.OH, s.OW, s.sw, s.KW, *RS, *SS};
+    static thread_local strides_memo memo;
+    const int key[8] = {sb, width, s.OH, s.OW, s.sw, s.KW, 0, 0};
+    if (memo.find(key, RS, SS))
+        return;
+    const int ohw = s.OH * s.OW, rows = (sb * ohw + 7) / 8 * 8;
+    const strides_walk w = {rows, ohw, s.OW, 1, s.sw, s.KW};
+    strides_search(w, width, s.OH, RS, SS);
+    memo.keep(key, *RS, *SS);
 }
 
 /*
