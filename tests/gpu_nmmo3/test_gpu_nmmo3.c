@@ -238,21 +238,27 @@ static size_t workspace_min(problem *p)
     return lo;
 }
 
+/*
+ * The backward's cases, stateless and with saved activations: hidden 130 and 98
+ * give projection rows that take the one-column-a-thread path; 512 and 256 are
+ * encoder widths whose saved rows are long.
+ */
+static const struct {
+    gk_dtype dt;
+    int64_t rows;
+    int proj;
+    int64_t hidden;
+} g_cases[] = {{GK_F32, 37, 1, 96},   {GK_BF16, 300, 1, 96},  {GK_F32, 5, 0, 96},
+               {GK_BF16, 1, 0, 96},   {GK_BF16, 2100, 1, 96}, {GK_F32, 1000, 0, 96},
+               {GK_BF16, 77, 1, 130}, {GK_F32, 9, 1, 98},     {GK_BF16, 1000, 1, 512},
+               {GK_F32, 33, 1, 256}};
+
 static void test_matches_cpu(void **state)
 {
     (void)state;
-    /* hidden 130 and 98: rows of the projection that take the one-column-a-thread path. */
-    const struct {
-        gk_dtype dt;
-        int64_t rows;
-        int proj;
-        int64_t hidden;
-    } cases[] = {{GK_F32, 37, 1, 96},   {GK_BF16, 300, 1, 96},  {GK_F32, 5, 0, 96},
-                 {GK_BF16, 1, 0, 96},   {GK_BF16, 2100, 1, 96}, {GK_F32, 1000, 0, 96},
-                 {GK_BF16, 77, 1, 130}, {GK_F32, 9, 1, 98}};
-    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    for (size_t k = 0; k < sizeof g_cases / sizeof g_cases[0]; k++) {
         problem p;
-        problem_make(&p, cases[k].dt, cases[k].rows, cases[k].proj, cases[k].hidden);
+        problem_make(&p, g_cases[k].dt, g_cases[k].rows, g_cases[k].proj, g_cases[k].hidden);
         gk_err err;
         if (problem_run(&p, WORKSPACE, g_blas, &err) != GK_OK)
             fail_msg("backward: %s", err.msg);
@@ -447,18 +453,9 @@ static double compare(const void *got, const void *want, size_t n, gk_dtype dt, 
 static void test_saved_matches(void **state)
 {
     (void)state;
-    const struct {
-        gk_dtype dt;
-        int64_t rows;
-        int proj;
-        int64_t hidden;
-    } cases[] = {{GK_F32, 37, 1, 96},   {GK_BF16, 300, 1, 96},  {GK_F32, 5, 0, 96},
-                 {GK_BF16, 1, 0, 96},   {GK_BF16, 2100, 1, 96}, {GK_F32, 1000, 0, 96},
-                 {GK_BF16, 77, 1, 130}, {GK_F32, 9, 1, 98},     {GK_BF16, 1000, 1, 512},
-                 {GK_F32, 33, 1, 256}};
-    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    for (size_t k = 0; k < sizeof g_cases / sizeof g_cases[0]; k++) {
         problem p;
-        problem_make(&p, cases[k].dt, cases[k].rows, cases[k].proj, cases[k].hidden);
+        problem_make(&p, g_cases[k].dt, g_cases[k].rows, g_cases[k].proj, g_cases[k].hidden);
         const size_t es = gk_dtype_size(p.dt), nout = (size_t)p.rows * (size_t)(p.proj ? p.hidden : 1817);
         char what[96];
         snprintf(what, sizeof what, "%s rows %lld%s hidden %lld", p.dt == GK_BF16 ? "bf16" : "f32",
