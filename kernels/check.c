@@ -418,6 +418,13 @@ static int nmmo3_check_obs(const gk_tensor *obs, gk_err *err)
     return tensor_check_shape(obs, "obs", 2, want, GK_U8, "(B, 1707) observation bytes", err);
 }
 
+/* The names the disjointness checks give an encoder's weights and their gradients. */
+static const char *const nmmo3_weight_names[7] = {"conv1_w", "conv1_b", "conv2_w", "conv2_b",
+                                                  "embed",   "proj_w",  "proj_b"};
+static const char *const nmmo3_grad_names[7] = {"grads.conv1_w", "grads.conv1_b", "grads.conv2_w",
+                                                "grads.conv2_b", "grads.embed",   "grads.proj_w",
+                                                "grads.proj_b"};
+
 static void nmmo3_list(const gk_nmmo3_weights *w, const char *const names[7], named_tensor *v)
 {
     const gk_tensor *t[7] = {&w->conv1_w, &w->conv1_b, &w->conv2_w, &w->conv2_b,
@@ -452,10 +459,8 @@ int gk_nmmo3_forward_check(const gk_nmmo3_weights *w, const gk_tensor *obs,
                                      "(B, 1817), weights' dtype", err)))
             return rc;
     }
-    static const char *const names[7] = {"conv1_w", "conv1_b", "conv2_w", "conv2_b",
-                                         "embed",   "proj_w",  "proj_b"};
     named_tensor v[10] = {{features, "features"}, {hidden, "hidden"}, {obs, "obs"}};
-    nmmo3_list(w, names, v + 3);
+    nmmo3_list(w, nmmo3_weight_names, v + 3);
     return tensors_check_disjoint(v, 10, 2, err);
 }
 
@@ -478,14 +483,9 @@ int gk_nmmo3_backward_check(const gk_nmmo3_weights *w, const gk_tensor *obs,
     if ((rc = nmmo3_check_set(grads, "grads", GK_F32, nh > 0, nh,
                                "the weight's shape, f32 gradients", err)))
         return rc;
-    static const char *const gnames[7] = {"grads.conv1_w", "grads.conv1_b", "grads.conv2_w",
-                                          "grads.conv2_b", "grads.embed",   "grads.proj_w",
-                                          "grads.proj_b"};
-    static const char *const wnames[7] = {"conv1_w", "conv1_b", "conv2_w", "conv2_b",
-                                          "embed",   "proj_w",  "proj_b"};
     named_tensor v[16];
-    nmmo3_list(grads, gnames, v);
-    nmmo3_list(w, wnames, v + 7);
+    nmmo3_list(grads, nmmo3_grad_names, v);
+    nmmo3_list(w, nmmo3_weight_names, v + 7);
     v[14] = (named_tensor){obs, "obs"};
     v[15] = (named_tensor){dout, "dout"};
     return tensors_check_disjoint(v, 16, 7, err);
@@ -529,11 +529,9 @@ int gk_nmmo3_forward_save_check(const gk_nmmo3_weights *w, const gk_tensor *obs,
     if ((rc = gk_nmmo3_forward_check(w, obs, features, hidden, err)) ||
         (rc = gk_nmmo3_saved_check(w, obs, saved, err)))
         return rc;
-    static const char *const names[7] = {"conv1_w", "conv1_b", "conv2_w", "conv2_b",
-                                         "embed",   "proj_w",  "proj_b"};
     named_tensor v[11] = {{saved, "saved"}, {features, "features"}, {hidden, "hidden"},
                           {obs, "obs"}};
-    nmmo3_list(w, names, v + 4);
+    nmmo3_list(w, nmmo3_weight_names, v + 4);
     return tensors_check_disjoint(v, 11, 1, err);
 }
 
@@ -545,11 +543,8 @@ int gk_nmmo3_backward_saved_check(const gk_nmmo3_weights *w, const gk_tensor *ob
     if ((rc = gk_nmmo3_backward_check(w, obs, dout, grads, err)) ||
         (rc = gk_nmmo3_saved_check(w, obs, saved, err)))
         return rc;
-    static const char *const gnames[7] = {"grads.conv1_w", "grads.conv1_b", "grads.conv2_w",
-                                          "grads.conv2_b", "grads.embed",   "grads.proj_w",
-                                          "grads.proj_b"};
     named_tensor v[8];
-    nmmo3_list(grads, gnames, v);
+    nmmo3_list(grads, nmmo3_grad_names, v);
     v[7] = (named_tensor){saved, "saved"};
     return tensors_check_disjoint(v, 8, 7, err);
 }
