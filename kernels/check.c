@@ -507,13 +507,18 @@ size_t gk_nmmo3_saved_row_bytes(const gk_nmmo3_weights *w)
     return row;
 }
 
+int gk_nmmo3_saved_require(const gk_tensor *saved, gk_err *err)
+{
+    return tensor_require(saved, "saved (the activations the forward keeps)", err);
+}
+
 int gk_nmmo3_saved_check(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *saved,
                          gk_err *err)
 {
     int64_t nh = 0;
     int rc;
     if ((rc = nmmo3_check_weights(w, &nh, err)) || (rc = nmmo3_check_obs(obs, err)) ||
-        (rc = tensor_require(saved, "saved (the activations the forward keeps)", err)))
+        (rc = gk_nmmo3_saved_require(saved, err)))
         return rc;
     const int64_t want[2] = {obs->shape[0], (int64_t)gk_nmmo3_saved_row_bytes(w)};
     char why[96];

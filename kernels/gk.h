@@ -214,6 +214,8 @@ int gk_nmmo3_backward_check(const gk_nmmo3_weights *w, const gk_tensor *obs,
  */
 /* Bytes one row of saved activations takes (a multiple of 16); 0 if w is not checkable. */
 size_t gk_nmmo3_saved_row_bytes(const gk_nmmo3_weights *w);
+/* saved given at all (the saved calls' first check: NULL would mean the stateless path). */
+int gk_nmmo3_saved_require(const gk_tensor *saved, gk_err *err);
 /* saved: u8 (B, gk_nmmo3_saved_row_bytes(w)), B = obs's rows; w and obs as the forward's. */
 int gk_nmmo3_saved_check(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor *saved,
                          gk_err *err);

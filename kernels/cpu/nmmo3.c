@@ -399,9 +399,9 @@ int gk_cpu_nmmo3_forward_save(const gk_nmmo3_weights *w, const gk_tensor *obs,
                               const gk_tensor *features, const gk_tensor *hidden,
                               const gk_tensor *saved, gk_err *err)
 {
-    if (saved == NULL)
-        return gk_fail(err, GK_EINVAL, "saved (the activations the forward keeps) is required "
-                                       "but missing");
+    int rc = gk_nmmo3_saved_require(saved, err);
+    if (rc != GK_OK)
+        return rc;
     return nmmo3_forward(w, obs, features, hidden, saved, err);
 }
 
@@ -593,8 +593,8 @@ int gk_cpu_nmmo3_backward_saved(const gk_nmmo3_weights *w, const gk_tensor *obs,
                                 const gk_tensor *saved, const gk_tensor *dout,
                                 const gk_nmmo3_weights *grads, gk_err *err)
 {
-    if (saved == NULL)
-        return gk_fail(err, GK_EINVAL, "saved (the activations the forward keeps) is required "
-                                       "but missing");
+    int rc = gk_nmmo3_saved_require(saved, err);
+    if (rc != GK_OK)
+        return rc;
     return nmmo3_backward(w, obs, saved, dout, grads, err);
 }

@@ -667,8 +667,6 @@ extern "C" int gk_cuda_nmmo3_forward_save(const gk_nmmo3_weights *w, const gk_te
                                           const gk_tensor *saved, const gk_cuda_exec *ex,
                                           gk_err *err)
 {
-    if (saved == NULL)
-        return gk_fail(err, GK_EINVAL, "saved (the activations the forward keeps) is required but missing");
     int rc = gk_nmmo3_forward_save_check(w, obs, features, hidden, saved, err);
     if (rc != GK_OK)
         return rc;

@@ -815,8 +815,9 @@ extern "C" int gk_cuda_nmmo3_backward_saved_workspace_bytes(const gk_nmmo3_weigh
                                                             int sm_count, size_t budget,
                                                             size_t *bytes, gk_err *err)
 {
-    if (saved == NULL)
-        return gk_fail(err, GK_EINVAL, "saved (the activations the forward keeps) is required but missing");
+    int rc = gk_nmmo3_saved_require(saved, err);
+    if (rc != GK_OK)
+        return rc;
     return workspace_bytes(w, obs, saved, dout, grads, sm_count, budget, bytes, err);
 }
 
@@ -825,7 +826,8 @@ extern "C" int gk_cuda_nmmo3_backward_saved(const gk_nmmo3_weights *w, const gk_
                                             const gk_nmmo3_weights *grads, const gk_cuda_exec *ex,
                                             gk_err *err)
 {
-    if (saved == NULL)
-        return gk_fail(err, GK_EINVAL, "saved (the activations the forward keeps) is required but missing");
+    int rc = gk_nmmo3_saved_require(saved, err);
+    if (rc != GK_OK)
+        return rc;
     return backward_run(w, obs, saved, dout, grads, ex, err);
 }

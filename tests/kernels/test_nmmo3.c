@@ -677,8 +677,10 @@ static void test_nmmo3_saved_check(void **state)
                 "saved on a gradient: rc %d '%s'", rc, err.msg);
     assert_int_equal(gk_cpu_nmmo3_forward_save(&r.kw, &r.tobs, &r.feat.t, &r.hid.t, NULL, &err),
                      GK_EINVAL);
+    assert_non_null(strstr(err.msg, "saved (the activations the forward keeps) is required"));
     assert_int_equal(gk_cpu_nmmo3_backward_saved(&r.kw, &r.tobs, NULL, &r.dout.t, &r.kg, &err),
                      GK_EINVAL);
+    assert_non_null(strstr(err.msg, "saved (the activations the forward keeps) is required"));
     for (int k = 0; k < 7; k++)
         for (int64_t i = 0; i < r.g[k].n; i++)
             ktest_check(isnan(ktensor_get(&r.g[k], i)), "grads written on a refused call");
