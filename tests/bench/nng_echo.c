@@ -6,9 +6,11 @@
  * (the least a server can do); CLIENTS forked processes each send 200-byte
  * messages back to back for SECONDS and report their round trips.  Prints
  * the summed request rate and the round trip's p50, p90 and p99 over every
- * request.
+ * request.  With HOLD_US the server busy-waits that long before each reply,
+ * as a daemon computing does, and the figures are the round trip less
+ * HOLD_US: what the transport costs when both ends have been idle that long.
  *
- * Usage: nng_echo [CLIENTS [SECONDS]]   (default 1 client, 2 s)
+ * Usage: nng_echo [CLIENTS [SECONDS [HOLD_US]]]   (default 1 client, 2 s, 0)
  */
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
@@ -22,6 +24,8 @@
 #include <unistd.h>
 
 enum { MAX_CLIENTS = 256, SERVER_CONTEXTS = 64, MAX_SAMPLES = 1 << 18 };
+
+static double g_hold_us; /* the server's busy wait before each reply */
 
 static double now_us(void)
 {
@@ -66,7 +70,7 @@ static int client(const char *url, double seconds, int fd)
         if ((rv = nng_sendmsg(s, m, 0)) != 0 || (rv = nng_recvmsg(s, &m, 0)) != 0)
             return fail("round trip", rv);
         const double t1 = now_us();
-        rtt[n++] = (float)(t1 - t);
+        rtt[n++] = (float)(t1 - t - g_hold_us);
         t = t1;
         nng_msg_free(m);
     }
@@ -97,6 +101,9 @@ static void echo_done(void *arg)
         return;
     }
     e->sending = !e->sending;
+    if (e->sending && g_hold_us > 0)
+        for (const double until = now_us() + g_hold_us; now_us() < until;)
+            ;
     if (e->sending)
         nng_ctx_send(e->ctx, e->aio); /* the received message goes back as it is */
     else
@@ -125,9 +132,10 @@ static int report(const int *fds, int clients, double seconds)
     if (total == 0)
         return 1;
     qsort(all, total, sizeof *all, by_value);
-    printf("nng req/rep ipc, %d client process(es), 200-byte messages: %.0f requests/s; round "
-           "trip p50 %.1f us, p90 %.1f us, p99 %.1f us (%zu requests)\n",
-           clients, (double)total / seconds, all[total / 2], all[total * 9 / 10],
+    printf("nng req/rep ipc, %d client process(es), 200-byte messages, server holding each %.0f "
+           "us: %.0f requests/s; round trip less the hold p50 %.1f us, p90 %.1f us, p99 %.1f us "
+           "(%zu requests)\n",
+           clients, g_hold_us, (double)total / seconds, all[total / 2], all[total * 9 / 10],
            all[total * 99 / 100], total);
     free(all);
     return 0;
@@ -137,8 +145,11 @@ int main(int argc, char **argv)
 {
     const int clients = argc > 1 ? atoi(argv[1]) : 1;
     const double seconds = argc > 2 ? atof(argv[2]) : 2.0;
-    if (clients < 1 || clients > MAX_CLIENTS || !(seconds > 0 && seconds <= 60)) {
-        fprintf(stderr, "usage: nng_echo [CLIENTS 1..%d [SECONDS]]\n", MAX_CLIENTS);
+    g_hold_us = argc > 3 ? atof(argv[3]) : 0.0;
+    if (clients < 1 || clients > MAX_CLIENTS || !(seconds > 0 && seconds <= 60) ||
+        !(g_hold_us >= 0 && g_hold_us <= 100000)) {
+        fprintf(stderr, "usage: nng_echo [CLIENTS 1..%d [SECONDS [HOLD_US 0..100000]]]\n",
+                MAX_CLIENTS);
         return 2;
     }
     char url[128];
