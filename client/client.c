@@ -1,4 +1,5 @@
 /* client.c - the connection: options, default URL, connect/close, the context pool. */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,12 +51,14 @@ void gpucd_close(gpucd_client *c)
     if (c == NULL)
         return;
     nng_close(c->sock);
+    /* Each aio_free waits for its callback: a detached slot's release is over after it. */
     gpucdc_slot *s = c->all_slots;
     while (s != NULL) {
         gpucdc_slot *next = s->next_all;
         slot_destroy(s);
         s = next;
     }
+    gpucdc_doorbell_close(c);
     pthread_mutex_destroy(&c->lock);
     free(c->client_name);
     free(c);
@@ -93,22 +96,24 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
                     : opts->timeout_ms < 0 ? NNG_DURATION_INFINITE
                                            : opts->timeout_ms;
     c->spin_us = (uint64_t)opts->spin_us;
+    /* Shared memory reaches a daemon on this host (ipc://) or in this process (inproc://). */
+    c->local = strncmp(url, "ipc://", 6) == 0 || strncmp(url, "inproc://", 9) == 0;
     c->client_name = strdup(opts->client_name != NULL ? opts->client_name : "libgpucd");
     atomic_init(&c->next_id, 1);
-    pthread_mutex_init(&c->lock, NULL);
     if (c->client_name == NULL) {
-        pthread_mutex_destroy(&c->lock);
         free(c);
         return gpucdc_fail(GPUCD_ENOMEM, "gpucd_connect: out of memory");
     }
 
     int rv = nng_req0_open(&c->sock);
     if (rv != 0) {
-        pthread_mutex_destroy(&c->lock);
         free(c->client_name);
         free(c);
         return gpucdc_fail_nng(rv, "gpucd_connect", "opening the socket");
     }
+    /* From here gpucd_close undoes everything. */
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->bells.lock, NULL);
     const char *what = "setting socket options";
     /*
      * Requests are not idempotent: never resend one.  With resending off, nng
@@ -133,11 +138,22 @@ fail:;
     return code;
 }
 
-/* The aio's callback, on an nng thread: the operation is over (nng_aio_wait still syncs with it). */
+/*
+ * The aio's callback, on an nng thread: the operation is over (nng_aio_wait
+ * still syncs with it).  If the caller already left on the doorbell, the
+ * reply is nobody's: drop it and give the slot back.
+ */
 static void slot_done(void *arg)
 {
     gpucdc_slot *s = arg;
-    atomic_store_explicit(&s->done, 1, memory_order_release);
+    int expected = GPUCDC_SLOT_WAITING;
+    if (atomic_compare_exchange_strong_explicit(&s->state, &expected, GPUCDC_SLOT_DONE,
+                                                memory_order_acq_rel, memory_order_acquire))
+        return;
+    if (nng_aio_result(s->aio) == 0)
+        nng_msg_free(nng_aio_get_msg(s->aio));
+    nng_aio_set_msg(s->aio, NULL);
+    gpucdc_slot_release(s);
 }
 
 uint64_t gpucdc_now_us(void)
@@ -156,14 +172,37 @@ static void slot_wait(const gpucd_client *c, gpucdc_slot *s)
 {
     if (c->spin_us > 0) {
         const uint64_t until = gpucdc_now_us() + c->spin_us;
-        while (!atomic_load_explicit(&s->done, memory_order_acquire) && gpucdc_now_us() < until)
-            ;
+        while (atomic_load_explicit(&s->state, memory_order_acquire) == GPUCDC_SLOT_WAITING &&
+               gpucdc_now_us() < until)
+            sched_yield(); /* a crowded machine's daemon may need this core */
     }
     nng_aio_wait(s->aio);
 }
 
-/* Takes a free context, opening a new one when every context is in use. */
-static int slot_acquire(gpucd_client *c, gpucdc_slot **out)
+/*
+ * Polls the record and the slot for up to spin_us; returns 1 when the
+ * record shows request id finished OK before the reply came (*rang: a copy),
+ * else 0.
+ */
+static int bell_poll(const gpucd_client *c, gpucdc_slot *s, const doorbell_record *bell,
+                     uint64_t id, doorbell_record *rang)
+{
+    const uint64_t until = gpucdc_now_us() + c->spin_us;
+    do {
+        if (atomic_load_explicit(&bell->id, memory_order_acquire) == id) {
+            memcpy((char *)rang + sizeof rang->id, (const char *)bell + sizeof bell->id,
+                   sizeof *rang - sizeof rang->id);
+            atomic_init(&rang->id, id);
+            return rang->status == GPUCD__V1__STATUS__OK;
+        }
+        if (atomic_load_explicit(&s->state, memory_order_acquire) != GPUCDC_SLOT_WAITING)
+            return 0;
+        sched_yield();
+    } while (gpucdc_now_us() < until);
+    return 0;
+}
+
+int gpucdc_slot_acquire(gpucd_client *c, gpucdc_slot **out)
 {
     pthread_mutex_lock(&c->lock);
     gpucdc_slot *s = c->free_slots;
@@ -178,6 +217,8 @@ static int slot_acquire(gpucd_client *c, gpucdc_slot **out)
     s = calloc(1, sizeof *s);
     if (s == NULL)
         return gpucdc_fail(GPUCD_ENOMEM, "out of memory for a context");
+    s->client = c;
+    s->bell = -1;
     int rv = nng_ctx_open(&s->ctx, c->sock);
     if (rv != 0) {
         free(s);
@@ -198,8 +239,9 @@ static int slot_acquire(gpucd_client *c, gpucdc_slot **out)
     return 0;
 }
 
-static void slot_release(gpucd_client *c, gpucdc_slot *s)
+void gpucdc_slot_release(gpucdc_slot *s)
 {
+    gpucd_client *c = s->client;
     pthread_mutex_lock(&c->lock);
     s->next_free = c->free_slots;
     c->free_slots = s;
@@ -214,36 +256,41 @@ static nng_duration remaining_ms(nng_duration timeout, nng_time start)
     return left > 0 ? left : 1;
 }
 
-int gpucdc_client_exchange(gpucd_client *c, const char *op, nng_msg *request, nng_msg **reply)
+int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint64_t id,
+                         const doorbell_record *bell, doorbell_record *rang, nng_msg **reply)
 {
-    gpucdc_slot *s = NULL;
-    int rv = slot_acquire(c, &s);
-    if (rv < 0) {
-        nng_msg_free(request);
-        return rv;
-    }
+    gpucd_client *c = s->client;
+    *reply = NULL;
     nng_time start = nng_clock();
     nng_aio_set_timeout(s->aio, c->timeout_ms);
     nng_aio_set_msg(s->aio, request);
-    atomic_store_explicit(&s->done, 0, memory_order_relaxed);
+    atomic_store_explicit(&s->state, GPUCDC_SLOT_WAITING, memory_order_relaxed);
     nng_ctx_send(s->ctx, s->aio);
     slot_wait(c, s);
-    if ((rv = nng_aio_result(s->aio)) != 0) {
+    int rv = nng_aio_result(s->aio);
+    if (rv != 0) {
         nng_msg *unsent = nng_aio_get_msg(s->aio); /* a failed send hands it back */
         if (unsent != NULL)
             nng_msg_free(unsent);
         nng_aio_set_msg(s->aio, NULL);
-        slot_release(c, s);
+        gpucdc_slot_release(s);
         return gpucdc_fail_nng(rv, op, "sending the request");
     }
     nng_aio_set_timeout(s->aio, remaining_ms(c->timeout_ms, start));
-    atomic_store_explicit(&s->done, 0, memory_order_relaxed);
+    atomic_store_explicit(&s->state, GPUCDC_SLOT_WAITING, memory_order_relaxed);
     nng_ctx_recv(s->ctx, s->aio);
+    if (bell != NULL && bell_poll(c, s, bell, id, rang)) {
+        int expected = GPUCDC_SLOT_WAITING;
+        if (atomic_compare_exchange_strong_explicit(&s->state, &expected, GPUCDC_SLOT_DETACHED,
+                                                    memory_order_acq_rel, memory_order_acquire))
+            return 1; /* the slot is the callback's now */
+        /* The reply came meanwhile: take it as usual. */
+    }
     slot_wait(c, s);
     rv = nng_aio_result(s->aio);
     *reply = rv == 0 ? nng_aio_get_msg(s->aio) : NULL;
     nng_aio_set_msg(s->aio, NULL);
-    slot_release(c, s);
+    gpucdc_slot_release(s);
     if (rv != 0)
         return gpucdc_fail_nng(rv, op, "waiting for the reply");
     return 0;

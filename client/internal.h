@@ -11,6 +11,7 @@
 
 #include <nng/nng.h>
 
+#include "doorbell_record.h"
 #include "gpucd.h"
 #include "wire.h"
 
@@ -35,25 +36,44 @@ int gpucdc_status_code(int status);
 /* CLOCK_MONOTONIC in microseconds: round trips and polling deadlines. */
 uint64_t gpucdc_now_us(void);
 
+/* Where a slot's nng operation is. */
+enum {
+    GPUCDC_SLOT_WAITING,  /* started, not finished */
+    GPUCDC_SLOT_DONE,     /* finished: the caller takes the result */
+    GPUCDC_SLOT_DETACHED, /* the caller left on the doorbell: the callback drops the reply */
+};
+
 /* One nng context and its aio, used by one call at a time. */
 typedef struct gpucdc_slot {
     nng_ctx ctx;
     nng_aio *aio;
-    atomic_int done; /* set by the aio's callback: what a polling caller watches */
+    atomic_int state; /* GPUCDC_SLOT_*: set by the caller and the aio's callback */
+    struct gpucd_client *client;
+    int bell; /* its completion record in the client's doorbell region; -1: none */
     struct gpucdc_slot *next_free;
     struct gpucdc_slot *next_all;
 } gpucdc_slot;
+
+/* The client's completion records (doorbell.c), one per slot, created at first use. */
+typedef struct gpucdc_bells {
+    pthread_mutex_t lock; /* held while creating */
+    atomic_int state;     /* 0 not tried, 1 ready, -1 unavailable (no region could be made) */
+    struct gpucd_region *region;
+    int next; /* the next record to give a new slot */
+} gpucdc_bells;
 
 struct gpucd_client {
     nng_socket sock;
     nng_dialer dialer;
     nng_duration timeout_ms;
     uint64_t spin_us; /* gpucd_options.spin_us */
+    bool local;       /* ipc:// or inproc://: shared memory reaches the daemon */
     char *client_name;
     atomic_uint_fast64_t next_id;
     pthread_mutex_t lock; /* guards the slot lists; never held while waiting */
     gpucdc_slot *free_slots;
     gpucdc_slot *all_slots;
+    gpucdc_bells bells;
 };
 
 /* ---- regions (region.c) ---------------------------------------------------------- */
@@ -64,6 +84,9 @@ struct gpucd_region {
     size_t size;
     uint64_t id;
 };
+
+/* Unmaps and frees a region without asking the daemon (whose connection is gone). */
+void gpucdc_region_forget(gpucd_region *region);
 
 /* ---- requests (request.c) ------------------------------------------------------- */
 
@@ -81,6 +104,7 @@ typedef struct gpucdc_request {
     Gpucd__V1__TensorRef refs[GPUCDC_MAX_REFS];
     Gpucd__V1__RegionSlice region_slices[GPUCDC_MAX_REFS];
     Gpucd__V1__InlineSlice inline_slices[GPUCDC_MAX_REFS];
+    Gpucd__V1__RegionSlice doorbell; /* msg.doorbell points here when used */
     int64_t shapes[GPUCDC_MAX_REFS][GPUCD_MAX_DIMS];
     int nrefs;
     /* Host inputs, copied into the payload at their offsets when packed. */
@@ -143,7 +167,36 @@ void gpucdc_reply_free(gpucdc_reply *r);
  */
 int gpucdc_reply_accept(gpucdc_request *req, const gpucdc_reply *r);
 
-/* Exchanges one message on a free context of the client (client.c). */
-int gpucdc_client_exchange(gpucd_client *c, const char *op, nng_msg *request, nng_msg **reply);
+/* Takes a free context, opening a new one when every context is in use (client.c). */
+int gpucdc_slot_acquire(gpucd_client *c, gpucdc_slot **out);
+/* Gives a context back; a detached slot's callback does it when its reply comes. */
+void gpucdc_slot_release(gpucdc_slot *s);
+
+/*
+ * Sends request on slot s and waits for the reply within the client's
+ * timeout (client.c); releases the slot.  With bell (the slot's record, the
+ * request naming it), polls the record while the reply travels: when it
+ * shows request id with status OK first, returns 1 with *reply NULL and the
+ * record in *rang, and the slot's callback drops the reply when it comes.
+ * Else 0 with the reply, or a negative code.
+ */
+int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint64_t id,
+                         const struct doorbell_record *bell, struct doorbell_record *rang,
+                         nng_msg **reply);
+
+/* ---- doorbells (doorbell.c) --------------------------------------------------------- */
+
+/*
+ * Names slot s's completion record in req when the call can end on it: the
+ * client polls (spin_us), is local, every output is written in place (a
+ * region or an existing resident tensor), and the records exist (made at
+ * the first such call).  Returns the record, or NULL.
+ */
+const struct doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s,
+                                                     gpucdc_request *req);
+/* The id of the client's doorbell region, 0 if it has none (hidden from regions_list). */
+uint64_t gpucdc_doorbell_region_id(gpucd_client *c);
+/* Unmaps the records (the socket is closed: the daemon dropped the region). */
+void gpucdc_doorbell_close(gpucd_client *c);
 
 #endif /* GPUCDC_INTERNAL_H */

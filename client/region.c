@@ -114,9 +114,14 @@ int gpucd_region_destroy(gpucd_region *region)
     req.msg.op_case = GPUCD__V1__REQUEST__OP_REGION_UNREGISTER;
     req.msg.region_unregister = &un;
     int rv = gpucdc_call(&req, NULL, NULL);
+    gpucdc_region_forget(region);
+    return rv;
+}
+
+void gpucdc_region_forget(gpucd_region *region)
+{
     munmap(region->data, region->size);
     free(region);
-    return rv;
 }
 
 void *gpucd_region_data(const gpucd_region *region)
@@ -162,15 +167,20 @@ int gpucd_regions_list(gpucd_client *client, gpucd_region_info **list, size_t *c
         gpucdc_reply_free(&r);
         return gpucdc_fail(GPUCD_ENOMEM, "region_list: out of memory for %zu entries", n);
     }
+    /* The library's own doorbell region is not the caller's to see. */
+    const uint64_t bells = gpucdc_doorbell_region_id(client);
+    size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         const Gpucd__V1__RegionInfo *ri = rep->region_list->regions[i];
-        items[i].id = ri->region_id;
-        snprintf(items[i].name, sizeof items[i].name, "%s", ri->name != NULL ? ri->name : "");
-        items[i].size = ri->size;
-        items[i].users = ri->users;
+        if (ri->region_id == bells)
+            continue;
+        items[k].id = ri->region_id;
+        snprintf(items[k].name, sizeof items[k].name, "%s", ri->name != NULL ? ri->name : "");
+        items[k].size = ri->size;
+        items[k++].users = ri->users;
     }
     gpucdc_reply_free(&r);
     *list = items;
-    *count = n;
+    *count = k;
     return 0;
 }

@@ -316,6 +316,9 @@ void gcd_unbind(const gcd_bind_ctx *ctx, gcd_bound *bound, int success)
             gcd_regions_release(d->regions, b->region);
         memset(b, 0, sizeof *b);
     }
+    if (bound->doorbell.region != NULL)
+        gcd_regions_release(d->regions, bound->doorbell.region);
+    memset(&bound->doorbell, 0, sizeof bound->doorbell);
     free(bound->out_payload);
     bound->out_payload = NULL;
     bound->out_payload_len = 0;

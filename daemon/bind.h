@@ -40,6 +40,7 @@ typedef struct gcd_binding {
 typedef struct gcd_bound {
     gcd_binding b[GCD_OP_MAX_ARGS];
     int n;
+    gcd_binding doorbell; /* the completion record's 64 bytes, if asked for (doorbell_record.h) */
     uint8_t *out_payload; /* the reply payload, 64-byte aligned */
     size_t out_payload_len;
 } gcd_bound;

@@ -167,6 +167,9 @@ static void load_and_traffic(strbuf *b, gcd_stats *s)
     single_u(b, "gpucd_batch_rows_total", "counter",
              "Rows of all batches run (rows / batches is the mean batch size).",
              load_u(&s->batch_rows));
+    single_u(b, "gpucd_doorbells_total", "counter",
+             "Completion records written into clients' shared memory before their replies.",
+             load_u(&s->doorbells));
 }
 
 static void memory(strbuf *b, gcd_daemon *d)

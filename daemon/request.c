@@ -15,6 +15,7 @@
 #include "bind.h"
 #include "clock.h"
 #include "decode.h"
+#include "doorbell.h"
 #include "log.h"
 #include "wire.h"
 
@@ -302,6 +303,9 @@ static gcd_status do_compute(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *
         return st;
     const gcd_op_desc *desc = &gcd_op_descs[op.kind];
     st = gcd_bind(ctx, &op, refs, desc->arg_names, bound, rs->why, sizeof rs->why);
+    if (st == GCD_OK && req->doorbell != NULL)
+        st = gcd_doorbell_bind(ctx, req->doorbell, desc->arg_names, bound, rs->why,
+                               sizeof rs->why);
     if (st != GCD_OK)
         return st;
     gk_err err = {{0}};
@@ -347,6 +351,8 @@ static gcd_status dispatch(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *re
     if ((req->bench_iterations != 0 || req->bench_warmup != 0) && !gcd_decode_is_compute(req))
         return fail(rs, GCD_INVALID_ARGUMENT, "bench_warmup and bench_iterations apply to "
                                               "compute operations only");
+    if (req->doorbell != NULL && !gcd_decode_is_compute(req))
+        return fail(rs, GCD_INVALID_ARGUMENT, "doorbell applies to compute operations only");
     switch (req->op_case) {
     case GPUCD__V1__REQUEST__OP_HELLO:
         return do_hello(d, rs);
@@ -494,6 +500,10 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
     rs->timings.queue_us = t_start - t_recv + rs->backend_wait_us;
     rs->timings.total_us = now - t_recv;
     rs->rep.timings = &rs->timings;
+    if (bound.doorbell.region != NULL) {
+        gcd_doorbell_ring(&bound, rs->rep.id, st, &rs->timings);
+        atomic_fetch_add_explicit(&d->stats.doorbells, 1, memory_order_relaxed);
+    }
     nng_msg *rep = reply_pack(rs, st == GCD_OK ? bound.out_payload : NULL,
                               st == GCD_OK ? bound.out_payload_len : 0);
 

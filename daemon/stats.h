@@ -65,6 +65,7 @@ typedef struct gcd_stats {
     atomic_uint_fast64_t bytes_in, bytes_out;
     atomic_int_fast64_t clients;
     atomic_uint_fast64_t batches, batch_rows;
+    atomic_uint_fast64_t doorbells; /* completion records written (proto/doorbell_record.h) */
     uint64_t start_us;
 } gcd_stats;
 

@@ -394,6 +394,90 @@ static void test_hostile_regions(void **state)
     expect_ping();
 }
 
+/* The completion record (Request.doorbell): every place it may not go, then what a valid one gets. */
+static void test_hostile_doorbell(void **state)
+{
+    (void)state;
+    Gpucd__V1__RegionSlice bell = GPUCD__V1__REGION_SLICE__INIT;
+    bell.region_id = region_id_;
+    bell.offset = 65536;
+    Gpucd__V1__Request ping_req = GPUCD__V1__REQUEST__INIT;
+    Gpucd__V1__Ping ping = GPUCD__V1__PING__INIT;
+    ping_req.op_case = GPUCD__V1__REQUEST__OP_PING;
+    ping_req.ping = &ping;
+    ping_req.doorbell = &bell;
+    expect(th_raw_call(&raw_, &ping_req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "doorbell applies to compute operations only");
+
+    conv_req c;
+    conv_req_init(&c);
+    c.req.doorbell = &bell;
+    bell.region_id = 999999;
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__NOT_FOUND,
+           "doorbell: no region 999999");
+    bell.region_id = region_id_;
+    bell.offset = 65536 + 8;
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "doorbell: offset 65544 is not a multiple of 64");
+    bell.offset = REGION_SIZE;
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__OUT_OF_RANGE,
+           "doorbell: bytes [1048576, +64) lie outside region");
+    bell.offset = UINT64_MAX - 63; /* a multiple of 64 whose end would wrap */
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__OUT_OF_RANGE, "lie outside");
+    bell.offset = 8192 + 64; /* inside the output y */
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "doorbell: bytes [8256, +64) overlap y");
+    bell.offset = 0; /* on the input x */
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT, "overlap x");
+    bell.offset = 65536;
+    th_raw remote;
+    th_raw_open(&remote, daemon_.tcp_url);
+    expect(th_raw_call(&remote, &c.req, NULL, 0), GPUCD__V1__STATUS__PERMISSION_DENIED,
+           "for local (ipc://) clients");
+    th_raw_close(&remote);
+
+    /* Valid: the record carries the request's id, its status and the reply's timings. */
+    uint8_t *rec = region_base_ + 65536;
+    memset(rec, 0xa5, 64);
+    conv_req_init(&c);
+    c.req.doorbell = &bell;
+    c.req.id = 0x123456789abcULL;
+    Gpucd__V1__Reply *rep = th_raw_call(&raw_, &c.req, NULL, 0);
+    assert_non_null(rep);
+    assert_int_equal(rep->status, GPUCD__V1__STATUS__OK);
+    uint64_t words[8];
+    memcpy(words, rec, sizeof words);
+    assert_int_equal(words[0], 0x123456789abcULL);
+    assert_int_equal(words[1], GPUCD__V1__STATUS__OK); /* status 0, reserved 0 */
+    assert_int_equal(words[2], rep->timings->queue_us);
+    assert_int_equal(words[4], rep->timings->compute_us);
+    assert_int_equal(words[7], rep->timings->total_us);
+    assert_true(words[7] > 0);
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+
+    /* A request that fails while running: the record says so, as the reply does. */
+    uint8_t *obs = region_base_;
+    th_fill_nmmo3_obs(obs, 3);
+    obs[1707 + 5] = 200; /* agent 1, a value no feature has */
+    Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
+    Gpucd__V1__MultihotEncode op = GPUCD__V1__MULTIHOT_ENCODE__INIT;
+    ref o, out;
+    op.obs = ref_region(&o, GPUCD__V1__DTYPE__U8, region_id_, 0, 2, TH_SHAPE(3, 1707));
+    op.out = ref_region(&out, GPUCD__V1__DTYPE__F32, region_id_, 8192, 4,
+                        TH_SHAPE(3, 59, 11, 15));
+    req.op_case = GPUCD__V1__REQUEST__OP_MULTIHOT_ENCODE;
+    req.multihot_encode = &op;
+    bell.offset = 262144; /* past the multihot output */
+    rec = region_base_ + bell.offset;
+    req.doorbell = &bell;
+    req.id = 0x55aa;
+    expect(th_raw_call(&raw_, &req, NULL, 0), GPUCD__V1__STATUS__OUT_OF_RANGE, "agent 1");
+    memcpy(words, rec, sizeof words);
+    assert_int_equal(words[0], 0x55aa);
+    assert_int_equal(words[1], GPUCD__V1__STATUS__OUT_OF_RANGE);
+    expect_ping();
+}
+
 static void test_hostile_resident(void **state)
 {
     Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
@@ -568,6 +652,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_overlapping_outputs),
         cmocka_unit_test(test_out_of_range_observation),
         cmocka_unit_test(test_hostile_regions),
+        cmocka_unit_test(test_hostile_doorbell),
         cmocka_unit_test(test_hostile_resident),
         cmocka_unit_test(test_output_shape_left_to_daemon),
     };

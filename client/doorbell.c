@@ -1,0 +1,82 @@
+/*
+ * doorbell.c - completion records in shared memory: a call that polls ends
+ * when the daemon stores its record, not when the reply has crossed the
+ * socket (proto/doorbell_record.h says why).  One page of records per
+ * client, registered as a region at the first call that can use it; each
+ * slot (nng context) keeps one record for good, so two calls in flight never
+ * share one.
+ */
+#include <string.h>
+
+#include "internal.h"
+
+enum { BELLS_BYTES = 4096, BELLS_COUNT = BELLS_BYTES / DOORBELL_BYTES };
+enum { BELLS_UNTRIED = 0, BELLS_READY = 1, BELLS_UNAVAILABLE = -1 };
+
+/* Every output written in place: the reply has nothing the caller needs. */
+static bool outputs_in_place(const gpucdc_request *req)
+{
+    for (int i = 0; i < req->noutputs; i++) {
+        gpucd_location w = req->outputs[i].tensor->where;
+        if (w != GPUCD_REGION && w != GPUCD_RESIDENT)
+            return false;
+    }
+    return req->noutputs > 0;
+}
+
+/* Makes the records' region once; a failure leaves calls on the reply alone, for good. */
+static bool bells_ready(gpucd_client *c)
+{
+    int state = atomic_load_explicit(&c->bells.state, memory_order_acquire);
+    if (state != BELLS_UNTRIED)
+        return state == BELLS_READY;
+    pthread_mutex_lock(&c->bells.lock);
+    if (atomic_load_explicit(&c->bells.state, memory_order_relaxed) == BELLS_UNTRIED) {
+        gpucd_region *r;
+        /* Its own error message must not outlive this: the call that made it goes on. */
+        int rv = gpucd_region_create(c, BELLS_BYTES, &r);
+        gpucdc_clear_error();
+        if (rv == 0)
+            c->bells.region = r;
+        atomic_store_explicit(&c->bells.state, rv == 0 ? BELLS_READY : BELLS_UNAVAILABLE,
+                              memory_order_release);
+    }
+    state = atomic_load_explicit(&c->bells.state, memory_order_relaxed);
+    pthread_mutex_unlock(&c->bells.lock);
+    return state == BELLS_READY;
+}
+
+const doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s,
+                                              gpucdc_request *req)
+{
+    if (c->spin_us == 0 || !c->local || !outputs_in_place(req) || !bells_ready(c))
+        return NULL;
+    if (s->bell < 0) {
+        pthread_mutex_lock(&c->bells.lock);
+        if (c->bells.next < BELLS_COUNT)
+            s->bell = c->bells.next++;
+        pthread_mutex_unlock(&c->bells.lock);
+        if (s->bell < 0)
+            return NULL; /* more slots than records: this one waits for its replies */
+    }
+    gpucd__v1__region_slice__init(&req->doorbell);
+    req->doorbell.region_id = c->bells.region->id;
+    req->doorbell.offset = (uint64_t)s->bell * DOORBELL_BYTES;
+    req->msg.doorbell = &req->doorbell;
+    return (const doorbell_record *)((const char *)c->bells.region->data +
+                                     req->doorbell.offset);
+}
+
+uint64_t gpucdc_doorbell_region_id(gpucd_client *c)
+{
+    return atomic_load_explicit(&c->bells.state, memory_order_acquire) == BELLS_READY
+               ? c->bells.region->id
+               : 0;
+}
+
+void gpucdc_doorbell_close(gpucd_client *c)
+{
+    if (c->bells.region != NULL)
+        gpucdc_region_forget(c->bells.region);
+    pthread_mutex_destroy(&c->bells.lock);
+}

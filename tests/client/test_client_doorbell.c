@@ -1,0 +1,230 @@
+/*
+ * The completion record (proto/doorbell_record.h) against a fake daemon that
+ * maps the client's regions as the real one does and then writes records as
+ * each test says, and sometimes never replies: a polling client must end a
+ * call on its own record (the reply may never come), never on another
+ * request's, wait for the reply of a request that failed (the message is in
+ * it), and name no record when it does not poll.
+ */
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "doorbell_record.h"
+#include "fake_daemon.h"
+#include "gpucd.h"
+
+typedef enum bell_mode {
+    RING_NO_REPLY,       /* the record says OK; no reply is ever sent */
+    RING_OTHER_ID,       /* a record with another request's id; no reply */
+    RING_FAILED,         /* the record says INVALID_ARGUMENT; so does the reply, with a message */
+    EXPECT_NO_DOORBELL,  /* the request must name no record; an OK reply */
+} bell_mode;
+
+enum { MAX_REGIONS = 4 };
+
+typedef struct bell_state {
+    char failed[256];
+    bell_mode mode;
+    uint8_t *maps[MAX_REGIONS + 1]; /* by region id */
+    size_t sizes[MAX_REGIONS + 1];
+    uint64_t next_id;
+    int computes;
+} bell_state;
+
+#define HCHECK(st, cond)                                                                    \
+    do {                                                                                    \
+        if (!(cond) && (st)->failed[0] == '\0')                                             \
+            snprintf((st)->failed, sizeof (st)->failed, "line %d: %s", __LINE__, #cond);    \
+    } while (0)
+
+static const uint64_t g_timings[6] = {11, 22, 33, 44, 55, 170};
+
+static fake_action map_region(bell_state *st, const Gpucd__V1__Request *req, fake_reply *out)
+{
+    int fd = shm_open(req->region_register->name, O_RDWR, 0);
+    HCHECK(st, fd >= 0 && st->next_id < MAX_REGIONS);
+    if (fd < 0 || st->next_id >= MAX_REGIONS)
+        return FAKE_DISCONNECT;
+    uint64_t id = ++st->next_id;
+    st->sizes[id] = req->region_register->size;
+    st->maps[id] = mmap(NULL, st->sizes[id], PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    HCHECK(st, st->maps[id] != MAP_FAILED);
+    fake_reply_ok(out, req);
+    out->reply.result_case = GPUCD__V1__REPLY__RESULT_REGION_ID;
+    out->reply.region_id = id;
+    return FAKE_REPLY;
+}
+
+static void ring(const bell_state *st, const Gpucd__V1__RegionSlice *bell, uint64_t id,
+                 Gpucd__V1__Status status)
+{
+    doorbell_record *r = (doorbell_record *)(st->maps[bell->region_id] + bell->offset);
+    r->status = (uint32_t)status;
+    r->queue_us = g_timings[0];
+    r->copy_in_us = g_timings[1];
+    r->compute_us = g_timings[2];
+    r->copy_out_us = g_timings[3];
+    r->batch_wait_us = g_timings[4];
+    r->total_us = g_timings[5];
+    atomic_store_explicit(&r->id, id, memory_order_release);
+}
+
+static fake_action bell_handler(void *arg, const Gpucd__V1__Request *req,
+                                const uint8_t *payload, size_t payload_len, fake_reply *out)
+{
+    bell_state *st = arg;
+    (void)payload;
+    (void)payload_len;
+    if (req->op_case == GPUCD__V1__REQUEST__OP_REGION_REGISTER)
+        return map_region(st, req, out);
+    if (req->op_case == GPUCD__V1__REQUEST__OP_REGION_UNREGISTER) {
+        fake_reply_ok(out, req);
+        return FAKE_REPLY;
+    }
+    HCHECK(st, req->op_case == GPUCD__V1__REQUEST__OP_MULTIHOT_ENCODE);
+    st->computes++;
+    const Gpucd__V1__RegionSlice *bell = req->doorbell;
+    if (st->mode == EXPECT_NO_DOORBELL) {
+        HCHECK(st, bell == NULL);
+        fake_reply_ok(out, req);
+        fake_reply_output_resident(out, 0); /* the one output; a region's is not read */
+        fake_reply_timings(out, g_timings);
+        return FAKE_REPLY;
+    }
+    HCHECK(st, bell != NULL);
+    if (bell == NULL)
+        return FAKE_DISCONNECT;
+    HCHECK(st, bell->region_id >= 1 && bell->region_id <= st->next_id);
+    HCHECK(st, bell->offset % DOORBELL_BYTES == 0);
+    HCHECK(st, bell->offset + DOORBELL_BYTES <= st->sizes[bell->region_id]);
+    /* Not the region the tensors are in: the library's own. */
+    HCHECK(st, req->multihot_encode->out->region->region_id != bell->region_id);
+    switch (st->mode) {
+    case RING_NO_REPLY:
+        ring(st, bell, req->id, GPUCD__V1__STATUS__OK);
+        return FAKE_SILENT;
+    case RING_OTHER_ID:
+        ring(st, bell, req->id + 1000, GPUCD__V1__STATUS__OK);
+        return FAKE_SILENT;
+    default:
+        ring(st, bell, req->id, GPUCD__V1__STATUS__INVALID_ARGUMENT);
+        fake_reply_status(out, req, GPUCD__V1__STATUS__INVALID_ARGUMENT,
+                          "multihot_encode: the fake daemon says no");
+        return FAKE_REPLY;
+    }
+}
+
+typedef struct fixture {
+    bell_state st;
+    fake_daemon fd;
+    gpucd_client *c;
+    gpucd_region *r;
+    gpucd_tensor obs, out;
+} fixture;
+
+/* timeout_ms: how long a call waits for a reply that never comes, in the tests that need one. */
+static void fixture_open(fixture *f, int spin_us, int timeout_ms)
+{
+    memset(f, 0, sizeof *f);
+    fake_daemon_start(&f->fd, bell_handler, &f->st);
+    gpucd_options o;
+    gpucd_options_init(&o);
+    o.spin_us = spin_us;
+    o.timeout_ms = timeout_ms;
+    assert_int_equal(gpucd_connect(f->fd.url, &o, &f->c), 0);
+    assert_int_equal(gpucd_region_create(f->c, 1 << 20, &f->r), 0);
+    f->obs = gpucd_tensor_region(f->r, 0, GPUCD_U8, 2, (const int64_t[]){2, 1707});
+    f->out = gpucd_tensor_region(f->r, 8192, GPUCD_F32, 4, (const int64_t[]){2, 59, 11, 15});
+}
+
+static void fixture_close(fixture *f)
+{
+    if (f->st.failed[0])
+        fail_msg("fake daemon: %s", f->st.failed);
+    gpucd_region_destroy(f->r);
+    gpucd_close(f->c); /* with replies never sent: must neither hang nor leak */
+    fake_daemon_stop(&f->fd);
+    for (uint64_t id = 1; id <= f->st.next_id; id++)
+        munmap(f->st.maps[id], f->st.sizes[id]);
+}
+
+static void test_ends_on_its_record(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_open(&f, 1000000, 10000);
+    f.st.mode = RING_NO_REPLY;
+    for (int i = 0; i < 3; i++) { /* one record a context, used again */
+        gpucd_timings t;
+        int rv = gpucd_multihot_encode(f.c, NULL, &f.obs, &f.out, &t);
+        if (rv != 0)
+            fail_msg("call %d: %s", i, gpucd_errmsg(f.c));
+        assert_int_equal(t.queue_us, g_timings[0]);
+        assert_int_equal(t.copy_in_us, g_timings[1]);
+        assert_int_equal(t.compute_us, g_timings[2]);
+        assert_int_equal(t.copy_out_us, g_timings[3]);
+        assert_int_equal(t.batch_wait_us, g_timings[4]);
+        assert_int_equal(t.total_us, g_timings[5]);
+        assert_true(t.round_trip_us < 10000000); /* not after a timeout */
+    }
+    assert_int_equal(f.st.computes, 3);
+    assert_int_equal(f.st.next_id, 2); /* the caller's region and the library's records */
+    fixture_close(&f);
+}
+
+static void test_never_ends_on_another_record(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_open(&f, 1000, 300);
+    f.st.mode = RING_OTHER_ID;
+    int rv = gpucd_multihot_encode(f.c, NULL, &f.obs, &f.out, NULL);
+    assert_int_equal(rv, GPUCD_ETIMEDOUT);
+    fixture_close(&f);
+}
+
+static void test_failure_waits_for_the_message(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_open(&f, 1000000, 10000);
+    f.st.mode = RING_FAILED;
+    int rv = gpucd_multihot_encode(f.c, NULL, &f.obs, &f.out, NULL);
+    assert_int_equal(rv, GPUCD_EINVALID_ARGUMENT);
+    if (strstr(gpucd_errmsg(f.c), "the fake daemon says no") == NULL)
+        fail_msg("errmsg '%s'", gpucd_errmsg(f.c));
+    fixture_close(&f);
+}
+
+static void test_no_record_without_polling(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_open(&f, 0, 10000);
+    f.st.mode = EXPECT_NO_DOORBELL;
+    assert_int_equal(gpucd_multihot_encode(f.c, NULL, &f.obs, &f.out, NULL), 0);
+    assert_int_equal(f.st.next_id, 1); /* no doorbell region either */
+    fixture_close(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ends_on_its_record),
+        cmocka_unit_test(test_never_ends_on_another_record),
+        cmocka_unit_test(test_failure_waits_for_the_message),
+        cmocka_unit_test(test_no_record_without_polling),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,218 @@
+/*
+ * test_doorbell.c - calls that end on their completion record
+ * (proto/doorbell_record.h) instead of the reply: when the client uses it,
+ * that outputs are complete and right when the call returns, under
+ * concurrency; when it does not (no polling, outputs in the reply); that a
+ * failing request still brings its message; that the library's region stays
+ * out of the caller's region list.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+static th_daemon daemon_;
+
+enum { B = 4, OBS_BYTES = B * 1707, OUT_FLOATS = B * 59 * 11 * 15 };
+
+/* The daemon's count of completion records written, from its stats. */
+static uint64_t doorbells_rung(gpucd_client *c)
+{
+    char *json = NULL;
+    assert_int_equal(gpucd_stats_json(c, &json), 0);
+    const char *at = strstr(json, "\"doorbells\":");
+    assert_non_null(at);
+    uint64_t n = strtoull(at + strlen("\"doorbells\":"), NULL, 10);
+    free(json);
+    return n;
+}
+
+static gpucd_client *connect_spinning(int spin_us)
+{
+    gpucd_options o;
+    gpucd_options_init(&o);
+    o.spin_us = spin_us;
+    gpucd_client *c = NULL;
+    int rv = gpucd_connect(daemon_.ipc_url, &o, &c);
+    if (rv != 0)
+        fail_msg("connect %s: %s", daemon_.ipc_url, gpucd_errmsg(NULL));
+    return c;
+}
+
+/*
+ * One multihot encode of fresh observations at slice k of region r (its
+ * observations, then its output), checked byte for byte against the CPU
+ * kernel as soon as the call returns.
+ */
+static void encode_and_check(gpucd_client *c, gpucd_region *r, int k)
+{
+    const uint64_t obs_off = (uint64_t)k * (OBS_BYTES + OUT_FLOATS * 4 + 64) / 64 * 64;
+    const uint64_t out_off = (obs_off + OBS_BYTES + 63) / 64 * 64;
+    uint8_t *obs = (uint8_t *)gpucd_region_data(r) + obs_off;
+    float *out = (float *)((uint8_t *)gpucd_region_data(r) + out_off);
+    th_fill_nmmo3_obs(obs, B);
+    memset(out, 0xff, OUT_FLOATS * 4); /* NaN: an unwritten element fails */
+    gpucd_tensor tobs = gpucd_tensor_region(r, obs_off, GPUCD_U8, 2, TH_SHAPE(B, 1707));
+    gpucd_tensor tout = gpucd_tensor_region(r, out_off, GPUCD_F32, 4, TH_SHAPE(B, 59, 11, 15));
+    gpucd_timings t;
+    int rv = gpucd_multihot_encode(c, NULL, &tobs, &tout, &t);
+    if (rv != 0)
+        fail_msg("multihot_encode: %s", gpucd_errmsg(c));
+    assert_true(t.total_us > 0 && t.round_trip_us >= t.total_us);
+    float *want = th_xmalloc(OUT_FLOATS * 4);
+    gk_tensor gobs = gk_tensor_make(obs, GK_U8, 2, TH_SHAPE(B, 1707));
+    gk_tensor gout = gk_tensor_make(want, GK_F32, 4, TH_SHAPE(B, 59, 11, 15));
+    gk_err err;
+    assert_int_equal(gk_cpu_multihot_encode(&gk_nmmo3_layout, &gobs, &gout, &err), 0);
+    if (memcmp(out, want, OUT_FLOATS * 4) != 0)
+        fail_msg("slice %d: the output differs from the CPU kernel's", k);
+    free(want);
+}
+
+static size_t region_bytes(int slices)
+{
+    return (size_t)slices * (OBS_BYTES + OUT_FLOATS * 4 + 64) + 4096;
+}
+
+static void test_polling_client_ends_on_the_record(void **state)
+{
+    (void)state;
+    gpucd_client *c = connect_spinning(100000);
+    gpucd_region *r;
+    assert_int_equal(gpucd_region_create(c, region_bytes(1), &r), 0);
+    const uint64_t before = doorbells_rung(c);
+    for (int i = 0; i < 20; i++)
+        encode_and_check(c, r, 0);
+    assert_int_equal(doorbells_rung(c) - before, 20);
+    /* The library's doorbell region is its own: the caller sees only r. */
+    gpucd_region_info *list;
+    size_t n;
+    assert_int_equal(gpucd_regions_list(c, &list, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(list[0].id, gpucd_region_id(r));
+    free(list);
+    assert_int_equal(gpucd_region_destroy(r), 0);
+    gpucd_close(c);
+}
+
+static void test_no_record_without_polling_or_in_place_outputs(void **state)
+{
+    (void)state;
+    gpucd_client *c = connect_spinning(0);
+    gpucd_region *r;
+    assert_int_equal(gpucd_region_create(c, region_bytes(1), &r), 0);
+    uint64_t before = doorbells_rung(c);
+    for (int i = 0; i < 5; i++)
+        encode_and_check(c, r, 0);
+    assert_int_equal(doorbells_rung(c), before);
+    assert_int_equal(gpucd_region_destroy(r), 0);
+    gpucd_close(c);
+
+    /* Polling, but the output comes back in the reply: the reply is needed. */
+    c = connect_spinning(100000);
+    uint8_t *obs = th_xmalloc(OBS_BYTES);
+    float *out = th_xmalloc(OUT_FLOATS * 4);
+    th_fill_nmmo3_obs(obs, B);
+    gpucd_tensor tobs = gpucd_tensor_host(obs, GPUCD_U8, 2, TH_SHAPE(B, 1707));
+    gpucd_tensor tout = gpucd_tensor_host(out, GPUCD_F32, 4, TH_SHAPE(B, 59, 11, 15));
+    before = doorbells_rung(c);
+    assert_int_equal(gpucd_multihot_encode(c, NULL, &tobs, &tout, NULL), 0);
+    assert_int_equal(doorbells_rung(c), before);
+    free(obs);
+    free(out);
+    gpucd_close(c);
+}
+
+static void test_failure_still_brings_its_message(void **state)
+{
+    (void)state;
+    gpucd_client *c = connect_spinning(100000);
+    gpucd_region *r;
+    assert_int_equal(gpucd_region_create(c, region_bytes(1), &r), 0);
+    uint8_t *obs = gpucd_region_data(r);
+    th_fill_nmmo3_obs(obs, B);
+    obs[1707 * 3 + 5] = 200; /* agent 3: a value no feature has */
+    gpucd_tensor tobs = gpucd_tensor_region(r, 0, GPUCD_U8, 2, TH_SHAPE(B, 1707));
+    gpucd_tensor tout = gpucd_tensor_region(r, 8192, GPUCD_F32, 4, TH_SHAPE(B, 59, 11, 15));
+    const uint64_t before = doorbells_rung(c);
+    int rv = gpucd_multihot_encode(c, NULL, &tobs, &tout, NULL);
+    assert_true(rv < 0);
+    if (strstr(gpucd_errmsg(c), "agent 3") == NULL)
+        fail_msg("the error does not name the agent: '%s'", gpucd_errmsg(c));
+    assert_int_equal(doorbells_rung(c) - before, 1);
+    /* And the connection goes on. */
+    encode_and_check(c, r, 0);
+    assert_int_equal(gpucd_region_destroy(r), 0);
+    gpucd_close(c);
+}
+
+/* Threads of one client, each with its own slices: more calls in flight than one. */
+enum { THREADS = 6, CALLS = 25 };
+
+typedef struct worker {
+    gpucd_client *c;
+    gpucd_region *r;
+    int k;
+} worker;
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    for (int i = 0; i < CALLS; i++)
+        encode_and_check(w->c, w->r, w->k);
+    return NULL;
+}
+
+static void test_concurrent_calls(void **state)
+{
+    (void)state;
+    gpucd_client *c = connect_spinning(100000);
+    gpucd_region *r;
+    assert_int_equal(gpucd_region_create(c, region_bytes(THREADS), &r), 0);
+    const uint64_t before = doorbells_rung(c);
+    pthread_t th[THREADS];
+    worker w[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        w[i] = (worker){.c = c, .r = r, .k = i};
+        assert_int_equal(pthread_create(&th[i], NULL, worker_main, &w[i]), 0);
+    }
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(th[i], NULL);
+    assert_int_equal(doorbells_rung(c) - before, THREADS * CALLS);
+    assert_int_equal(gpucd_region_destroy(r), 0);
+    /* Closed with replies perhaps still on their way to detached contexts. */
+    gpucd_close(c);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    th_daemon_start(&daemon_, NULL);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    return th_daemon_stop_checked(&daemon_);
+}
+
+int main(int argc, char **argv)
+{
+    th_init(argc, argv);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_polling_client_ends_on_the_record),
+        cmocka_unit_test(test_no_record_without_polling_or_in_place_outputs),
+        cmocka_unit_test(test_failure_still_brings_its_message),
+        cmocka_unit_test(test_concurrent_calls),
+    };
+    return th_run_group_tests(tests, group_setup, group_teardown);
+}
