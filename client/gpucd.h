@@ -156,9 +156,13 @@ typedef struct gpucd_options {
                                  GPUCD_ECLOSED and the client reconnects */
     const char *client_name;  /* sent with gpucd_info; NULL: "libgpucd" */
     int spin_us;              /* a call polls for its reply this long before it sleeps
-                                 (0, the default: sleeps at once).  Saves the calling
-                                 thread's wake-up from each round trip for as much of a
-                                 core's time: for callers that have nothing else to do */
+                                 (0, the default: sleeps at once).  Over ipc://, a call
+                                 whose outputs are all written in place (regions, existing
+                                 resident tensors) polls a completion record the daemon
+                                 writes into shared memory instead, and returns without
+                                 waiting for the reply to cross the socket.  Costs up to
+                                 that much of a core a call (the poll yields to other
+                                 threads): for callers that have nothing else to do */
 } gpucd_options;
 
 /* Fills the defaults (30 s timeout, unlimited replies, no client name, no polling). */
