@@ -3,8 +3,11 @@
  * threads and processes that share resident weights are merged into fewer
  * launches, each caller gets exactly its own rows (byte for byte what the CPU
  * kernel gives for its rows alone), and one caller's bad observation fails
- * that caller only.  A training step's forward, which keeps its activations
- * on the daemon, is never merged.
+ * that caller only.  Half the threads keep their tensors in shared memory and
+ * poll, so their calls end on the completion record (proto/doorbell_record.h),
+ * which must come after their own rows of a merged launch are in place.  A
+ * training step's forward, which keeps its activations on the daemon, is never
+ * merged.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -56,13 +59,20 @@ static void weights_make(uint64_t seed)
 /* One caller's request: B rows (B differs per caller), its result checked. Returns 0 if right. */
 static int rows_of(unsigned caller) { return 1 + (int)(caller % 5); }
 
-/* save: the training step's forward, keeping its activations in a new resident tensor. */
+/*
+ * save: the training step's forward, keeping its activations in a new
+ * resident tensor.  region: the observations and the output there (its
+ * client polls), else in the caller's memory.
+ */
 static int encode_and_check(gpucd_client *c, unsigned caller, int bad, int save,
-                            gpucd_timings *t)
+                            gpucd_timings *t, gpucd_region *region)
 {
     int B = rows_of(caller);
-    uint8_t *obs = malloc((size_t)B * 1707);
-    float *hid = malloc((size_t)B * HID * 4), *want = malloc((size_t)B * HID * 4);
+    const uint64_t hid_off = ((uint64_t)B * 1707 + 63) / 64 * 64;
+    uint8_t *obs = region != NULL ? gpucd_region_data(region) : malloc((size_t)B * 1707);
+    float *hid = region != NULL ? (float *)((uint8_t *)gpucd_region_data(region) + hid_off)
+                                : malloc((size_t)B * HID * 4);
+    float *want = malloc((size_t)B * HID * 4);
     th_fill_nmmo3_obs(obs, (size_t)B);
     if (bad)
         obs[(size_t)(B - 1) * 1707 + 5] = 200; /* last agent, tile 0, feature 5 */
@@ -71,8 +81,12 @@ static int encode_and_check(gpucd_client *c, unsigned caller, int bad, int save,
     for (int i = 0; i < 7; i++)
         w[i] = gpucd_tensor_resident(ids_[i], GPUCD_F32, ndims_[i], shapes_[i]);
     gpucd_nmmo3_weights nw = {&w[0], &w[1], &w[2], &w[3], &w[4], &w[5], &w[6]};
-    gpucd_tensor to = gpucd_tensor_host(obs, GPUCD_U8, 2, TH_SHAPE(B, 1707));
-    gpucd_tensor th = gpucd_tensor_host(hid, GPUCD_F32, 2, TH_SHAPE(B, HID));
+    gpucd_tensor to = region != NULL
+                          ? gpucd_tensor_region(region, 0, GPUCD_U8, 2, TH_SHAPE(B, 1707))
+                          : gpucd_tensor_host(obs, GPUCD_U8, 2, TH_SHAPE(B, 1707));
+    gpucd_tensor th = region != NULL
+                          ? gpucd_tensor_region(region, hid_off, GPUCD_F32, 2, TH_SHAPE(B, HID))
+                          : gpucd_tensor_host(hid, GPUCD_F32, 2, TH_SHAPE(B, HID));
     gpucd_tensor saved = gpucd_tensor_new_resident(GPUCD_U8, 0, NULL);
     int rc = save ? gpucd_nmmo3_encode_save(c, &nw, &to, NULL, &th, &saved, t)
                   : gpucd_nmmo3_encode(c, &nw, &to, NULL, &th, t);
@@ -104,12 +118,15 @@ static int encode_and_check(gpucd_client *c, unsigned caller, int bad, int save,
             result = -1;
         }
     }
-    free(obs), free(hid), free(want);
+    if (region == NULL)
+        free(obs), free(hid);
+    free(want);
     return result;
 }
 
 typedef struct caller {
     gpucd_client *client;
+    gpucd_region *region; /* its tensors' home when its client polls, else NULL */
     unsigned id;
     int save;
     int failures;
@@ -124,7 +141,8 @@ static void *caller_main(void *arg)
         pthread_barrier_wait(k->start); /* arrive together, so that batches form */
         gpucd_timings t = {0};
         k->failures += encode_and_check(k->client, k->id * 10 + (unsigned)r,
-                                        !k->save && k->id == 3 && r == 1, k->save, &t) != 0;
+                                        !k->save && k->id == 3 && r == 1, k->save, &t,
+                                        k->region) != 0;
         if (t.batch_wait_us > k->max_wait_us)
             k->max_wait_us = t.batch_wait_us;
     }
@@ -137,9 +155,27 @@ static uint64_t json_number(const char *json, const char *key)
     return p != NULL ? strtoull(p + strlen(key), NULL, 10) : UINT64_MAX;
 }
 
+/* A client that polls, with a region for one request of at most 5 rows. */
+static gpucd_client *connect_polling(gpucd_region **region)
+{
+    gpucd_options o;
+    gpucd_options_init(&o);
+    o.timeout_ms = 60000;
+    o.spin_us = 100000;
+    gpucd_client *c;
+    if (gpucd_connect(daemon_.ipc_url, &o, &c) != 0)
+        fail_msg("connect %s: %s", daemon_.ipc_url, gpucd_errmsg(NULL));
+    assert_int_equal(gpucd_region_create(c, 5 * 1707 + 64 + 5 * HID * 4, region), 0);
+    return c;
+}
+
 static void test_batched_rows_are_each_callers_own(void **state)
 {
     gpucd_client *owner = th_connect(daemon_.ipc_url);
+    char *json;
+    assert_int_equal(gpucd_stats_json(owner, &json), 0);
+    const uint64_t doorbells_before = json_number(json, "\"doorbells\":");
+    free(json);
     for (int i = 0; i < 7; i++) {
         gpucd_tensor t = gpucd_tensor_host(weights_[i], GPUCD_F32, ndims_[i], shapes_[i]);
         assert_int_equal(gpucd_tensor_put(owner, &t, &ids_[i]), 0);
@@ -165,8 +201,9 @@ static void test_batched_rows_are_each_callers_own(void **state)
     pthread_t threads[THREADS];
     caller callers[THREADS];
     for (int i = 0; i < THREADS; i++) {
-        callers[i] = (caller){.client = th_connect(daemon_.ipc_url), .id = (unsigned)i,
-                              .start = &start};
+        callers[i] = (caller){.id = (unsigned)i, .start = &start};
+        callers[i].client = i % 2 ? connect_polling(&callers[i].region)
+                                  : th_connect(daemon_.ipc_url);
         assert_int_equal(pthread_create(&threads[i], NULL, caller_main, &callers[i]), 0);
     }
     int failures = 0;
@@ -176,6 +213,8 @@ static void test_batched_rows_are_each_callers_own(void **state)
         failures += callers[i].failures;
         if (callers[i].max_wait_us > max_wait)
             max_wait = callers[i].max_wait_us;
+        if (callers[i].region != NULL)
+            assert_int_equal(gpucd_region_destroy(callers[i].region), 0);
         gpucd_close(callers[i].client);
     }
     for (int p = 0; p < PROCESSES; p++) {
@@ -187,9 +226,11 @@ static void test_batched_rows_are_each_callers_own(void **state)
 
     /* Fewer launches than requests, every row counted once (the bad request's rows ran alone
      * and failed, so they are not counted). */
-    char *json;
     assert_int_equal(gpucd_stats_json(owner, &json), 0);
     uint64_t batches = json_number(json, "\"batches\":");
+    /* Every polling caller's request wrote its record, the failing one's too. */
+    assert_int_equal(json_number(json, "\"doorbells\":") - doorbells_before,
+                     (uint64_t)(THREADS / 2) * ROUNDS);
     uint64_t rows = json_number(json, "\"batch_rows\":");
     uint64_t requests = json_number(json, "\"nmmo3_encode\":{\"OK\":");
     free(json);
@@ -263,7 +304,7 @@ static int child_main(const char *url, const char *arg)
     gpucd_client *c = th_connect(url);
     int failures = 0;
     for (int r = 0; r < ROUNDS; r++)
-        failures += encode_and_check(c, id * 10 + (unsigned)r, 0, 0, NULL) != 0;
+        failures += encode_and_check(c, id * 10 + (unsigned)r, 0, 0, NULL, NULL) != 0;
     gpucd_close(c);
     return failures == 0 ? 0 : 1;
 }
