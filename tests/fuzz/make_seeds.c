@@ -79,6 +79,13 @@ int main(int argc, char **argv)
     conv.op_case = GPUCD__V1__REQUEST__OP_CONV2D_FORWARD;
     conv.conv2d_forward = &cf;
     rc |= seed_write(dir, "conv2d_forward", &conv, payload, sizeof payload);
+    /* The same with a completion record (no region exists in the fuzzer: its refusals). */
+    Gpucd__V1__RegionSlice bell = GPUCD__V1__REGION_SLICE__INIT;
+    bell.region_id = 1;
+    bell.offset = 64;
+    conv.doorbell = &bell;
+    rc |= seed_write(dir, "conv2d_forward_doorbell", &conv, payload, sizeof payload);
+    conv.doorbell = NULL;
 
     /* embedding_forward: 4 u8 indices, table (8, 4), out inline. */
     Gpucd__V1__Request emb = GPUCD__V1__REQUEST__INIT;
