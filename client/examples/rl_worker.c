@@ -153,6 +153,10 @@ int main(int argc, char **argv)
     gpucd_options opts;
     gpucd_options_init(&opts);
     opts.client_name = "rl_worker example";
+    /* A worker waiting for its features has nothing else to do: poll, so that each step
+     * ends the moment the daemon has written the output (the completion record), not when
+     * the reply has woken this thread. */
+    opts.spin_us = 5000;
     gpucd_client *client;
     int rv = gpucd_connect(url, &opts, &client);
     if (rv < 0)
