@@ -17,8 +17,10 @@
  * ex->sm_count and the shared-memory size, never on the schedule.  D = 32
  * (the NMMO3 player embedding) has a kernel of its own that adds four
  * positions a warp instruction (embedding_quad_kernel); any D has the
- * general one, lane = column.  Loads of the next batch of positions are
- * issued before the current one is added.
+ * general one, lane = column.  Loads of the next batches of positions are
+ * issued before the current one is added.  bf16 gradients of 32 columns
+ * into at most 128 rows, 16-byte aligned, are a tensor-core product instead
+ * (embedding_onehot.cuh), with the same partial tables and reduce.
  *
  * Invalid indices are skipped.  Each partial kernel block keeps its first
  * offender and writes it to its slot after its partial table; the reduce
@@ -30,11 +32,15 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "embedding_onehot.cuh"
+#include "embedding_quad.cuh"
 #include "gk_cuda.h"
 #include "multihot_embedding_pdl.cuh"
 #include "obs_record.cuh"
 
 namespace {
+
+using namespace embq;
 
 constexpr int FWD_THREADS = 256, FWD_UNROLL = 4;
 constexpr int ROWS_THREADS = 1024; /* embedding_rows_kernel: few blocks, few copies of the table */
@@ -43,14 +49,8 @@ constexpr int BATCH = 32; /* positions a warp loads at once: one index a lane */
 constexpr int MAX_WARPS = 16;
 constexpr int PLAIN_TABLES_PER_SM = 4;
 constexpr size_t PLAIN_TABLES_BYTES = (size_t)32 << 20;
-constexpr unsigned OFFENDER_NONE = 0xffffffffu; /* a block's first offender when it met none */
 constexpr size_t STATIC_SMEM = 64; /* the kernels' own shared variables, next to the tables */
 
-template <typename Idx>
-__device__ __forceinline__ bool index_ok(Idx v, long long vocab)
-{
-    return (long long)v >= 0 && (long long)v < vocab;
-}
 
 template <typename Chunk, typename Idx>
 __global__ void __launch_bounds__(FWD_THREADS)
@@ -146,8 +146,6 @@ embedding_rows_kernel(const Idx *__restrict__ idx, const uint4 *__restrict__ tab
 __device__ __forceinline__ float grad_f32(float g) { return g; }
 __device__ __forceinline__ float grad_f32(uint16_t g) { return __uint_as_float((unsigned)g << 16); }
 
-/* An index that is out of range lowers the block's first offender (a shared u32, see the reduce). */
-__device__ __forceinline__ void offender_note(unsigned *first, unsigned pos) { atomicMin(first, pos); }
 
 /*
  * One batch of BATCH positions from p for this lane's column c: lane u's index
@@ -174,12 +172,6 @@ __device__ __forceinline__ void batch_load(const Idx *__restrict__ idx, const G 
         g[u] = col && p + u < end ? grad_f32(dout[(size_t)(p + u) * (size_t)D + c]) : 0.0f;
 }
 
-/* The block's first offender, kept in shared memory and written to its slot at the end. */
-__device__ __forceinline__ void first_init(unsigned *first)
-{
-    if (threadIdx.x == 0)
-        *first = OFFENDER_NONE;
-}
 
 /*
  * The general backward (any D, any table size): lane = column, positions
@@ -244,214 +236,6 @@ embedding_partial_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout
         slots[blockIdx.x] = first;
 }
 
-/* The fast path's lane vector: 4 consecutive columns of one position's gradient row. */
-template <typename G> struct quad;
-template <> struct quad<float> {
-    using type = float4;
-};
-template <> struct quad<uint16_t> {
-    using type = uint2;
-};
-
-__device__ __forceinline__ float4 quad_f32(float4 v) { return v; }
-__device__ __forceinline__ float4 quad_f32(uint2 v)
-{
-    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
-                       __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
-}
-
-/* table row r (8 float4 in the lane's column quad) += g, in this lane. */
-__device__ __forceinline__ void quad_add(float4 *row, float4 g)
-{
-    float4 a = *row;
-    a.x += g.x;
-    a.y += g.y;
-    a.z += g.z;
-    a.w += g.w;
-    *row = a;
-}
-
-/*
- * The fast path for D = 32 when W tables of (V + 1) x 32 fp32 fit in shared
- * memory (the 128 x 32 table of NMMO3: 14 warps a multiprocessor).  Each
- * warp sums its contiguous range of positions in position order into its
- * own table, as the general kernel, but four positions at a time: lane l
- * handles columns 4 (l % 8) .. + 3 of position 4 k + l / 8 (one 16-byte fp32
- * or 8-byte bf16 load, one 16-byte shared add), so a warp instruction
- * covers four rows.  Four positions whose indices are all different touch
- * different table rows and are added at once; a group where two share an
- * index (found for 32 positions by one __match_any_sync) is added one
- * position after the other.  Either way every table element receives its
- * additions in position order, as in the general kernel.  Invalid positions
- * (a bad index, past the range's end) add into row V, which is never read,
- * so the adds have no branch.  A batch's gradients (32 positions, bf16 64)
- * are loaded a batch ahead (its indices with them, bf16 two batches ahead),
- * and its rows found before its adds, whose chain of shared loads and
- * stores is then all that is left to wait on.
- */
-template <typename Idx, typename G>
-__global__ void __launch_bounds__(MAX_WARPS * 32, 1)
-embedding_quad_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout,
-                      float *__restrict__ partials, unsigned *__restrict__ slots, unsigned n, int V)
-{
-    using Q = typename quad<G>::type;
-    /* bf16 rows are half as wide: two 32-position batches keep as many bytes in flight */
-    constexpr int SUBS = sizeof(G) == 2 ? 2 : 1;
-    constexpr int P = 32 * SUBS; /* positions a batch */
-    constexpr int K = P / 4;     /* loads a lane a batch: groups of four positions */
-    extern __shared__ float4 qtab[];
-    __shared__ unsigned first;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, W = blockDim.x >> 5;
-    const int quarter = lane >> 3, cq = lane & 7;
-    const int T4 = (V + 1) * 8; /* float4 a table, with the discard row V */
-    pdl_release();
-    pdl_wait();
-    for (int i = threadIdx.x; i < W * T4; i += blockDim.x)
-        qtab[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    first_init(&first);
-    __syncthreads();
-    float4 *tab = qtab + (size_t)w * T4 + cq;
-    const unsigned gw = blockIdx.x * W + w, nw = gridDim.x * W;
-    const unsigned start = (unsigned)((unsigned long long)n * gw / nw);
-    const unsigned end = (unsigned)((unsigned long long)n * (gw + 1) / nw);
-    const Q *src = reinterpret_cast<const Q *>(dout) + cq; /* position p: src[8 p] */
-
-    /* Only issued here: the indices are checked when the batch is added. */
-    auto load_idx = [&](unsigned p, Idx (&raw)[SUBS]) {
-#pragma unroll
-        for (int s = 0; s < SUBS; s++) {
-            const unsigned u = p + 32u * s + (unsigned)lane;
-            raw[s] = u < end ? idx[u] : Idx(0);
-        }
-    };
-    auto load_grad = [&](unsigned p, Q (&g)[K]) {
-#pragma unroll
-        for (int k = 0; k < K; k++) {
-            const unsigned u = p + 4u * k + (unsigned)quarter;
-            g[k] = u < end ? __ldcs(src + (size_t)u * 8) : Q{};
-        }
-    };
-    auto add = [&](unsigned p, const Q (&g)[K], const Idx (&raw)[SUBS]) {
-#pragma unroll
-        for (int s = 0; s < SUBS; s++) {
-            /* Lane u: the row of position p + 32 s + u; V when invalid or past the end. */
-            const unsigned u = p + 32u * s + (unsigned)lane;
-            int v = V;
-            if (u < end) {
-                if (index_ok(raw[s], V))
-                    v = (int)raw[s];
-                else
-                    offender_note(&first, u);
-            }
-            /*
-             * Bit 4 j + i of clash4 (clash8): position 4 j + i of these 32
-             * shares its row with another of its four (of its eight, two groups).
-             */
-            const unsigned same = __match_any_sync(0xffffffffu, v);
-            const unsigned clash4 = __ballot_sync(0xffffffffu, __popc(same & (0xfu << (lane & ~3))) > 1);
-            const unsigned clash8 = __ballot_sync(0xffffffffu, __popc(same & (0xffu << (lane & ~7))) > 1);
-            int r[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                r[j] = __shfl_sync(0xffffffffu, v, 4 * j + quarter) * 8;
-#pragma unroll
-            for (int j = 0; j < 8; j += 2) {
-                const float4 x0 = quad_f32(g[8 * s + j]), x1 = quad_f32(g[8 * s + j + 1]);
-                if (((clash8 >> (4 * j)) & 0xffu) == 0) {
-                    /* eight different rows: both groups' loads before either store */
-                    float4 *e0 = tab + r[j], *e1 = tab + r[j + 1];
-                    float4 a0 = *e0, a1 = *e1;
-                    a0.x += x0.x;
-                    a0.y += x0.y;
-                    a0.z += x0.z;
-                    a0.w += x0.w;
-                    a1.x += x1.x;
-                    a1.y += x1.y;
-                    a1.z += x1.z;
-                    a1.w += x1.w;
-                    *e0 = a0;
-                    *e1 = a1;
-                } else {
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        if (((clash4 >> (4 * (j + h))) & 0xfu) == 0) {
-                            quad_add(tab + r[j + h], h ? x1 : x0);
-                        } else {
-                            for (int i = 0; i < 4; i++) {
-                                if (quarter == i)
-                                    quad_add(tab + r[j + h], h ? x1 : x0);
-                                __syncwarp();
-                            }
-                        }
-                        __syncwarp();
-                    }
-                }
-                __syncwarp(); /* the next groups may add to the same elements from other lanes */
-            }
-        }
-    };
-    /*
-     * Two register buffers taken in turn, a batch's gradients loading while
-     * the other is added.  bf16: the indices (the adds start with them) are
-     * loaded two batches ahead into i2, i3 and moved to i0, i1 two batches
-     * later, when they have arrived (ncu: a fifth of the stall samples were
-     * the wait for indices loaded with their batch's gradients; 49.2 -> 46.5
-     * us at B = 32768).  f32 keeps them with the gradients: the same change
-     * measured 0.6 us slower there, its index wait being the gradient stream
-     * ahead of it.
-     */
-    Q ga[K], gb[K];
-    Idx i0[SUBS], i1[SUBS], i2[SUBS], i3[SUBS];
-    if (start < end) {
-        load_idx(start, i0);
-        load_grad(start, ga);
-    }
-    if (sizeof(G) == 2 && start + P < end)
-        load_idx(start + P, i1);
-    for (unsigned p = start; p < end; p += 2 * P) {
-        if (p + P < end) {
-            load_grad(p + P, gb);
-            if (sizeof(G) == 4)
-                load_idx(p + P, i1);
-        }
-        if (sizeof(G) == 2 && p + 2 * P < end)
-            load_idx(p + 2 * P, i2);
-        if (sizeof(G) == 2 && p + 3 * P < end)
-            load_idx(p + 3 * P, i3);
-        add(p, ga, i0);
-        if (p + P >= end)
-            break;
-        if (p + 2 * P < end) {
-            load_grad(p + 2 * P, ga);
-            if (sizeof(G) == 4)
-                load_idx(p + 2 * P, i0);
-        }
-        add(p + P, gb, i1);
-        if (sizeof(G) == 2) {
-#pragma unroll
-            for (int s = 0; s < SUBS; s++) {
-                i0[s] = i2[s];
-                i1[s] = i3[s];
-            }
-        }
-    }
-    __syncthreads();
-    float4 *part = reinterpret_cast<float4 *>(partials) + (size_t)blockIdx.x * V * 8;
-    for (int i = threadIdx.x; i < V * 8; i += blockDim.x) {
-        float4 s = qtab[i];
-        for (int t = 1; t < W; t++) {
-            const float4 x = qtab[(size_t)t * T4 + i];
-            s.x += x.x;
-            s.y += x.y;
-            s.z += x.z;
-            s.w += x.w;
-        }
-        part[i] = s;
-    }
-    if (threadIdx.x == 0)
-        slots[blockIdx.x] = first;
-}
-
 /*
  * dtable = the partial tables added in table order, and the error record =
  * the first offender over all slots (written here, every call: no reset
@@ -459,7 +243,7 @@ embedding_quad_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout,
  * elements; warp k adds tables k, k + 8, ... in order, then the eight
  * sums are added in warp order.  With an offender dtable is left as it was.
  */
-constexpr int REDUCE_WARPS = 8, REDUCE_BATCH = 16;
+constexpr int REDUCE_WARPS = 8, REDUCE_BATCH = 17; /* 136 tables a round: one for 132 SMs */
 __global__ void __launch_bounds__(REDUCE_WARPS * 32)
 embedding_reduce_kernel(const float *__restrict__ partials, const unsigned *__restrict__ slots,
                         int ntables, int VD, float *__restrict__ dtable,
@@ -521,6 +305,7 @@ struct bwd_plan {
     int warps;   /* warps a block, each with a shared table; 0: tables in the workspace */
     int ntables; /* partial tables in the workspace, each with its offender slot */
     bool quad;
+    bool onehot; /* bf16 dout: embedding_onehot_kernel (embedding_onehot.cuh) */
     size_t smem;
 };
 
@@ -553,9 +338,11 @@ int bwd_plan_ideal(int64_t vd, int64_t dim, bool dout_aligned, int sm_count, bwd
     const size_t quad_table = dim == 32 ? (size_t)(vd + dim) * sizeof(float) : 0;
     const bool quad_fits = dim == 32 && quad_table <= optin - STATIC_SMEM;
     pl->quad = quad_fits && dout_aligned;
+    pl->onehot = false;
     const size_t table = (size_t)vd * sizeof(float), fit_table = quad_fits ? quad_table : table;
-    size_t fit = fit_table ? (optin - STATIC_SMEM) / fit_table : MAX_WARPS;
-    pl->warps = fit > MAX_WARPS ? MAX_WARPS : (int)fit;
+    const size_t most = quad_fits ? QUAD_MAX_WARPS : MAX_WARPS;
+    size_t fit = fit_table ? (optin - STATIC_SMEM) / fit_table : most;
+    pl->warps = fit > most ? (int)most : (int)fit;
     pl->smem = (size_t)pl->warps * (pl->quad ? quad_table : table);
     if (pl->warps > 0) {
         pl->ntables = sm_count;
@@ -666,6 +453,42 @@ int rows_dispatch(const gk_tensor *idx, const gk_tensor *table, const gk_tensor 
     }
 }
 
+/* The reduce kernel after the partial kernels: dtable and the record from the partial tables. */
+cudaError_t reduce_launch(const float *partials, const unsigned *slots, int ntables, int VD,
+                          float *dtable, const gk_cuda_exec *ex, unsigned long long *rec)
+{
+    return pdl_launch(embedding_reduce_kernel, (unsigned)((VD + 31) / 32), REDUCE_WARPS * 32, 0,
+                      ex->stream, partials, slots, ntables, VD, dtable, rec);
+}
+
+/*
+ * bf16 dout of 32 columns, 16-byte aligned, a table of at most 128 rows:
+ * the tensor-core kernel, one partial table a block.
+ */
+bool onehot_fits(const gk_tensor *dout, int64_t V, int64_t D)
+{
+    return dout->dtype == GK_BF16 && D == 32 && V >= 1 && V <= onehot::ROWS &&
+           (uintptr_t)dout->data % 16 == 0;
+}
+
+template <typename Idx>
+int onehot_launch(const Idx *idx, const uint16_t *dout, float *partials, unsigned *slots, unsigned n,
+                  int V, float *dtable, const bwd_plan &pl, const gk_cuda_exec *ex,
+                  unsigned long long *rec, gk_err *err)
+{
+    auto kernel = embedding_onehot_kernel<Idx>;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, onehot::SMEM);
+    if (e == cudaSuccess)
+        e = pdl_launch(kernel, (unsigned)pl.ntables, onehot::WG * 128, onehot::SMEM, ex->stream, idx, dout,
+                       partials, slots, n, V);
+    if (e == cudaSuccess)
+        e = reduce_launch(partials, slots, pl.ntables, V * 32, dtable, ex, rec);
+    if (e != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "embedding backward (cuda): kernel launch: %s",
+                       cudaGetErrorString(e));
+    return GK_OK;
+}
+
 /* The partial kernel chosen by the plan, then the reduce into dtable and the record. */
 template <typename Idx, typename G>
 int backward_launch(const gk_tensor *idx, const gk_tensor *dout, const gk_tensor *dtable,
@@ -690,14 +513,17 @@ int backward_launch(const gk_tensor *idx, const gk_tensor *dout, const gk_tensor
     const unsigned threads = pl.warps > 0 ? (unsigned)pl.warps * 32 : 32;
     const Idx *ip = (const Idx *)idx->data;
     const G *gp = (const G *)dout->data;
+    if constexpr (sizeof(G) == 2) {
+        if (pl.onehot)
+            return onehot_launch<Idx>(ip, gp, partials, slots, n, V, (float *)dtable->data, pl, ex, rec,
+                                      err);
+    }
     cudaError_t e = pl.quad ? pdl_launch(quad, (unsigned)pl.ntables, threads, pl.smem, ex->stream,
                                          ip, gp, partials, slots, n, V)
                             : pdl_launch(kernel, (unsigned)pl.ntables, threads, pl.smem, ex->stream,
                                          ip, gp, partials, slots, n, D, V);
     if (e == cudaSuccess)
-        e = pdl_launch(embedding_reduce_kernel, (unsigned)((VD + 31) / 32), REDUCE_WARPS * 32, 0,
-                       ex->stream, (const float *)partials, (const unsigned *)slots, pl.ntables, VD,
-                       (float *)dtable->data, rec);
+        e = reduce_launch(partials, slots, pl.ntables, VD, (float *)dtable->data, ex, rec);
     if (e != cudaSuccess)
         return gk_fail(err, GK_EDEVICE, "embedding backward (cuda): kernel launch: %s",
                        cudaGetErrorString(e));
@@ -794,6 +620,7 @@ extern "C" int gk_cuda_embedding_backward(const gk_tensor *idx, const gk_tensor 
     const size_t fit = (ex->workspace_bytes - GK_CUDA_OBS_RECORD_BYTES) / partial_bytes(vd);
     if ((size_t)pl.ntables > fit)
         pl.ntables = (int)fit;
+    pl.onehot = onehot_fits(dout, dtable->shape[0], dtable->shape[1]);
     unsigned long long *rec = (unsigned long long *)ex->workspace;
     float *partials = (float *)((uint8_t *)ex->workspace + GK_CUDA_OBS_RECORD_BYTES);
     return dout->dtype == GK_BF16

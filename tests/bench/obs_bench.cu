@@ -42,6 +42,8 @@
 
 #include "blas.cuh"
 #include "conv1_obs.cuh"
+#include "embedding_onehot.cuh"
+#include "embedding_quad.cuh"
 #include "gk_cuda_nmmo3.h"
 #include "nmmo3_rows.h"
 #include "bench_check.cuh"
@@ -53,6 +55,7 @@ static int g_conv1_only; /* --conv1: conv1 bf16 at B = 32768 only, a few calls (
 static int g_big_bf16;   /* --conv1 or --forward: bf16 at B = 32768 only */
 static int g_obs_only;   /* --obs: no NMMO3 forward */
 static int g_big_only;   /* --profile: the multihot and embedding rows at B = 32768 only */
+static int g_profile;    /* --profile: no extra rows */
 static cudaStream_t g_stream;
 static void *dev_alloc(size_t bytes)
 {
@@ -138,6 +141,85 @@ static int emb_bwd_run(void *ctx, const gk_cuda_exec *ex, gk_err *err)
     return gk_cuda_embedding_backward(&c->idx, &c->dout, &c->dtable, ex, err);
 }
 
+/*
+ * The tensor-core backward's partial kernel alone (no reduce), in shapes
+ * other than the default, for the table's extra rows: u8 indices, bf16 dout.
+ */
+typedef struct onehot_ctx {
+    const uint8_t *idx;
+    const uint16_t *dout;
+    float *partials;
+    unsigned *slots;
+    unsigned n;
+    int V, wg, stages;
+} onehot_ctx;
+
+template <int WG, int STAGES> static cudaError_t onehot_variant(const onehot_ctx *c, const gk_cuda_exec *ex)
+{
+    auto kernel = embedding_onehot_kernel<uint8_t, WG, STAGES>;
+    const int smem = onehot::smem_bytes(WG, STAGES);
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e == cudaSuccess)
+        e = pdl_launch(kernel, (unsigned)ex->sm_count, WG * 128, (size_t)smem, ex->stream, c->idx, c->dout,
+                       c->partials, c->slots, c->n, c->V);
+    return e;
+}
+
+static int onehot_run(void *ctx, const gk_cuda_exec *ex, gk_err *err)
+{
+    const onehot_ctx *c = (const onehot_ctx *)ctx;
+    cudaError_t e = cudaErrorInvalidValue;
+    if (c->wg == 3 && c->stages == 8)
+        e = onehot_variant<3, 8>(c, ex);
+    else if (c->wg == 3 && c->stages == 12)
+        e = onehot_variant<3, 12>(c, ex);
+    else if (c->wg == 2 && c->stages == 16)
+        e = onehot_variant<2, 16>(c, ex);
+    else if (c->wg == 4 && c->stages == 8)
+        e = onehot_variant<4, 8>(c, ex);
+    if (e != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "onehot variant %d x %d: %s", c->wg, c->stages, cudaGetErrorString(e));
+    return 0;
+}
+
+/* The CUDA-core quad kernel alone (no reduce) in other shapes: u8 indices, f32 dout. */
+typedef struct quad_ctx {
+    const uint8_t *idx;
+    const float *dout;
+    float *partials;
+    unsigned *slots;
+    unsigned n;
+    int V, depth, warps;
+} quad_ctx;
+
+template <int DEPTH, int WARPS> static cudaError_t quad_variant(const quad_ctx *c, const gk_cuda_exec *ex)
+{
+    auto kernel = embq::embedding_quad_kernel<uint8_t, float, DEPTH, WARPS>;
+    const size_t smem = (size_t)WARPS * (size_t)(c->V + 1) * 32 * sizeof(float);
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e == cudaSuccess)
+        e = pdl_launch(kernel, (unsigned)ex->sm_count, WARPS * 32, smem, ex->stream, c->idx, c->dout,
+                       c->partials, c->slots, c->n, c->V);
+    return e;
+}
+
+static int quad_run(void *ctx, const gk_cuda_exec *ex, gk_err *err)
+{
+    const quad_ctx *c = (const quad_ctx *)ctx;
+    cudaError_t e = cudaErrorInvalidValue;
+    if (c->depth == 2 && c->warps == 14)
+        e = quad_variant<2, 14>(c, ex);
+    else if (c->depth == 3 && c->warps == 12)
+        e = quad_variant<3, 12>(c, ex);
+    else if (c->depth == 2 && c->warps == 12)
+        e = quad_variant<2, 12>(c, ex);
+    else if (c->depth == 3 && c->warps == 14)
+        e = quad_variant<3, 14>(c, ex);
+    if (e != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "quad variant %d x %d: %s", c->depth, c->warps, cudaGetErrorString(e));
+    return 0;
+}
+
 static double g_copy_gbs;
 static int g_below = 0;
 
@@ -150,6 +232,14 @@ static void report(const char *op, const char *dt, int64_t batch, double us, dou
            bytes / 1e6, gbs, pct, seed);
     if (batch == 32768 && pct < 80.0)
         g_below++;
+}
+
+/* A row that is not one of the op's own (not counted in the summary). */
+static void extra_row(const char *what, const char *dt, int64_t batch, double us, double bytes)
+{
+    const double gbs = bytes / us / 1e3;
+    printf("| %s | %s | %lld | %.1f | %.1f | %.0f | %.1f%% | - |\n", what, dt, (long long)batch, us,
+           bytes / 1e6, gbs, 100.0 * gbs / g_copy_gbs);
 }
 
 /* ---- the NMMO3 forward -------------------------------------------------------------- */
@@ -479,7 +569,7 @@ int main(int argc, char **argv)
         if (strcmp(argv[i], "--obs") == 0)
             g_obs_only = 1;
         if (strcmp(argv[i], "--profile") == 0)
-            g_obs_only = 1, g_big_only = 1, g_warmup = 1, g_iters = 1;
+            g_obs_only = 1, g_big_only = 1, g_profile = 1, g_warmup = 1, g_iters = 1;
     }
     int dev = 0, sms = 0;
     CK(cudaSetDevice(dev));
@@ -614,6 +704,54 @@ int main(int argc, char **argv)
                 printf("embedding backward status: %s\n", err.msg), status_bad++;
             report("embedding_backward (u8 idx, 128x32)", dn, B, us,
                    (double)(B * P) + (double)obytes + (double)(V * D) * 4, "-");
+            if (dt == GK_F32 && B == 32768 && !g_profile) {
+                /* Extra rows, not counted in the summary: the quad kernel alone in several shapes. */
+                const double bytes = (double)(B * P) + (double)obytes + (double)(V * D) * 4;
+                const int shapes[4][2] = {{2, 14}, {3, 12}, {2, 12}, {3, 14}};
+                for (int k = 0; k < 4; k++) {
+                    quad_ctx qc = {(const uint8_t *)idx, (const float *)ec.dout.data,
+                                   (float *)((uint8_t *)ex.workspace + GK_CUDA_OBS_RECORD_BYTES), NULL,
+                                   (unsigned)(B * P), (int)V, shapes[k][0], shapes[k][1]};
+                    qc.slots = (unsigned *)(qc.partials + (size_t)sms * V * D);
+                    us = time_op(quad_run, &qc, &ex);
+                    char name[120];
+                    snprintf(name, sizeof name, "quad partial kernel alone, %d buffers, %d warps%s%s",
+                             shapes[k][0], shapes[k][1], k == 0 ? " (default)" : "",
+                             k == 3 ? " (spills)" : "");
+                    extra_row(name, dn, B, us, bytes);
+                }
+                CK(cudaStreamSynchronize(g_stream));
+            }
+            if (dt == GK_BF16 && B == 32768 && !g_profile) {
+                /*
+                 * Extra rows, not counted in the summary: dout 8 bytes off its
+                 * 16-byte alignment takes the CUDA-core quad kernel (the
+                 * tensor-core one needs 16); the tensor-core partial kernel
+                 * alone in several shapes.
+                 */
+                const double bytes = (double)(B * P) + (double)obytes + (double)(V * D) * 4;
+                uint8_t *off = (uint8_t *)dev_alloc(obytes + 16);
+                CK(cudaMemcpy(off + 8, ec.dout.data, obytes, cudaMemcpyDeviceToDevice));
+                emb_ctx eo = ec;
+                eo.dout = gk_tensor_make(off + 8, dt, 3, oshape);
+                us = time_op(emb_bwd_run, &eo, &ex);
+                extra_row("embedding_backward, dout 8 bytes off (quad kernel)", dn, B, us, bytes);
+                cudaFree(off);
+                const int shapes[4][2] = {{3, 8}, {3, 12}, {2, 16}, {4, 8}};
+                for (int k = 0; k < 4; k++) {
+                    onehot_ctx oc = {(const uint8_t *)idx, (const uint16_t *)ec.dout.data,
+                                     (float *)((uint8_t *)ex.workspace + GK_CUDA_OBS_RECORD_BYTES), NULL,
+                                     (unsigned)(B * P), (int)V, shapes[k][0], shapes[k][1]};
+                    oc.slots = (unsigned *)(oc.partials + (size_t)sms * V * D);
+                    us = time_op(onehot_run, &oc, &ex);
+                    char name[120];
+                    snprintf(name, sizeof name, "tensor-core partial kernel alone, %d warpgroups, %d stages%s",
+                             shapes[k][0], shapes[k][1],
+                             shapes[k][0] == onehot::WG && shapes[k][1] == onehot::STAGES ? " (default)" : "");
+                    extra_row(name, dn, B, us, bytes);
+                }
+                CK(cudaStreamSynchronize(g_stream));
+            }
             cudaFree(ec.table.data);
             cudaFree(ec.out.data);
             cudaFree(ec.dout.data);
