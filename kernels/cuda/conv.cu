@@ -608,7 +608,10 @@ fwd_tile_plan fwd_tile_plan_of(const conv_shape &s, int sm_count)
     const int per_sm = (s.N + sm_count - 1) / sm_count;
     d.sb = FT_BM / ohw < per_sm ? FT_BM / ohw : per_sm;
     fwd_tile_strides(s, d.sb, &d.RS, &d.SS);
-    const long long xbytes = ((long long)d.sb * d.SS * 16 + 127) / 128 * 128;
+    /* a chunk buffer holds the block's slots, and the epilogue stages an item's y there
+       (at its address & 15, read in 16-byte pieces): <= 192 x 128 outputs, 49 KB */
+    const long long slots = (long long)d.sb * d.SS * 16, staged = (long long)d.sb * s.OC * ohw * 2 + 32;
+    const long long xbytes = ((slots > staged ? slots : staged) + 127) / 128 * 128;
     if (ft_smem_bytes(0) + 2 * xbytes > FT_SMEM_MAX)
         return d;
     d.xbytes = (int)xbytes;

@@ -24,7 +24,9 @@
  *
  * The row and sample strides RS >= W + 2pw, SS >= (H + 2ph) * RS are chosen on
  * the host so that the 8 rows of an ldmatrix phase hit 8 distinct bank groups
- * (conv1: RS 20, SS 220).  Padding slots are zeroed once and never written.
+ * (conv1: RS 20, SS 220).  Padding slots are zeroed once; the loaders never
+ * write them, and the epilogue, which stages an item's y in a chunk buffer for
+ * 16-byte stores, zeroes what it used behind itself.
  * Named barriers hand the chunk buffers over (FULL: loaders -> MMA, EMPTY:
  * back), as in dgrad_tile.cuh.  Each output is one thread's fixed-order sum:
  * deterministic, no atomics.
@@ -65,7 +67,7 @@ struct ft_params {
     int nch, ntp, steps; /* channel chunks, k16 steps a chunk (tap pairs, padded), nch * ntp */
     int RS, SS, ph, pw;
     int OW, sh, sw, KW, taps;
-    int xbytes; /* one chunk buffer: sb * SS slots of 16 bytes, a multiple of 128 */
+    int xbytes; /* one chunk buffer: sb * SS slots of 16 bytes, or an item's y + 32 bytes, a multiple of 128 */
     int step_s, step_pix; /* FT_LOAD_THREADS tasks on: samples and pixels */
     fastdiv hw_div, w_div;
 };
@@ -205,6 +207,7 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
     const uint32_t ring0 = sbase + ring_off;
     const int rs = rowslot[wg * 64 + wq * 16 + (lane & 15)];
     const int ts = lane >> 4; /* lanes 16-31 address the second tap of the step */
+    const bool live = wg * 64 < p.rows; /* a warpgroup without rows (small batches) issues no wgmma */
     const int total = mine * p.steps, tiles_item = p.steps / FT_KPS; /* an item: whole B tiles */
     constexpr int AHEAD = FT_STAGES - 2; /* tiles in flight past the current one */
     int tile_next = 0;                   /* the packed tile of the next copy: it repeats each item */
@@ -233,33 +236,38 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
     for (int i = 0; i < 64; i++)
         acc[i] = 0.0f;
     uint32_t a[2][FT_KPS][4];
-    int ci = 0, tp = 0, q = 0; /* chunk, tap pair, chunk fill */
+    int ci = 0, tp = 0, q = 0; /* chunk of the item, tap pair, chunk fill */
     auto tile = [&](int t, uint32_t(&af)[FT_KPS][4]) {
         wgmma_wait<1>(); /* tile t - 2 (its fragments and its B slot) is done */
         dg_cp_async_wait<AHEAD - 1>(); /* B tile t has landed (this thread's part) */
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* ... for wgmma's reads */
         dg_bar_sync(FT_BAR_MMA, FT_MMA_THREADS); /* everyone's; every warpgroup is past tile t - 2 */
         issue(t + AHEAD);
-        int done = -1; /* the fill whose last fragment this tile loads */
+        int done = -1;     /* the fill whose last fragment this tile loads */
+        bool held = false; /* ... kept for the epilogue's staging (the item's last chunk) */
 #pragma unroll
         for (int kk = 0; kk < FT_KPS; kk++) {
             if (tp == 0)
                 dg_bar_sync(FT_BAR_FULL + (q & 1), FT_THREADS);
-            ldmatrix_x4(af[kk], sbase + (q & 1) * p.xbytes + (uint32_t)(rs + tapoff[2 * tp + ts]) * 16);
+            if (live)
+                ldmatrix_x4(af[kk], sbase + (q & 1) * p.xbytes + (uint32_t)(rs + tapoff[2 * tp + ts]) * 16);
             if (++tp == p.ntp) {
                 tp = 0;
                 done = q++;
                 ci = ci + 1 == p.nch ? 0 : ci + 1;
+                held = ci == 0;
             }
         }
-        const uint32_t bt = ring0 + (t % FT_STAGES) * FT_TILE_BYTES;
-        acc_fence(acc);
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        if (live) {
+            const uint32_t bt = ring0 + (t % FT_STAGES) * FT_TILE_BYTES;
+            acc_fence(acc);
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-        for (int kk = 0; kk < FT_KPS; kk++)
-            wgmma_m64n128k16(acc, af[kk], sw128_desc(bt + kk * 32), 1);
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        if (done >= 0 && done + 2 < fills) /* the loaders wait for it only if they fill it again */
+            for (int kk = 0; kk < FT_KPS; kk++)
+                wgmma_m64n128k16(acc, af[kk], sw128_desc(bt + kk * 32), 1);
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        }
+        if (done >= 0 && !held && done + 2 < fills) /* the loaders wait for it only if they fill it again */
             dg_bar_arrive(FT_BAR_EMPTY + (done & 1), FT_THREADS);
     };
     int t = 0;
@@ -272,14 +280,25 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
             tile(t++, a[0]);
         wgmma_wait<0>();
         acc_fence(acc);
-        /* epilogue: bias, relu, bf16, NCHW; acc[4 jn + 2 h + e] is row m(h), channel 8 jn + 2 t4 + e */
+        /*
+         * epilogue: bias, relu, bf16, NCHW; acc[4 jn + 2 h + e] is row m(h), channel 8 jn + 2 t4 + e.
+         * The item's y (one contiguous run of ns samples) goes first into the chunk buffer
+         * of its last chunk, at the run's address & 15, then out by 16-byte stores: direct
+         * 2-byte stores (4-8 sectors a warp instruction) cost ~200 of conv1's ~580 us at
+         * B = 32768 (measured: the tile without them, 385 us).
+         */
         const int n0 = ((int)blockIdx.x + j * (int)gridDim.x) * p.sb;
         uint16_t *yb = p.y + (size_t)n0 * p.OC * p.ohw;
+        const int last = q - 1; /* the item's last chunk fill */
+        unsigned char *ys = ft_smem + (last & 1) * p.xbytes;
+        const uint32_t head = (uint32_t)(uintptr_t)yb & 15u;
+        uint16_t *ystage = (uint16_t *)(ys + head);
+        dg_bar_sync(FT_BAR_MMA, FT_MMA_THREADS); /* every warp's fragments of the last chunk are loaded */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int m = wg * 64 + wq * 16 + g + 8 * h, s = rowsamp[m];
             if (s >= 0 && n0 + s < p.N) {
-                uint16_t *yr = yb + rowout[m];
+                uint16_t *yr = ystage + rowout[m];
 #pragma unroll
                 for (int jn = 0; jn < FT_BN / 8; jn++)
 #pragma unroll
@@ -293,6 +312,26 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
                     }
             }
         }
+        dg_bar_sync(FT_BAR_MMA, FT_MMA_THREADS);
+        /* 16-byte pieces k of the staged bytes [head, end), at ya + k in y; the buffer is
+           zeroed behind the reads, as its padding slots must be for the next fill */
+        const uint32_t end = head + (uint32_t)min(p.sb, p.N - n0) * p.OC * p.ohw * 2;
+        unsigned char *ya = (unsigned char *)yb - head;
+        for (uint32_t k = (uint32_t)tid * 16; k < end; k += FT_MMA_THREADS * 16) {
+            const uint4 v = *(const uint4 *)(ys + k);
+            *(uint4 *)(ys + k) = make_uint4(0, 0, 0, 0);
+            if (k >= head && k + 16 <= end) {
+                *(uint4 *)(ya + k) = v;
+            } else {
+                const uint16_t *e = (const uint16_t *)&v;
+#pragma unroll
+                for (uint32_t b = 0; b < 16; b += 2)
+                    if (k + b >= head && k + b < end)
+                        *(uint16_t *)(ya + k + b) = e[b / 2];
+            }
+        }
+        if (last + 2 < fills)
+            dg_bar_arrive(FT_BAR_EMPTY + (last & 1), FT_THREADS);
 #pragma unroll
         for (int i = 0; i < 64; i++)
             acc[i] = 0.0f;

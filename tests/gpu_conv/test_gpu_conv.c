@@ -51,6 +51,10 @@ static const layer layers[] = {
     {"wgrad tile: C 64, OC 40, K3 S1", 10, 64, 6, 6, 40, 3, 3, 1, 1, 0, 0, 1},
     {"stride 2 pad 1", 3, 5, 9, 7, 6, 3, 3, 2, 2, 1, 1, 1},
     {"stride 3 pad 2, C=59", 2, 59, 11, 15, 20, 5, 5, 3, 3, 2, 2, 0},
+    /* the bf16 forward tile with padding and many items a block (one SM: 9 samples an item,
+       5 items): its epilogue stages y in a chunk buffer and must leave the padding slots
+       zero; OC 101 makes a sample's y 4040 bytes, so items start off 16-byte boundaries */
+    {"fwd tile: pad 2, OC 101, 40 samples", 40, 59, 11, 15, 101, 5, 5, 3, 3, 2, 2, 1},
     {"B=1 pad 1, OC tail", 1, 59, 6, 5, 130, 3, 3, 1, 1, 1, 1, 1},
     {"stride (2,1) pad (0,2)", 2, 7, 10, 6, 9, 3, 2, 2, 1, 0, 2, 1},
     {"stride 1 pad 2, K > H, OC 129", 5, 3, 4, 4, 129, 5, 5, 1, 1, 2, 2, 0},
