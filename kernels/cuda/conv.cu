@@ -650,8 +650,9 @@ int fwd_tile_run(const conv_shape &s, const fwd_tile_plan &d, const uint16_t *x,
                        d.pack_bytes, ex->workspace_bytes);
     uint16_t *pack = (uint16_t *)ex->workspace;
     const int steps = d.nch * d.ntp;
-    ft_pack_w_kernel<<<ex->sm_count, 256, 0, ex->stream>>>(w, s.OC, s.C, s.KH * s.KW, d.ntp, steps,
-                                                          pack);
+    /* an element a thread: the gathers of w all in flight at once (B = 1024 waits for them) */
+    ft_pack_w_kernel<<<(steps * FT_BN * 16 + 255) / 256, 256, 0, ex->stream>>>(w, s.OC, s.C, s.KH * s.KW,
+                                                                               d.ntp, steps, pack);
     int rc = launch_check<uint16_t>("forward weight packing", err);
     if (rc)
         return rc;
@@ -689,7 +690,19 @@ int fwd_tile_run(const conv_shape &s, const fwd_tile_plan &d, const uint16_t *x,
     p.w_div = fastdiv_make((uint32_t)s.W);
     const int cap = ex->sm_count * occ;
     const int grid = p.items < cap ? p.items : cap;
-    conv_fwd_tile_kernel<<<grid, FT_THREADS, d.smem, ex->stream>>>(p);
+    /* programmatic stream serialisation: the tile's blocks may start while the pack kernel
+       ends (it lets them at its start); they wait for it before reading the pack */
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)grid);
+    cfg.blockDim = dim3(FT_THREADS);
+    cfg.dynamicSmemBytes = (size_t)d.smem;
+    cfg.stream = ex->stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    (void)cudaLaunchKernelEx(&cfg, conv_fwd_tile_kernel, p); /* its error is the last error */
     return launch_check<uint16_t>("forward", err);
 }
 

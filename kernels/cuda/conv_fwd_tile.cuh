@@ -18,8 +18,8 @@
  *                  (kh, kw) is slot s*SS + (oh*sh + kh)*RS + ow*sw + kw: im2col
  *                  costs one address add), B (the weights, packed per call by
  *                  ft_pack_w_kernel as 128 x 64 tiles of 4 steps, 128-byte
- *                  swizzled as wgmma reads them) streams through a cp.async
- *                  ring.  Odd tap counts get a zero-weight dummy tap, and the tap
+ *                  swizzled as wgmma reads them) streams through a ring of
+ *                  bulk copies on mbarriers.  Odd tap counts get a zero-weight dummy tap, and the tap
  *                  pairs a chunk are padded so that an item is whole B tiles.
  *
  * The row and sample strides RS >= W + 2pw, SS >= (H + 2ph) * RS are chosen on
@@ -49,7 +49,7 @@ enum {
     FT_THREADS = FT_MMA_THREADS + FT_LOAD_THREADS,
     FT_KPS = 4,                  /* k16 steps a B tile: 128 oc x 64 k, one 128-byte row an oc */
     FT_TILE_BYTES = FT_BN * 128, /* 16 KiB, a multiple of the 1024-byte swizzle atom */
-    FT_STAGES = 6,               /* B ring; tiles issued FT_STAGES - 2 ahead */
+    FT_STAGES = 6,               /* B ring; tiles issued FT_STAGES - 3 ahead */
     FT_TAPS_MAX = 64,
     FT_HW_MAX = 1024, /* the loaders' pixel -> slot table */
     FT_UNROLL = 7,    /* loader tasks in flight a thread (56 loads); conv1: 2640 tasks, 3 rounds */
@@ -72,10 +72,48 @@ struct ft_params {
     fastdiv hw_div, w_div;
 };
 
-/* Shared memory of one block: two chunk buffers, the B ring (1024-aligned), the tables. */
+/* Shared memory of one block: two chunk buffers, the B ring (1024-aligned), the tables, the ring's mbarriers. */
 __host__ __device__ constexpr int ft_smem_bytes(int xbytes)
 {
-    return 2 * xbytes + 1024 + FT_STAGES * FT_TILE_BYTES + (3 * FT_BM + FT_TAPS_MAX + FT_HW_MAX + FT_BN) * 4;
+    return 2 * xbytes + 1024 + FT_STAGES * FT_TILE_BYTES + (3 * FT_BM + FT_TAPS_MAX + FT_HW_MAX + FT_BN) * 4 +
+           2 * FT_STAGES * 8;
+}
+
+__device__ __forceinline__ void ft_mbar_init(uint32_t bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+/* Waits until the phase of this parity of the barrier has completed. */
+__device__ __forceinline__ void ft_mbar_wait(uint32_t bar, uint32_t parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+__device__ __forceinline__ void ft_mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+/* Arrives and expects `bytes` more of bulk copies to complete on the barrier. */
+__device__ __forceinline__ void ft_mbar_arrive_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+/* Global -> shared bulk copy (16-byte aligned, a multiple of 16 bytes) completing on bar. */
+__device__ __forceinline__ void ft_bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
 }
 
 __device__ __forceinline__ void ft_prefetch_l2(const void *p, uint32_t bytes)
@@ -157,7 +195,18 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
     int *tapoff = rowsamp + FT_BM;      /* slot offset of tap t (dummy taps: 0) */
     int *pixslot = tapoff + FT_TAPS_MAX; /* slot of input pixel h * W + w in its sample */
     float *biasf = (float *)(pixslot + FT_HW_MAX);
+    /* B ring slot i: full (the copy landed: 1 arrival + its bytes), empty (the 12 MMA warps
+       are done with it) */
+    const uint32_t fullb = (uint32_t)__cvta_generic_to_shared(biasf + FT_BN), emptyb = fullb + FT_STAGES * 8;
     const int tid = threadIdx.x;
+
+    if (tid == 0) {
+        for (int i = 0; i < FT_STAGES; i++) {
+            ft_mbar_init(fullb + i * 8, 1);
+            ft_mbar_init(emptyb + i * 8, FT_MMA_THREADS / 32);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
 
     for (int i = tid; i < 2 * p.xbytes / 16; i += FT_THREADS)
         ((uint4 *)ft_smem)[i] = make_uint4(0, 0, 0, 0); /* padding slots stay zero */
@@ -208,21 +257,33 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
     const int rs = rowslot[wg * 64 + wq * 16 + (lane & 15)];
     const int ts = lane >> 4; /* lanes 16-31 address the second tap of the step */
     const bool live = wg * 64 < p.rows; /* a warpgroup without rows (small batches) issues no wgmma */
-    const int total = mine * p.steps, tiles_item = p.steps / FT_KPS; /* an item: whole B tiles */
-    constexpr int AHEAD = FT_STAGES - 2; /* tiles in flight past the current one */
-    int tile_next = 0;                   /* the packed tile of the next copy: it repeats each item */
-    auto issue = [&](int st) {           /* B tile st into ring slot st % FT_STAGES */
-        if (st * FT_KPS < total) {
-            const unsigned char *src = (const unsigned char *)p.bpack + (size_t)tile_next * FT_TILE_BYTES;
-            const uint32_t dst = ring0 + (st % FT_STAGES) * FT_TILE_BYTES;
-            for (int u = tid; u < FT_TILE_BYTES / 16; u += FT_MMA_THREADS)
-                cp_async_16(dst + u * 16, src + u * 16);
-            tile_next = tile_next + 1 == tiles_item ? 0 : tile_next + 1;
-        }
-        dg_cp_async_commit();
+    const int tiles_item = p.steps / FT_KPS, tiles = mine * tiles_item; /* an item: whole B tiles */
+    /*
+     * B tiles come by one bulk copy each, issued by thread 0 AHEAD tiles ahead: the copy
+     * of tile t + AHEAD reuses the slot of tile t - 3, which every warp released one tile
+     * earlier, so thread 0 seldom waits.  (A cp.async ring with a 384-thread barrier a
+     * tile cost ~40 instructions a warp a tile and lock-stepped the warpgroups.)
+     */
+    constexpr int AHEAD = FT_STAGES - 3;
+    int tile_next = 0; /* thread 0: the packed tile of the next copy; it repeats each item */
+    auto issue = [&](int st) { /* B tile st into ring slot st % FT_STAGES */
+        if (st >= tiles)
+            return;
+        const int slot = st % FT_STAGES;
+        if (st >= FT_STAGES) /* tile st - FT_STAGES released by every warp */
+            ft_mbar_wait(emptyb + slot * 8, (uint32_t)(st / FT_STAGES - 1) & 1);
+        ft_mbar_arrive_tx(fullb + slot * 8, FT_TILE_BYTES);
+        ft_bulk_copy(ring0 + slot * FT_TILE_BYTES, (const unsigned char *)p.bpack + (size_t)tile_next * FT_TILE_BYTES,
+                     FT_TILE_BYTES, fullb + slot * 8);
+        tile_next = tile_next + 1 == tiles_item ? 0 : tile_next + 1;
     };
-    for (int st = 0; st < AHEAD; st++)
-        issue(st);
+    if (tid == 0) {
+        /* launched as the pack kernel's programmatic dependent: everything above (and the
+           loaders' x) overlaps its end; the packed weights are read only after it completed */
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        for (int st = 0; st < AHEAD; st++)
+            issue(st);
+    }
 
     /*
      * One B tile (4 k16 steps) at a time: the 4 A fragments first (each step's chunk
@@ -237,12 +298,21 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
         acc[i] = 0.0f;
     uint32_t a[2][FT_KPS][4];
     int ci = 0, tp = 0, q = 0; /* chunk of the item, tap pair, chunk fill */
+    int slot = 0;              /* tile t's ring slot, t % FT_STAGES */
+    uint32_t phase = 0;        /* ... and the parity of its use, t / FT_STAGES */
     auto tile = [&](int t, uint32_t(&af)[FT_KPS][4]) {
         wgmma_wait<1>(); /* tile t - 2 (its fragments and its B slot) is done */
-        dg_cp_async_wait<AHEAD - 1>(); /* B tile t has landed (this thread's part) */
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* ... for wgmma's reads */
-        dg_bar_sync(FT_BAR_MMA, FT_MMA_THREADS); /* everyone's; every warpgroup is past tile t - 2 */
-        issue(t + AHEAD);
+        if (lane == 0 && t >= 2)
+            ft_mbar_arrive(emptyb + (slot >= 2 ? slot - 2 : slot + FT_STAGES - 2) * 8);
+        if (tid == 0)
+            issue(t + AHEAD);
+        /* every warp, live or not, waits: its release of tile t comes after this phase */
+        ft_mbar_wait(fullb + slot * 8, phase);
+        const uint32_t bt = ring0 + slot * FT_TILE_BYTES;
+        if (++slot == FT_STAGES) {
+            slot = 0;
+            phase ^= 1;
+        }
         int done = -1;     /* the fill whose last fragment this tile loads */
         bool held = false; /* ... kept for the epilogue's staging (the item's last chunk) */
 #pragma unroll
@@ -259,7 +329,6 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
             }
         }
         if (live) {
-            const uint32_t bt = ring0 + (t % FT_STAGES) * FT_TILE_BYTES;
             acc_fence(acc);
             asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
@@ -336,7 +405,6 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
         for (int i = 0; i < 64; i++)
             acc[i] = 0.0f;
     }
-    dg_cp_async_wait<0>(); /* only empty groups remain; leave nothing in flight */
 }
 
 /*
@@ -350,6 +418,7 @@ __global__ void ft_pack_w_kernel(const uint16_t *w, int OC, int C, int taps, int
                                  uint16_t *out)
 {
     const int total = steps * FT_BN * 16;
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); /* the tile may be dispatched */
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
         const int j = i & 7, oc = (i >> 6) & (FT_BN - 1), tile = i >> 13;
         const int chunk = ((i >> 3) & 7) ^ (oc & 7), step = tile * FT_KPS + (chunk >> 1);
