@@ -151,8 +151,7 @@ int gpucdc_call(gpucdc_request *req, gpucd_timings *t, gpucdc_reply *out)
     int rv = gpucdc_slot_acquire(req->client, &s);
     if (rv < 0)
         return rv;
-    const doorbell_record *bell = out == NULL ? gpucdc_doorbell_attach(req->client, s, req)
-                                              : NULL;
+    doorbell_record *bell = out == NULL ? gpucdc_doorbell_attach(req->client, s, req) : NULL;
     nng_msg *msg, *reply_msg;
     rv = gpucdc_request_pack(req, &msg);
     if (rv < 0) {

@@ -148,8 +148,11 @@ static void slot_done(void *arg)
     gpucdc_slot *s = arg;
     int expected = GPUCDC_SLOT_WAITING;
     if (atomic_compare_exchange_strong_explicit(&s->state, &expected, GPUCDC_SLOT_DONE,
-                                                memory_order_acq_rel, memory_order_acquire))
+                                                memory_order_seq_cst, memory_order_seq_cst)) {
+        if (s->bell >= 0) /* the caller may sleep on its record: the reply came instead */
+            doorbell_wake(gpucdc_doorbell_record(s->client, s->bell));
         return;
+    }
     if (nng_aio_result(s->aio) == 0)
         nng_msg_free(nng_aio_get_msg(s->aio));
     nng_aio_set_msg(s->aio, NULL);
@@ -180,26 +183,36 @@ static void slot_wait(const gpucd_client *c, gpucdc_slot *s)
 }
 
 /*
- * Polls the record and the slot for up to spin_us; returns 1 when the
- * record shows request id finished OK before the reply came (*rang: a copy),
+ * Waits until the record shows request id, or the reply (or its failure)
+ * comes first: polls for spin_us, then sleeps on the record, which the
+ * daemon wakes when it stores the id and the slot's callback when the reply
+ * comes.  Returns 1 when the record shows id finished OK (*rang: a copy),
  * else 0.
  */
-static int bell_poll(const gpucd_client *c, gpucdc_slot *s, const doorbell_record *bell,
-                     uint64_t id, doorbell_record *rang)
+static int bell_wait(const gpucd_client *c, gpucdc_slot *s, doorbell_record *bell, uint64_t id,
+                     doorbell_record *rang)
 {
-    const uint64_t until = gpucdc_now_us() + c->spin_us;
-    do {
-        if (atomic_load_explicit(&bell->id, memory_order_acquire) == id) {
+    const uint64_t spin_until = gpucdc_now_us() + c->spin_us;
+    for (;;) {
+        if (atomic_load_explicit(&bell->id, memory_order_seq_cst) == id) {
             memcpy((char *)rang + sizeof rang->id, (const char *)bell + sizeof bell->id,
                    sizeof *rang - sizeof rang->id);
             atomic_init(&rang->id, id);
             return rang->status == GPUCD__V1__STATUS__OK;
         }
-        if (atomic_load_explicit(&s->state, memory_order_acquire) != GPUCDC_SLOT_WAITING)
+        if (atomic_load_explicit(&s->state, memory_order_seq_cst) != GPUCDC_SLOT_WAITING)
             return 0;
-        sched_yield();
-    } while (gpucdc_now_us() < until);
-    return 0;
+        if (gpucdc_now_us() < spin_until) {
+            sched_yield(); /* a crowded machine's daemon may need this core */
+            continue;
+        }
+        /* Announce the sleep, then look again: either this sees the id (or the reply's
+         * state) or the waker sees the announcement (doorbell_record.h). */
+        atomic_store_explicit(&bell->sleeper, 1, memory_order_seq_cst);
+        if (atomic_load_explicit(&bell->id, memory_order_seq_cst) != id &&
+            atomic_load_explicit(&s->state, memory_order_seq_cst) == GPUCDC_SLOT_WAITING)
+            doorbell_sleep(bell, GPUCDC_BELL_NAP_MS);
+    }
 }
 
 int gpucdc_slot_acquire(gpucd_client *c, gpucdc_slot **out)
@@ -257,7 +270,7 @@ static nng_duration remaining_ms(nng_duration timeout, nng_time start)
 }
 
 int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint64_t id,
-                         const doorbell_record *bell, doorbell_record *rang, nng_msg **reply)
+                         doorbell_record *bell, doorbell_record *rang, nng_msg **reply)
 {
     gpucd_client *c = s->client;
     *reply = NULL;
@@ -279,7 +292,7 @@ int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint6
     nng_aio_set_timeout(s->aio, remaining_ms(c->timeout_ms, start));
     atomic_store_explicit(&s->state, GPUCDC_SLOT_WAITING, memory_order_relaxed);
     nng_ctx_recv(s->ctx, s->aio);
-    if (bell != NULL && bell_poll(c, s, bell, id, rang)) {
+    if (bell != NULL && bell_wait(c, s, bell, id, rang)) {
         int expected = GPUCDC_SLOT_WAITING;
         if (atomic_compare_exchange_strong_explicit(&s->state, &expected, GPUCDC_SLOT_DETACHED,
                                                     memory_order_acq_rel, memory_order_acquire))

@@ -1,7 +1,8 @@
 /*
- * doorbell.c - completion records in shared memory: a call that polls ends
- * when the daemon stores its record, not when the reply has crossed the
- * socket (proto/doorbell_record.h says why).  One page of records per
+ * doorbell.c - completion records in shared memory: a local call whose
+ * outputs are written in place ends when the daemon stores its record (seen
+ * by polling, or woken from a sleep on it), not when the reply has crossed
+ * the socket (proto/doorbell_record.h says why).  One page of records per
  * client, registered as a region at the first call that can use it; each
  * slot (nng context) keeps one record for good, so two calls in flight never
  * share one.
@@ -46,10 +47,9 @@ static bool bells_ready(gpucd_client *c)
     return state == BELLS_READY;
 }
 
-const doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s,
-                                              gpucdc_request *req)
+doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s, gpucdc_request *req)
 {
-    if (c->spin_us == 0 || !c->local || !outputs_in_place(req) || !bells_ready(c))
+    if (!c->local || !outputs_in_place(req) || !bells_ready(c))
         return NULL;
     if (s->bell < 0) {
         pthread_mutex_lock(&c->bells.lock);
@@ -63,8 +63,12 @@ const doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s,
     req->doorbell.region_id = c->bells.region->id;
     req->doorbell.offset = (uint64_t)s->bell * DOORBELL_BYTES;
     req->msg.doorbell = &req->doorbell;
-    return (const doorbell_record *)((const char *)c->bells.region->data +
-                                     req->doorbell.offset);
+    return gpucdc_doorbell_record(c, s->bell);
+}
+
+doorbell_record *gpucdc_doorbell_record(gpucd_client *c, int bell)
+{
+    return (doorbell_record *)((char *)c->bells.region->data + (size_t)bell * DOORBELL_BYTES);
 }
 
 uint64_t gpucdc_doorbell_region_id(gpucd_client *c)

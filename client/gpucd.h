@@ -155,13 +155,13 @@ typedef struct gpucd_options {
                                  connection on a larger one: that call fails with
                                  GPUCD_ECLOSED and the client reconnects */
     const char *client_name;  /* sent with gpucd_info; NULL: "libgpucd" */
-    int spin_us;              /* a call polls for its reply this long before it sleeps
+    int spin_us;              /* a call polls for its end this long before it sleeps
                                  (0, the default: sleeps at once).  Over ipc://, a call
                                  whose outputs are all written in place (regions, existing
-                                 resident tensors) polls a completion record the daemon
-                                 writes into shared memory instead, and returns without
-                                 waiting for the reply to cross the socket.  Costs up to
-                                 that much of a core a call (the poll yields to other
+                                 resident tensors) waits on a completion record the daemon
+                                 writes into shared memory (and wakes it from), not for the
+                                 reply to cross the socket.  Polling saves the wake-up for
+                                 up to that much of a core a call (it yields to other
                                  threads): for callers that have nothing else to do */
 } gpucd_options;
 

@@ -17,6 +17,9 @@
 
 #define GPUCDC_DEFAULT_TIMEOUT_MS 30000
 #define GPUCDC_MAX_SPIN_US 1000000
+/* The longest a call sleeps on its record before looking again: only a safety net, since the
+ * daemon and the reply's callback both wake it. */
+#define GPUCDC_BELL_NAP_MS 100
 #define GPUCDC_XSTR(x) #x
 #define GPUCDC_STR(x) GPUCDC_XSTR(x)
 
@@ -175,25 +178,28 @@ void gpucdc_slot_release(gpucdc_slot *s);
 /*
  * Sends request on slot s and waits for the reply within the client's
  * timeout (client.c); releases the slot.  With bell (the slot's record, the
- * request naming it), polls the record while the reply travels: when it
- * shows request id with status OK first, returns 1 with *reply NULL and the
- * record in *rang, and the slot's callback drops the reply when it comes.
- * Else 0 with the reply, or a negative code.
+ * request naming it), waits on the record (polling spin_us, then asleep)
+ * while the reply travels: when it shows request id with status OK first,
+ * returns 1 with *reply NULL and the record in *rang, and the slot's
+ * callback drops the reply when it comes.  Else 0 with the reply, or a
+ * negative code.
  */
 int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint64_t id,
-                         const struct doorbell_record *bell, struct doorbell_record *rang,
+                         struct doorbell_record *bell, struct doorbell_record *rang,
                          nng_msg **reply);
 
 /* ---- doorbells (doorbell.c) --------------------------------------------------------- */
 
 /*
  * Names slot s's completion record in req when the call can end on it: the
- * client polls (spin_us), is local, every output is written in place (a
- * region or an existing resident tensor), and the records exist (made at
- * the first such call).  Returns the record, or NULL.
+ * client is local, every output is written in place (a region or an
+ * existing resident tensor), and the records exist (made at the first such
+ * call).  Returns the record, or NULL.
  */
-const struct doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s,
-                                                     gpucdc_request *req);
+struct doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s,
+                                               gpucdc_request *req);
+/* Record number bell of the client's records (which exist). */
+struct doorbell_record *gpucdc_doorbell_record(gpucd_client *c, int bell);
 /* The id of the client's doorbell region, 0 if it has none (hidden from regions_list). */
 uint64_t gpucdc_doorbell_region_id(gpucd_client *c);
 /* Unmaps the records (the socket is closed: the daemon dropped the region). */

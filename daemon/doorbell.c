@@ -63,12 +63,12 @@ void gcd_doorbell_ring(const gcd_bound *bound, uint64_t id, gcd_status st,
         return;
     doorbell_record *r = (doorbell_record *)(bound->doorbell.region->base + bound->doorbell.lo);
     r->status = (uint32_t)st;
-    r->reserved = 0;
     r->queue_us = t->queue_us;
     r->copy_in_us = t->copy_in_us;
     r->compute_us = t->compute_us;
     r->copy_out_us = t->copy_out_us;
     r->batch_wait_us = t->batch_wait_us;
     r->total_us = t->total_us;
-    atomic_store_explicit(&r->id, id, memory_order_release);
+    atomic_store_explicit(&r->id, id, memory_order_seq_cst);
+    doorbell_wake(r);
 }

@@ -94,8 +94,15 @@ static void *fake_serve(void *arg)
         fake_reply out;
         memset(&out, 0, sizeof out);
         gpucd__v1__reply__init(&out.reply);
-        fake_action action = fd->handler(fd->arg, req, payload, payload_len, &out);
-        fd->requests++;
+        fake_action action;
+        if (req->op_case == GPUCD__V1__REQUEST__OP_REGION_REGISTER && !fd->serves_regions) {
+            fake_reply_status(&out, req, GPUCD__V1__STATUS__UNAVAILABLE,
+                              "this fake daemon serves no regions");
+            action = FAKE_REPLY;
+        } else {
+            action = fd->handler(fd->arg, req, payload, payload_len, &out);
+            fd->requests++;
+        }
         gpucd__v1__request__free_unpacked(req, NULL);
         nng_msg_free(msg);
         if (action == FAKE_DISCONNECT) {
@@ -121,18 +128,29 @@ static void *fake_serve(void *arg)
     }
 }
 
-void fake_daemon_start(fake_daemon *fd, fake_handler handler, void *arg)
+static void start(fake_daemon *fd, fake_handler handler, void *arg, bool serves_regions)
 {
     memset(fd, 0, sizeof *fd);
     snprintf(fd->url, sizeof fd->url, "inproc://gpucd-fake-%d", atomic_fetch_add(&fake_counter, 1));
     fd->handler = handler;
     fd->arg = arg;
+    fd->serves_regions = serves_regions;
     if (nng_rep0_open(&fd->sock) != 0 || nng_socket_set_size(fd->sock, NNG_OPT_RECVMAXSZ, 0) != 0 ||
         nng_listen(fd->sock, fd->url, NULL, 0) != 0 ||
         pthread_create(&fd->thread, NULL, fake_serve, fd) != 0) {
         fprintf(stderr, "fake_daemon: cannot start at %s\n", fd->url);
         abort();
     }
+}
+
+void fake_daemon_start(fake_daemon *fd, fake_handler handler, void *arg)
+{
+    start(fd, handler, arg, false);
+}
+
+void fake_daemon_start_with_regions(fake_daemon *fd, fake_handler handler, void *arg)
+{
+    start(fd, handler, arg, true);
 }
 
 void fake_daemon_stop(fake_daemon *fd)

@@ -1,10 +1,12 @@
 /*
  * The completion record (proto/doorbell_record.h) against a fake daemon that
  * maps the client's regions as the real one does and then writes records as
- * each test says, and sometimes never replies: a polling client must end a
- * call on its own record (the reply may never come), never on another
- * request's, wait for the reply of a request that failed (the message is in
- * it), and name no record when it does not poll.
+ * each test says, and sometimes never replies: a client must end a call on
+ * its own record (the reply may never come), whether it polls or sleeps on
+ * the record (woken by the daemon), never on another request's; wait for
+ * the reply of a request that failed (the message is in it), woken by the
+ * reply when no record comes; and name no record when an output must come
+ * back in the reply.
  */
 #include <fcntl.h>
 #include <setjmp.h>
@@ -15,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -25,9 +28,11 @@
 
 typedef enum bell_mode {
     RING_NO_REPLY,       /* the record says OK; no reply is ever sent */
+    RING_LATE_NO_REPLY,  /* the same, 30 ms later: the caller is asleep by then */
     RING_OTHER_ID,       /* a record with another request's id; no reply */
     RING_FAILED,         /* the record says INVALID_ARGUMENT; so does the reply, with a message */
-    EXPECT_NO_DOORBELL,  /* the request must name no record; an OK reply */
+    REPLY_FAILED_LATE,   /* no record; 30 ms later an INVALID_ARGUMENT reply */
+    EXPECT_NO_DOORBELL,  /* the request must name no record; an OK reply with the output */
 } bell_mode;
 
 enum { MAX_REGIONS = 4 };
@@ -77,7 +82,14 @@ static void ring(const bell_state *st, const Gpucd__V1__RegionSlice *bell, uint6
     r->copy_out_us = g_timings[3];
     r->batch_wait_us = g_timings[4];
     r->total_us = g_timings[5];
-    atomic_store_explicit(&r->id, id, memory_order_release);
+    atomic_store_explicit(&r->id, id, memory_order_seq_cst);
+    doorbell_wake(r);
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {0, (long)ms * 1000000};
+    nanosleep(&ts, NULL);
 }
 
 static fake_action bell_handler(void *arg, const Gpucd__V1__Request *req,
@@ -96,9 +108,11 @@ static fake_action bell_handler(void *arg, const Gpucd__V1__Request *req,
     st->computes++;
     const Gpucd__V1__RegionSlice *bell = req->doorbell;
     if (st->mode == EXPECT_NO_DOORBELL) {
+        static uint8_t zeros[2 * 59 * 11 * 15 * 4];
         HCHECK(st, bell == NULL);
         fake_reply_ok(out, req);
-        fake_reply_output_resident(out, 0); /* the one output; a region's is not read */
+        fake_reply_output_payload(out, 0);
+        fake_reply_payload(out, zeros, sizeof zeros);
         fake_reply_timings(out, g_timings);
         return FAKE_REPLY;
     }
@@ -114,6 +128,15 @@ static fake_action bell_handler(void *arg, const Gpucd__V1__Request *req,
     case RING_NO_REPLY:
         ring(st, bell, req->id, GPUCD__V1__STATUS__OK);
         return FAKE_SILENT;
+    case RING_LATE_NO_REPLY:
+        sleep_ms(30);
+        ring(st, bell, req->id, GPUCD__V1__STATUS__OK);
+        return FAKE_SILENT;
+    case REPLY_FAILED_LATE:
+        sleep_ms(30);
+        fake_reply_status(out, req, GPUCD__V1__STATUS__INVALID_ARGUMENT,
+                          "multihot_encode: refused before any record");
+        return FAKE_REPLY;
     case RING_OTHER_ID:
         ring(st, bell, req->id + 1000, GPUCD__V1__STATUS__OK);
         return FAKE_SILENT;
@@ -137,7 +160,7 @@ typedef struct fixture {
 static void fixture_open(fixture *f, int spin_us, int timeout_ms)
 {
     memset(f, 0, sizeof *f);
-    fake_daemon_start(&f->fd, bell_handler, &f->st);
+    fake_daemon_start_with_regions(&f->fd, bell_handler, &f->st);
     gpucd_options o;
     gpucd_options_init(&o);
     o.spin_us = spin_us;
@@ -207,14 +230,58 @@ static void test_failure_waits_for_the_message(void **state)
     fixture_close(&f);
 }
 
-static void test_no_record_without_polling(void **state)
+/*
+ * A caller that does not poll sleeps on its record: the daemon's wake ends
+ * the call, well before the 100 ms nap after which it would look again.
+ */
+static void test_sleeping_caller_is_woken_by_the_record(void **state)
 {
     (void)state;
     fixture f;
     fixture_open(&f, 0, 10000);
+    f.st.mode = RING_LATE_NO_REPLY;
+    gpucd_timings t;
+    int rv = gpucd_multihot_encode(f.c, NULL, &f.obs, &f.out, &t);
+    if (rv != 0)
+        fail_msg("%s", gpucd_errmsg(f.c));
+    if (t.round_trip_us < 30000 || t.round_trip_us >= 90000)
+        fail_msg("round trip %llu us: the record came after 30 ms, the nap is 100",
+                 (unsigned long long)t.round_trip_us);
+    fixture_close(&f);
+}
+
+/* A request refused before any record: its reply wakes the sleeping caller. */
+static void test_reply_wakes_a_sleeping_caller(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_open(&f, 0, 10000);
+    f.st.mode = REPLY_FAILED_LATE;
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    assert_int_equal(gpucd_multihot_encode(f.c, NULL, &f.obs, &f.out, NULL),
+                     GPUCD_EINVALID_ARGUMENT);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    const double ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+    if (ms >= 90.0)
+        fail_msg("%.1f ms: the reply came after 30 ms, the nap is 100", ms);
+    if (strstr(gpucd_errmsg(f.c), "refused before any record") == NULL)
+        fail_msg("errmsg '%s'", gpucd_errmsg(f.c));
+    fixture_close(&f);
+}
+
+/* An output that comes back in the reply: the reply is needed, so no record is named. */
+static void test_no_record_for_outputs_in_the_reply(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_open(&f, 1000000, 10000);
     f.st.mode = EXPECT_NO_DOORBELL;
-    assert_int_equal(gpucd_multihot_encode(f.c, NULL, &f.obs, &f.out, NULL), 0);
-    assert_int_equal(f.st.next_id, 1); /* no doorbell region either */
+    static float out[2 * 59 * 11 * 15];
+    gpucd_tensor host_out =
+        gpucd_tensor_host(out, GPUCD_F32, 4, (const int64_t[]){2, 59, 11, 15});
+    assert_int_equal(gpucd_multihot_encode(f.c, NULL, &f.obs, &host_out, NULL), 0);
+    assert_int_equal(f.st.next_id, 1); /* no records' region either */
     fixture_close(&f);
 }
 
@@ -224,7 +291,9 @@ int main(void)
         cmocka_unit_test(test_ends_on_its_record),
         cmocka_unit_test(test_never_ends_on_another_record),
         cmocka_unit_test(test_failure_waits_for_the_message),
-        cmocka_unit_test(test_no_record_without_polling),
+        cmocka_unit_test(test_sleeping_caller_is_woken_by_the_record),
+        cmocka_unit_test(test_reply_wakes_a_sleeping_caller),
+        cmocka_unit_test(test_no_record_for_outputs_in_the_reply),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

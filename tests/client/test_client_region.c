@@ -103,7 +103,7 @@ static void test_region_create_and_share(void **state)
     region_state st;
     memset(&st, 0, sizeof st);
     fake_daemon fd;
-    fake_daemon_start(&fd, region_handler, &st);
+    fake_daemon_start_with_regions(&fd, region_handler, &st);
     gpucd_client *c;
     assert_int_equal(gpucd_connect(fd.url, NULL, &c), 0);
 
@@ -162,7 +162,7 @@ static void test_region_refused(void **state)
     memset(&st, 0, sizeof st);
     st.refuse = true;
     fake_daemon fd;
-    fake_daemon_start(&fd, region_handler, &st);
+    fake_daemon_start_with_regions(&fd, region_handler, &st);
     gpucd_client *c;
     assert_int_equal(gpucd_connect(fd.url, NULL, &c), 0);
     gpucd_region *r = (gpucd_region *)&r;
@@ -181,7 +181,7 @@ static void test_region_bad_sizes(void **state)
     region_state st;
     memset(&st, 0, sizeof st);
     fake_daemon fd;
-    fake_daemon_start(&fd, region_handler, &st);
+    fake_daemon_start_with_regions(&fd, region_handler, &st);
     gpucd_client *c;
     assert_int_equal(gpucd_connect(fd.url, NULL, &c), 0);
     gpucd_region *r;
@@ -200,7 +200,7 @@ static void test_region_unregister_refused(void **state)
     memset(&st, 0, sizeof st);
     st.next_id = 998; /* the region gets id 999, which the fake then does not know */
     fake_daemon fd;
-    fake_daemon_start(&fd, region_handler, &st);
+    fake_daemon_start_with_regions(&fd, region_handler, &st);
     gpucd_client *c;
     assert_int_equal(gpucd_connect(fd.url, NULL, &c), 0);
     gpucd_region *r;

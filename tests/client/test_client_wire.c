@@ -61,6 +61,7 @@ static uint64_t now_ms(void)
  */
 typedef struct check_state {
     char failed[512];
+    int calls; /* requests the handler saw */
 } check_state;
 #define HCHECK(st, cond)                                                                    \
     do {                                                                                    \
@@ -255,7 +256,7 @@ static void test_region_and_resident_refs(void **state)
     region_ref_state s;
     memset(&s, 0, sizeof s);
     fake_daemon fd;
-    fake_daemon_start(&fd, region_ref_handler, &s);
+    fake_daemon_start_with_regions(&fd, region_ref_handler, &s);
     gpucd_client *c;
     assert_int_equal(gpucd_connect(fd.url, NULL, &c), 0);
     gpucd_region *r;
@@ -553,7 +554,7 @@ static fake_action multihot_handler(void *arg, const Gpucd__V1__Request *req,
     if (req->op_case != GPUCD__V1__REQUEST__OP_MULTIHOT_ENCODE)
         return FAKE_DISCONNECT;
     const Gpucd__V1__MultihotLayout *l = req->multihot_encode->layout;
-    if (req->id % 2 == 1) { /* the first call gives a layout, the second the preset */
+    if (st->calls++ % 2 == 0) { /* the first call gives a layout, the second the preset */
         HCHECK(st, l != NULL);
         if (l != NULL) {
             HCHECK(st, l->height == 3 && l->width == 2 && l->obs_offset == 5 && l->channels == 9);
