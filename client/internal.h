@@ -191,10 +191,10 @@ int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint6
 /* ---- doorbells (doorbell.c) --------------------------------------------------------- */
 
 /*
- * Names slot s's completion record in req when the call can end on it: the
- * client is local, every output is written in place (a region or an
- * existing resident tensor), and the records exist (made at the first such
- * call).  Returns the record, or NULL.
+ * Names slot s's completion record in req when the call can end on it: a
+ * compute operation of a local client whose every output is written in
+ * place (a region or an existing resident tensor), once the records exist
+ * (made at the first such call).  Returns the record, or NULL.
  */
 struct doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s,
                                                gpucdc_request *req);

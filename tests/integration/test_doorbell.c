@@ -132,6 +132,31 @@ static void test_sleeping_client_and_outputs_in_the_reply(void **state)
     gpucd_close(c);
 }
 
+/* Control operations that write in place (tensor_get into a region) end on their reply. */
+static void test_control_operations_name_no_record(void **state)
+{
+    (void)state;
+    gpucd_client *c = connect_spinning(0);
+    gpucd_region *r;
+    assert_int_equal(gpucd_region_create(c, region_bytes(1), &r), 0);
+    encode_and_check(c, r, 0); /* the records exist from here */
+    float src[64], *dst = (float *)gpucd_region_data(r);
+    th_fill_f32(src, 64);
+    uint64_t id;
+    gpucd_tensor t = gpucd_tensor_host(src, GPUCD_F32, 1, TH_SHAPE(64));
+    assert_int_equal(gpucd_tensor_put(c, &t, &id), 0);
+    const uint64_t before = doorbells_rung(c);
+    gpucd_tensor into = gpucd_tensor_region(r, 0, GPUCD_F32, 1, TH_SHAPE(64));
+    int rv = gpucd_tensor_get(c, id, &into);
+    if (rv != 0)
+        fail_msg("tensor_get into a region: %s", gpucd_errmsg(c));
+    assert_memory_equal(dst, src, sizeof src);
+    assert_int_equal(doorbells_rung(c), before);
+    assert_int_equal(gpucd_tensor_free(c, id), 0);
+    assert_int_equal(gpucd_region_destroy(r), 0);
+    gpucd_close(c);
+}
+
 static void test_failure_still_brings_its_message(void **state)
 {
     (void)state;
@@ -212,6 +237,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_polling_client_ends_on_the_record),
         cmocka_unit_test(test_sleeping_client_and_outputs_in_the_reply),
+        cmocka_unit_test(test_control_operations_name_no_record),
         cmocka_unit_test(test_failure_still_brings_its_message),
         cmocka_unit_test(test_concurrent_calls),
     };
