@@ -333,20 +333,32 @@ static void test_overlapping_outputs(void **state)
     expect_ping();
 }
 
+/* multihot_encode of 3 fresh valid agents at 0 of the region, out (3,59,11,15) f32 at 8192. */
+typedef struct multihot_req {
+    Gpucd__V1__Request req;
+    Gpucd__V1__MultihotEncode op;
+    ref obs, out;
+} multihot_req;
+
+static void multihot_req_init(multihot_req *m)
+{
+    gpucd__v1__request__init(&m->req);
+    gpucd__v1__multihot_encode__init(&m->op);
+    th_fill_nmmo3_obs(region_base_, 3);
+    m->op.obs = ref_region(&m->obs, GPUCD__V1__DTYPE__U8, region_id_, 0, 2, TH_SHAPE(3, 1707));
+    m->op.out = ref_region(&m->out, GPUCD__V1__DTYPE__F32, region_id_, 8192, 4,
+                           TH_SHAPE(3, 59, 11, 15));
+    m->req.op_case = GPUCD__V1__REQUEST__OP_MULTIHOT_ENCODE;
+    m->req.multihot_encode = &m->op;
+}
+
 static void test_out_of_range_observation(void **state)
 {
-    uint8_t *obs = region_base_;
-    th_fill_nmmo3_obs(obs, 3);
-    obs[1707 * 2 + (4 * 15 + 6) * 10 + 2] = 17; /* agent 2, tile (4, 6), feature 2 has 17 slots */
-    Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
-    Gpucd__V1__MultihotEncode op = GPUCD__V1__MULTIHOT_ENCODE__INIT;
-    ref o, out;
-    op.obs = ref_region(&o, GPUCD__V1__DTYPE__U8, region_id_, 0, 2, TH_SHAPE(3, 1707));
-    op.out = ref_region(&out, GPUCD__V1__DTYPE__F32, region_id_, 8192, 4,
-                        TH_SHAPE(3, 59, 11, 15));
-    req.op_case = GPUCD__V1__REQUEST__OP_MULTIHOT_ENCODE;
-    req.multihot_encode = &op;
-    Gpucd__V1__Reply *rep = th_raw_call(&raw_, &req, NULL, 0);
+    multihot_req m;
+    multihot_req_init(&m);
+    /* agent 2, tile (4, 6): feature 2 has 17 slots */
+    region_base_[1707 * 2 + (4 * 15 + 6) * 10 + 2] = 17;
+    Gpucd__V1__Reply *rep = th_raw_call(&raw_, &m.req, NULL, 0);
     assert_non_null(rep);
     assert_int_equal(rep->status, GPUCD__V1__STATUS__OUT_OF_RANGE);
     assert_non_null(strstr(rep->message, "agent 2"));
@@ -456,22 +468,14 @@ static void test_hostile_doorbell(void **state)
     gpucd__v1__reply__free_unpacked(rep, NULL);
 
     /* A request that fails while running: the record says so, as the reply does. */
-    uint8_t *obs = region_base_;
-    th_fill_nmmo3_obs(obs, 3);
-    obs[1707 + 5] = 200; /* agent 1, a value no feature has */
-    Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
-    Gpucd__V1__MultihotEncode op = GPUCD__V1__MULTIHOT_ENCODE__INIT;
-    ref o, out;
-    op.obs = ref_region(&o, GPUCD__V1__DTYPE__U8, region_id_, 0, 2, TH_SHAPE(3, 1707));
-    op.out = ref_region(&out, GPUCD__V1__DTYPE__F32, region_id_, 8192, 4,
-                        TH_SHAPE(3, 59, 11, 15));
-    req.op_case = GPUCD__V1__REQUEST__OP_MULTIHOT_ENCODE;
-    req.multihot_encode = &op;
+    multihot_req m;
+    multihot_req_init(&m);
+    region_base_[1707 + 5] = 200; /* agent 1, a value no feature has */
     bell.offset = 262144; /* past the multihot output */
     rec = region_base_ + bell.offset;
-    req.doorbell = &bell;
-    req.id = 0x55aa;
-    expect(th_raw_call(&raw_, &req, NULL, 0), GPUCD__V1__STATUS__OUT_OF_RANGE, "agent 1");
+    m.req.doorbell = &bell;
+    m.req.id = 0x55aa;
+    expect(th_raw_call(&raw_, &m.req, NULL, 0), GPUCD__V1__STATUS__OUT_OF_RANGE, "agent 1");
     memcpy(words, rec, sizeof words);
     assert_int_equal(words[0], 0x55aa);
     assert_int_equal(words[1], GPUCD__V1__STATUS__OUT_OF_RANGE);
