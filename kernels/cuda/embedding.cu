@@ -6,11 +6,13 @@
  * aligned), several pieces in flight at once; the table is small enough to
  * stay in L1/L2, so the time is the output's store stream plus the indices.
  *
- * Backward, deterministic without sorting: the positions are cut into one
- * contiguous range per warp, and each warp adds its rows, in position order,
- * into a private fp32 table (every table element receives its additions in
- * one fixed order).  Tables live in shared memory when they fit (one block a
- * multiprocessor, as many warps as tables fit, up to 16), summed per block
+ * Backward, deterministic without sorting: the positions are cut among the
+ * warps (one contiguous range each; for D = 32 every nw-th batch of 32, bf16
+ * 64, see embedding_quad.cuh), and each warp adds its rows, in position
+ * order, into a private fp32 table (every table element receives its
+ * additions in one fixed order).  Tables live in shared memory when they fit
+ * (one block a multiprocessor, as many warps as tables fit, up to 16; D = 32
+ * up to 12), summed per block
  * in warp order into a partial table in the workspace; otherwise each warp's
  * table is itself in the workspace.  A second kernel adds the partial tables
  * in table order into dtable.  The result depends on the inputs,
@@ -18,9 +20,7 @@
  * (the NMMO3 player embedding) has a kernel of its own that adds four
  * positions a warp instruction (embedding_quad_kernel); any D has the
  * general one, lane = column.  Loads of the next batches of positions are
- * issued before the current one is added.  bf16 gradients of 32 columns
- * into at most 128 rows, 16-byte aligned, are a tensor-core product instead
- * (embedding_onehot.cuh), with the same partial tables and reduce.
+ * issued before the current one is added.
  *
  * Invalid indices are skipped.  Each partial kernel block keeps its first
  * offender and writes it to its slot after its partial table; the reduce
@@ -32,7 +32,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "embedding_onehot.cuh"
 #include "embedding_quad.cuh"
 #include "gk_cuda.h"
 #include "multihot_embedding_pdl.cuh"
@@ -183,7 +182,7 @@ template <typename Idx, typename G, bool SMEM>
 __global__ void __launch_bounds__(MAX_WARPS * 32, 1)
 embedding_partial_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout,
                          float *__restrict__ partials, unsigned *__restrict__ slots, unsigned n,
-                         int D, int V)
+                         int D, int V, unsigned chunk)
 {
     extern __shared__ float stab[];
     __shared__ unsigned first;
@@ -197,8 +196,13 @@ embedding_partial_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout
         tab[e] = 0.0f;
     first_init(&first);
     __syncthreads();
-    const unsigned start = (unsigned)((unsigned long long)n * gw / nw);
-    const unsigned end = (unsigned)((unsigned long long)n * (gw + 1) / nw);
+    /* The warp's positions: a contiguous range, or (chunk > 0) every nw-th chunk, as the quad kernel's. */
+    const unsigned start = chunk ? gw * chunk : (unsigned)((unsigned long long)n * gw / nw);
+    const unsigned end = chunk ? n : (unsigned)((unsigned long long)n * (gw + 1) / nw);
+    auto next = [&](unsigned p) {
+        const unsigned q = p + BATCH;
+        return chunk && (q - start) % chunk == 0 ? q - chunk + nw * chunk : q;
+    };
     for (int c0 = 0; c0 < D; c0 += 32) {
         const int c = c0 + lane;
         const bool col = c < D;
@@ -208,9 +212,9 @@ embedding_partial_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout
         for (int u = 0; u < BATCH; u++)
             gn[u] = 0.0f;
         batch_load(idx, dout, start, end, D, c, col, V, c0 == 0, &first, vi, g);
-        for (unsigned p = start; p < end; p += BATCH) {
-            if (p + BATCH < end)
-                batch_load(idx, dout, p + BATCH, end, D, c, col, V, c0 == 0, &first, vin, gn);
+        for (unsigned p = start; p < end; p = next(p)) {
+            if (next(p) < end)
+                batch_load(idx, dout, next(p), end, D, c, col, V, c0 == 0, &first, vin, gn);
 #pragma unroll
             for (int u = 0; u < BATCH; u++) {
                 int v = __shfl_sync(0xffffffffu, vi, u);
@@ -305,7 +309,7 @@ struct bwd_plan {
     int warps;   /* warps a block, each with a shared table; 0: tables in the workspace */
     int ntables; /* partial tables in the workspace, each with its offender slot */
     bool quad;
-    bool onehot; /* bf16 dout: embedding_onehot_kernel (embedding_onehot.cuh) */
+    bool quad_shape; /* D = 32 tables that fit: the general kernel takes the quad kernel's partition */
     size_t smem;
 };
 
@@ -333,12 +337,13 @@ int bwd_plan_ideal(int64_t vd, int64_t dim, bool dout_aligned, int sm_count, bwd
     /*
      * embedding_quad_kernel's tables have a discard row.  Where it could run,
      * the general kernel gets as many warps (tables) even when dout is not
-     * aligned for it: the same partition, the same bytes.
+     * aligned for it, and its partition of the positions (quad_shape): the
+     * same bytes.
      */
     const size_t quad_table = dim == 32 ? (size_t)(vd + dim) * sizeof(float) : 0;
     const bool quad_fits = dim == 32 && quad_table <= optin - STATIC_SMEM;
     pl->quad = quad_fits && dout_aligned;
-    pl->onehot = false;
+    pl->quad_shape = quad_fits;
     const size_t table = (size_t)vd * sizeof(float), fit_table = quad_fits ? quad_table : table;
     const size_t most = quad_fits ? QUAD_MAX_WARPS : MAX_WARPS;
     size_t fit = fit_table ? (optin - STATIC_SMEM) / fit_table : most;
@@ -461,34 +466,6 @@ cudaError_t reduce_launch(const float *partials, const unsigned *slots, int ntab
                       ex->stream, partials, slots, ntables, VD, dtable, rec);
 }
 
-/*
- * bf16 dout of 32 columns, 16-byte aligned, a table of at most 128 rows:
- * the tensor-core kernel, one partial table a block.
- */
-bool onehot_fits(const gk_tensor *dout, int64_t V, int64_t D)
-{
-    return dout->dtype == GK_BF16 && D == 32 && V >= 1 && V <= onehot::ROWS &&
-           (uintptr_t)dout->data % 16 == 0;
-}
-
-template <typename Idx>
-int onehot_launch(const Idx *idx, const uint16_t *dout, float *partials, unsigned *slots, unsigned n,
-                  int V, float *dtable, const bwd_plan &pl, const gk_cuda_exec *ex,
-                  unsigned long long *rec, gk_err *err)
-{
-    auto kernel = embedding_onehot_kernel<Idx>;
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, onehot::SMEM);
-    if (e == cudaSuccess)
-        e = pdl_launch(kernel, (unsigned)pl.ntables, onehot::WG * 128, onehot::SMEM, ex->stream, idx, dout,
-                       partials, slots, n, V);
-    if (e == cudaSuccess)
-        e = reduce_launch(partials, slots, pl.ntables, V * 32, dtable, ex, rec);
-    if (e != cudaSuccess)
-        return gk_fail(err, GK_EDEVICE, "embedding backward (cuda): kernel launch: %s",
-                       cudaGetErrorString(e));
-    return GK_OK;
-}
-
 /* The partial kernel chosen by the plan, then the reduce into dtable and the record. */
 template <typename Idx, typename G>
 int backward_launch(const gk_tensor *idx, const gk_tensor *dout, const gk_tensor *dtable,
@@ -498,9 +475,11 @@ int backward_launch(const gk_tensor *idx, const gk_tensor *dout, const gk_tensor
     const int V = (int)dtable->shape[0], D = (int)dtable->shape[1], VD = V * D;
     const unsigned n = (unsigned)gk_tensor_numel(idx);
     unsigned *slots = (unsigned *)(partials + (size_t)pl.ntables * VD);
-    void (*kernel)(const Idx *, const G *, float *, unsigned *, unsigned, int, int) =
+    void (*kernel)(const Idx *, const G *, float *, unsigned *, unsigned, int, int, unsigned) =
         pl.warps == 0 ? embedding_partial_kernel<Idx, G, false> : embedding_partial_kernel<Idx, G, true>;
     auto quad = embedding_quad_kernel<Idx, G>;
+    const Idx *ip = (const Idx *)idx->data;
+    const G *gp = (const G *)dout->data;
     if (pl.warps > 0 && pl.smem > 48 * 1024) {
         cudaError_t e = pl.quad ? cudaFuncSetAttribute(quad, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        (int)pl.smem)
@@ -511,17 +490,11 @@ int backward_launch(const gk_tensor *idx, const gk_tensor *dout, const gk_tensor
                            pl.smem, cudaGetErrorString(e));
     }
     const unsigned threads = pl.warps > 0 ? (unsigned)pl.warps * 32 : 32;
-    const Idx *ip = (const Idx *)idx->data;
-    const G *gp = (const G *)dout->data;
-    if constexpr (sizeof(G) == 2) {
-        if (pl.onehot)
-            return onehot_launch<Idx>(ip, gp, partials, slots, n, V, (float *)dtable->data, pl, ex, rec,
-                                      err);
-    }
     cudaError_t e = pl.quad ? pdl_launch(quad, (unsigned)pl.ntables, threads, pl.smem, ex->stream,
                                          ip, gp, partials, slots, n, V)
                             : pdl_launch(kernel, (unsigned)pl.ntables, threads, pl.smem, ex->stream,
-                                         ip, gp, partials, slots, n, D, V);
+                                         ip, gp, partials, slots, n, D, V,
+                                         pl.quad_shape && quad_spread<G>::value ? quad_batch<G>::value : 0u);
     if (e == cudaSuccess)
         e = reduce_launch(partials, slots, pl.ntables, VD, (float *)dtable->data, ex, rec);
     if (e != cudaSuccess)
@@ -620,7 +593,6 @@ extern "C" int gk_cuda_embedding_backward(const gk_tensor *idx, const gk_tensor 
     const size_t fit = (ex->workspace_bytes - GK_CUDA_OBS_RECORD_BYTES) / partial_bytes(vd);
     if ((size_t)pl.ntables > fit)
         pl.ntables = (int)fit;
-    pl.onehot = onehot_fits(dout, dtable->shape[0], dtable->shape[1]);
     unsigned long long *rec = (unsigned long long *)ex->workspace;
     float *partials = (float *)((uint8_t *)ex->workspace + GK_CUDA_OBS_RECORD_BYTES);
     return dout->dtype == GK_BF16

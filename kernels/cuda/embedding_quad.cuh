@@ -16,12 +16,33 @@
 namespace embq {
 
 constexpr unsigned OFFENDER_NONE = 0xffffffffu; /* a block's first offender when it met none */
-/* embedding_quad_kernel: 14 warps, what NMMO3's 128 x 32 tables allow in shared memory */
-constexpr int QUAD_MAX_WARPS = 14;
+/*
+ * embedding_quad_kernel's warps a block (tables a multiprocessor) at most.
+ * NMMO3's 128 x 32 tables would allow 14; 12 measured faster (obs_bench,
+ * 14:49, partial kernel alone at B = 32768, spread batches: f32 52.7 ->
+ * 50.3 us, bf16 the same 36.7; 10: 52.8 and 40.1).
+ */
+constexpr int QUAD_MAX_WARPS = 12;
 
-/* Register buffers of gradient batches (run 8, 12:55: two for both dtypes). */
+/* Register buffers of gradient batches (three measured no faster: f32 50.8 against 50.3 us). */
 template <typename G> struct quad_depth {
     static constexpr int value = 2;
+};
+
+/* Positions a batch: 32, bf16 64 (rows half as wide, as many bytes in flight). */
+template <typename G> struct quad_batch {
+    static constexpr unsigned value = sizeof(G) == 2 ? 64u : 32u;
+};
+
+/*
+ * Whether the warps take every nw-th batch (spread) rather than contiguous
+ * ranges: with ~1800 ranges read at once, each far from the others, dout's
+ * reads were slower than one window moving through it (obs_bench, 14:49,
+ * partial kernel alone at B = 32768, 12 warps: f32 52.4 -> 50.3 us, bf16
+ * 38.9 -> 36.6).
+ */
+template <typename G> struct quad_spread {
+    static constexpr bool value = true;
 };
 
 template <typename Idx>
@@ -69,9 +90,10 @@ __device__ __forceinline__ void quad_add(float4 *row, float4 g)
 
 /*
  * The fast path for D = 32 when W tables of (V + 1) x 32 fp32 fit in shared
- * memory (the 128 x 32 table of NMMO3: 14 warps a multiprocessor).  Each
- * warp sums its contiguous range of positions in position order into its
- * own table, as the general kernel, but four positions at a time: lane l
+ * memory (the 128 x 32 table of NMMO3: 12 warps a multiprocessor, see
+ * QUAD_MAX_WARPS).  Each warp sums its positions (every nw-th batch, see
+ * quad_spread) in position order into its own table, as the general
+ * kernel does with the same partition, but four positions at a time: lane l
  * handles columns 4 (l % 8) .. + 3 of position 4 k + l / 8 (one 16-byte fp32
  * or 8-byte bf16 load, one 16-byte shared add), so a warp instruction
  * covers four rows.  Four positions whose indices are all different touch
@@ -85,7 +107,8 @@ __device__ __forceinline__ void quad_add(float4 *row, float4 g)
  * and its rows found before its adds, whose chain of shared loads and
  * stores is then all that is left to wait on.
  */
-template <typename Idx, typename G, int DEPTH = quad_depth<G>::value, int WARPS = QUAD_MAX_WARPS>
+template <typename Idx, typename G, int DEPTH = quad_depth<G>::value, int WARPS = QUAD_MAX_WARPS,
+          bool SPREAD = quad_spread<G>::value>
 __global__ void __launch_bounds__(WARPS * 32, 1)
 embedding_quad_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout,
                       float *__restrict__ partials, unsigned *__restrict__ slots, unsigned n, int V)
@@ -93,7 +116,7 @@ embedding_quad_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout,
     using Q = typename quad<G>::type;
     /* bf16 rows are half as wide: two 32-position batches keep as many bytes in flight */
     constexpr int SUBS = sizeof(G) == 2 ? 2 : 1;
-    constexpr int P = 32 * SUBS; /* positions a batch */
+    constexpr int P = (int)quad_batch<G>::value; /* positions a batch: SUBS x 32 */
     constexpr int K = P / 4;     /* loads a lane a batch: groups of four positions */
     extern __shared__ float4 qtab[];
     __shared__ unsigned first;
@@ -108,8 +131,15 @@ embedding_quad_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout,
     __syncthreads();
     float4 *tab = qtab + (size_t)w * T4 + cq;
     const unsigned gw = blockIdx.x * W + w, nw = gridDim.x * W;
-    const unsigned start = (unsigned)((unsigned long long)n * gw / nw);
-    const unsigned end = (unsigned)((unsigned long long)n * (gw + 1) / nw);
+    /*
+     * The warp's positions: a contiguous range, batches P apart; or (SPREAD)
+     * every nw-th batch, nw P apart, so that the warps of the grid read one
+     * window of dout at a time instead of nw places far apart.  Either way
+     * in position order.
+     */
+    const unsigned start = SPREAD ? gw * (unsigned)P : (unsigned)((unsigned long long)n * gw / nw);
+    const unsigned end = SPREAD ? n : (unsigned)((unsigned long long)n * (gw + 1) / nw);
+    const unsigned S = SPREAD ? nw * (unsigned)P : (unsigned)P; /* from a batch to the warp's next */
     const Q *src = reinterpret_cast<const Q *>(dout) + cq; /* position p: src[8 p] */
 
     /* Only issued here: the indices are checked when the batch is added. */
@@ -200,30 +230,30 @@ embedding_quad_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout,
             load_idx(start, ia);
             load_grad(start, ga);
         }
-        if (start + P < end) {
-            load_idx(start + P, ib);
-            load_grad(start + P, gb);
+        if (start + S < end) {
+            load_idx(start + S, ib);
+            load_grad(start + S, gb);
         }
-        for (unsigned p = start; p < end; p += 3 * P) {
-            if (p + 2 * P < end) {
-                load_idx(p + 2 * P, ic);
-                load_grad(p + 2 * P, gc);
+        for (unsigned p = start; p < end; p += 3 * S) {
+            if (p + 2 * S < end) {
+                load_idx(p + 2 * S, ic);
+                load_grad(p + 2 * S, gc);
             }
             add(p, ga, ia);
-            if (p + P >= end)
+            if (p + S >= end)
                 break;
-            if (p + 3 * P < end) {
-                load_idx(p + 3 * P, ia);
-                load_grad(p + 3 * P, ga);
+            if (p + 3 * S < end) {
+                load_idx(p + 3 * S, ia);
+                load_grad(p + 3 * S, ga);
             }
-            add(p + P, gb, ib);
-            if (p + 2 * P >= end)
+            add(p + S, gb, ib);
+            if (p + 2 * S >= end)
                 break;
-            if (p + 4 * P < end) {
-                load_idx(p + 4 * P, ib);
-                load_grad(p + 4 * P, gb);
+            if (p + 4 * S < end) {
+                load_idx(p + 4 * S, ib);
+                load_grad(p + 4 * S, gb);
             }
-            add(p + 2 * P, gc, ic);
+            add(p + 2 * S, gc, ic);
         }
     } else {
         /*
@@ -242,27 +272,27 @@ embedding_quad_kernel(const Idx *__restrict__ idx, const G *__restrict__ dout,
             load_idx(start, i0);
             load_grad(start, ga);
         }
-        if (IDX_AHEAD && start + P < end)
-            load_idx(start + P, i1);
-        for (unsigned p = start; p < end; p += 2 * P) {
-            if (p + P < end) {
-                load_grad(p + P, gb);
+        if (IDX_AHEAD && start + S < end)
+            load_idx(start + S, i1);
+        for (unsigned p = start; p < end; p += 2 * S) {
+            if (p + S < end) {
+                load_grad(p + S, gb);
                 if (!IDX_AHEAD)
-                    load_idx(p + P, i1);
+                    load_idx(p + S, i1);
             }
-            if (IDX_AHEAD && p + 2 * P < end)
-                load_idx(p + 2 * P, i2);
-            if (IDX_AHEAD && p + 3 * P < end)
-                load_idx(p + 3 * P, i3);
+            if (IDX_AHEAD && p + 2 * S < end)
+                load_idx(p + 2 * S, i2);
+            if (IDX_AHEAD && p + 3 * S < end)
+                load_idx(p + 3 * S, i3);
             add(p, ga, i0);
-            if (p + P >= end)
+            if (p + S >= end)
                 break;
-            if (p + 2 * P < end) {
-                load_grad(p + 2 * P, ga);
+            if (p + 2 * S < end) {
+                load_grad(p + 2 * S, ga);
                 if (!IDX_AHEAD)
-                    load_idx(p + 2 * P, i0);
+                    load_idx(p + 2 * S, i0);
             }
-            add(p + P, gb, i1);
+            add(p + S, gb, i1);
             if (IDX_AHEAD) {
 #pragma unroll
                 for (int s = 0; s < SUBS; s++) {

@@ -42,7 +42,6 @@
 
 #include "blas.cuh"
 #include "conv1_obs.cuh"
-#include "embedding_onehot.cuh"
 #include "embedding_quad.cuh"
 #include "gk_cuda_nmmo3.h"
 #include "nmmo3_rows.h"
@@ -141,83 +140,84 @@ static int emb_bwd_run(void *ctx, const gk_cuda_exec *ex, gk_err *err)
     return gk_cuda_embedding_backward(&c->idx, &c->dout, &c->dtable, ex, err);
 }
 
-/*
- * The tensor-core backward's partial kernel alone (no reduce), in shapes
- * other than the default, for the table's extra rows: u8 indices, bf16 dout.
- */
-typedef struct onehot_ctx {
-    const uint8_t *idx;
-    const uint16_t *dout;
-    float *partials;
-    unsigned *slots;
-    unsigned n;
-    int V, wg, stages;
-} onehot_ctx;
+static void extra_row(const char *what, const char *dt, int64_t batch, double us, double bytes);
 
-template <int WG, int STAGES> static cudaError_t onehot_variant(const onehot_ctx *c, const gk_cuda_exec *ex)
-{
-    auto kernel = embedding_onehot_kernel<uint8_t, WG, STAGES>;
-    const int smem = onehot::smem_bytes(WG, STAGES);
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e == cudaSuccess)
-        e = pdl_launch(kernel, (unsigned)ex->sm_count, WG * 128, (size_t)smem, ex->stream, c->idx, c->dout,
-                       c->partials, c->slots, c->n, c->V);
-    return e;
-}
-
-static int onehot_run(void *ctx, const gk_cuda_exec *ex, gk_err *err)
-{
-    const onehot_ctx *c = (const onehot_ctx *)ctx;
-    cudaError_t e = cudaErrorInvalidValue;
-    if (c->wg == 3 && c->stages == 8)
-        e = onehot_variant<3, 8>(c, ex);
-    else if (c->wg == 3 && c->stages == 12)
-        e = onehot_variant<3, 12>(c, ex);
-    else if (c->wg == 2 && c->stages == 16)
-        e = onehot_variant<2, 16>(c, ex);
-    else if (c->wg == 4 && c->stages == 8)
-        e = onehot_variant<4, 8>(c, ex);
-    if (e != cudaSuccess)
-        return gk_fail(err, GK_EDEVICE, "onehot variant %d x %d: %s", c->wg, c->stages, cudaGetErrorString(e));
-    return 0;
-}
-
-/* The CUDA-core quad kernel alone (no reduce) in other shapes: u8 indices, f32 dout. */
+/* The CUDA-core quad kernel alone (no reduce) in other shapes: u8 indices, f32 or bf16 dout. */
 typedef struct quad_ctx {
     const uint8_t *idx;
-    const float *dout;
+    const void *dout;
     float *partials;
     unsigned *slots;
     unsigned n;
-    int V, depth, warps;
+    int V, bf16, depth, warps, spread;
 } quad_ctx;
 
-template <int DEPTH, int WARPS> static cudaError_t quad_variant(const quad_ctx *c, const gk_cuda_exec *ex)
+template <typename G, int DEPTH, int WARPS, bool SPREAD>
+static cudaError_t quad_variant(const quad_ctx *c, const gk_cuda_exec *ex)
 {
-    auto kernel = embq::embedding_quad_kernel<uint8_t, float, DEPTH, WARPS>;
+    auto kernel = embq::embedding_quad_kernel<uint8_t, G, DEPTH, WARPS, SPREAD>;
     const size_t smem = (size_t)WARPS * (size_t)(c->V + 1) * 32 * sizeof(float);
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e == cudaSuccess)
-        e = pdl_launch(kernel, (unsigned)ex->sm_count, WARPS * 32, smem, ex->stream, c->idx, c->dout,
-                       c->partials, c->slots, c->n, c->V);
+        e = pdl_launch(kernel, (unsigned)ex->sm_count, WARPS * 32, smem, ex->stream, c->idx,
+                       (const G *)c->dout, c->partials, c->slots, c->n, c->V);
     return e;
+}
+
+template <typename G> static cudaError_t quad_variant_of(const quad_ctx *c, const gk_cuda_exec *ex)
+{
+    const int k = c->depth * 1000 + c->warps * 10 + c->spread;
+    switch (k) {
+    case 2140:
+        return quad_variant<G, 2, 14, false>(c, ex);
+    case 2141:
+        return quad_variant<G, 2, 14, true>(c, ex);
+    case 2120:
+        return quad_variant<G, 2, 12, false>(c, ex);
+    case 2121:
+        return quad_variant<G, 2, 12, true>(c, ex);
+    case 2100:
+        return quad_variant<G, 2, 10, false>(c, ex);
+    case 2101:
+        return quad_variant<G, 2, 10, true>(c, ex);
+    case 3121:
+        return quad_variant<G, 3, 12, true>(c, ex);
+    default:
+        return cudaErrorInvalidValue;
+    }
 }
 
 static int quad_run(void *ctx, const gk_cuda_exec *ex, gk_err *err)
 {
     const quad_ctx *c = (const quad_ctx *)ctx;
-    cudaError_t e = cudaErrorInvalidValue;
-    if (c->depth == 2 && c->warps == 14)
-        e = quad_variant<2, 14>(c, ex);
-    else if (c->depth == 3 && c->warps == 12)
-        e = quad_variant<3, 12>(c, ex);
-    else if (c->depth == 2 && c->warps == 12)
-        e = quad_variant<2, 12>(c, ex);
-    else if (c->depth == 3 && c->warps == 14)
-        e = quad_variant<3, 14>(c, ex);
+    cudaError_t e = c->bf16 ? quad_variant_of<uint16_t>(c, ex) : quad_variant_of<float>(c, ex);
     if (e != cudaSuccess)
-        return gk_fail(err, GK_EDEVICE, "quad variant %d x %d: %s", c->depth, c->warps, cudaGetErrorString(e));
+        return gk_fail(err, GK_EDEVICE, "quad variant %d buffers, %d warps, spread %d: %s", c->depth, c->warps,
+                       c->spread, cudaGetErrorString(e));
     return 0;
+}
+
+/* Extra rows: the quad kernel alone in the shapes of the table {buffers, warps, spread}. */
+static void quad_rows(const gk_cuda_exec *ex, const uint8_t *idx, const void *dout, int bf16, unsigned n,
+                      int V, int D, double bytes, const char *dn, int64_t B)
+{
+    static const int shapes[][3] = {{2, 14, 0}, {2, 12, 0}, {2, 10, 0}, {2, 14, 1},
+                                    {2, 12, 1}, {2, 10, 1}, {3, 12, 1}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        if (bf16 && shapes[k][0] == 3)
+            continue;
+        quad_ctx qc = {idx, dout, (float *)((uint8_t *)ex->workspace + GK_CUDA_OBS_RECORD_BYTES), NULL, n, V,
+                       bf16, shapes[k][0], shapes[k][1], shapes[k][2]};
+        qc.slots = (unsigned *)(qc.partials + (size_t)ex->sm_count * V * D);
+        const double us = time_op(quad_run, &qc, ex);
+        char name[120];
+        const int dflt = shapes[k][0] == embq::quad_depth<float>::value && shapes[k][1] == embq::QUAD_MAX_WARPS &&
+                         shapes[k][2] == (int)embq::quad_spread<float>::value;
+        snprintf(name, sizeof name, "quad partial kernel alone, %d buffers, %d warps, %s%s", shapes[k][0],
+                 shapes[k][1], shapes[k][2] ? "spread batches" : "contiguous ranges", dflt ? " (default)" : "");
+        extra_row(name, dn, B, us, bytes);
+    }
+    CK(cudaStreamSynchronize(g_stream));
 }
 
 static double g_copy_gbs;
@@ -704,54 +704,10 @@ int main(int argc, char **argv)
                 printf("embedding backward status: %s\n", err.msg), status_bad++;
             report("embedding_backward (u8 idx, 128x32)", dn, B, us,
                    (double)(B * P) + (double)obytes + (double)(V * D) * 4, "-");
-            if (dt == GK_F32 && B == 32768 && !g_profile) {
-                /* Extra rows, not counted in the summary: the quad kernel alone in several shapes. */
-                const double bytes = (double)(B * P) + (double)obytes + (double)(V * D) * 4;
-                const int shapes[4][2] = {{2, 14}, {3, 12}, {2, 12}, {3, 14}};
-                for (int k = 0; k < 4; k++) {
-                    quad_ctx qc = {(const uint8_t *)idx, (const float *)ec.dout.data,
-                                   (float *)((uint8_t *)ex.workspace + GK_CUDA_OBS_RECORD_BYTES), NULL,
-                                   (unsigned)(B * P), (int)V, shapes[k][0], shapes[k][1]};
-                    qc.slots = (unsigned *)(qc.partials + (size_t)sms * V * D);
-                    us = time_op(quad_run, &qc, &ex);
-                    char name[120];
-                    snprintf(name, sizeof name, "quad partial kernel alone, %d buffers, %d warps%s%s",
-                             shapes[k][0], shapes[k][1], k == 0 ? " (default)" : "",
-                             k == 3 ? " (spills)" : "");
-                    extra_row(name, dn, B, us, bytes);
-                }
-                CK(cudaStreamSynchronize(g_stream));
-            }
-            if (dt == GK_BF16 && B == 32768 && !g_profile) {
-                /*
-                 * Extra rows, not counted in the summary: dout 8 bytes off its
-                 * 16-byte alignment takes the CUDA-core quad kernel (the
-                 * tensor-core one needs 16); the tensor-core partial kernel
-                 * alone in several shapes.
-                 */
-                const double bytes = (double)(B * P) + (double)obytes + (double)(V * D) * 4;
-                uint8_t *off = (uint8_t *)dev_alloc(obytes + 16);
-                CK(cudaMemcpy(off + 8, ec.dout.data, obytes, cudaMemcpyDeviceToDevice));
-                emb_ctx eo = ec;
-                eo.dout = gk_tensor_make(off + 8, dt, 3, oshape);
-                us = time_op(emb_bwd_run, &eo, &ex);
-                extra_row("embedding_backward, dout 8 bytes off (quad kernel)", dn, B, us, bytes);
-                cudaFree(off);
-                const int shapes[4][2] = {{3, 8}, {3, 12}, {2, 16}, {4, 8}};
-                for (int k = 0; k < 4; k++) {
-                    onehot_ctx oc = {(const uint8_t *)idx, (const uint16_t *)ec.dout.data,
-                                     (float *)((uint8_t *)ex.workspace + GK_CUDA_OBS_RECORD_BYTES), NULL,
-                                     (unsigned)(B * P), (int)V, shapes[k][0], shapes[k][1]};
-                    oc.slots = (unsigned *)(oc.partials + (size_t)sms * V * D);
-                    us = time_op(onehot_run, &oc, &ex);
-                    char name[120];
-                    snprintf(name, sizeof name, "tensor-core partial kernel alone, %d warpgroups, %d stages%s",
-                             shapes[k][0], shapes[k][1],
-                             shapes[k][0] == onehot::WG && shapes[k][1] == onehot::STAGES ? " (default)" : "");
-                    extra_row(name, dn, B, us, bytes);
-                }
-                CK(cudaStreamSynchronize(g_stream));
-            }
+            if (B == 32768 && !g_profile)
+                /* Extra rows, not counted in the summary. */
+                quad_rows(&ex, (const uint8_t *)idx, ec.dout.data, dt == GK_BF16, (unsigned)(B * P), (int)V,
+                          (int)D, (double)(B * P) + (double)obytes + (double)(V * D) * 4, dn, B);
             cudaFree(ec.table.data);
             cudaFree(ec.out.data);
             cudaFree(ec.dout.data);
