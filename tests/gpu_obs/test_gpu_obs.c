@@ -643,6 +643,8 @@ static void test_embedding_backward(void **state)
     /* bf16, 128 rows: the positions ending inside a batch of 64 and exactly on one */
     emb_backward_case(GK_U8, GK_BF16, 1001, 47, 128, 32, 0);
     emb_backward_case(GK_U8, GK_BF16, 1848, 64, 128, 32, 0);
+    /* bf16, 1000 rows of 32: one table a warp (the four-rows kernel's fewest) */
+    emb_backward_case(GK_I32, GK_BF16, 64, 47, 1000, 32, 0);
 }
 
 /* ---- through a daemon on the CUDA backend ---------------------------------------- */
