@@ -18,6 +18,9 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#ifdef TH_BACKEND_CUDA
+#include "th_cuda.h"
+#endif
 
 static th_daemon daemon_;
 
@@ -233,6 +236,11 @@ static int group_teardown(void **state)
 
 int main(int argc, char **argv)
 {
+#ifdef TH_BACKEND_CUDA /* test_doorbell_cuda */
+    setenv("GPUCD_TEST_BACKEND", "cuda", 1);
+    if (th_cuda_absent())
+        return 77;
+#endif
     th_init(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_polling_client_ends_on_the_record),
