@@ -276,7 +276,9 @@ int main(int argc, char **argv)
     }
     gpucd_close(c);
     if (failed || nall == 0) {
-        fprintf(stderr, "crowd_bench: a worker failed or measured nothing\n");
+        fprintf(stderr, "crowd_bench: %s\n",
+                failed ? "a worker failed" : "no request ended inside the measured window");
+        free(all);
         return 1;
     }
     qsort(all, nall, sizeof *all, cmp_u32);
