@@ -38,6 +38,7 @@
 
 #include "dgrad_tile.cuh"
 #include "igemm.cuh"
+#include "mbarrier.cuh"
 #include "wgmma.cuh"
 
 enum {
@@ -77,43 +78,6 @@ __host__ __device__ constexpr int ft_smem_bytes(int xbytes)
 {
     return 2 * xbytes + 1024 + FT_STAGES * FT_TILE_BYTES + (3 * FT_BM + FT_TAPS_MAX + FT_HW_MAX + FT_BN) * 4 +
            2 * FT_STAGES * 8;
-}
-
-__device__ __forceinline__ void ft_mbar_init(uint32_t bar, unsigned count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-/* Waits until the phase of this parity of the barrier has completed. */
-__device__ __forceinline__ void ft_mbar_wait(uint32_t bar, uint32_t parity)
-{
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-
-__device__ __forceinline__ void ft_mbar_arrive(uint32_t bar)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-
-/* Arrives and expects `bytes` more of bulk copies to complete on the barrier. */
-__device__ __forceinline__ void ft_mbar_arrive_tx(uint32_t bar, uint32_t bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-/* Global -> shared bulk copy (16-byte aligned, a multiple of 16 bytes) completing on bar. */
-__device__ __forceinline__ void ft_bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
 }
 
 __device__ __forceinline__ void ft_prefetch_l2(const void *p, uint32_t bytes)
@@ -202,8 +166,8 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
 
     if (tid == 0) {
         for (int i = 0; i < FT_STAGES; i++) {
-            ft_mbar_init(fullb + i * 8, 1);
-            ft_mbar_init(emptyb + i * 8, FT_MMA_THREADS / 32);
+            mbar_init(fullb + i * 8, 1);
+            mbar_init(emptyb + i * 8, FT_MMA_THREADS / 32);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -271,10 +235,10 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
             return;
         const int slot = st % FT_STAGES;
         if (st >= FT_STAGES) /* tile st - FT_STAGES released by every warp */
-            ft_mbar_wait(emptyb + slot * 8, (uint32_t)(st / FT_STAGES - 1) & 1);
-        ft_mbar_arrive_tx(fullb + slot * 8, FT_TILE_BYTES);
-        ft_bulk_copy(ring0 + slot * FT_TILE_BYTES, (const unsigned char *)p.bpack + (size_t)tile_next * FT_TILE_BYTES,
-                     FT_TILE_BYTES, fullb + slot * 8);
+            mbar_wait(emptyb + slot * 8, (uint32_t)(st / FT_STAGES - 1) & 1);
+        mbar_arrive_tx(fullb + slot * 8, FT_TILE_BYTES);
+        bulk_copy(ring0 + slot * FT_TILE_BYTES, (const unsigned char *)p.bpack + (size_t)tile_next * FT_TILE_BYTES,
+                  FT_TILE_BYTES, fullb + slot * 8);
         tile_next = tile_next + 1 == tiles_item ? 0 : tile_next + 1;
     };
     if (tid == 0) {
@@ -303,11 +267,11 @@ __global__ void __launch_bounds__(FT_THREADS, 1) conv_fwd_tile_kernel(const __gr
     auto tile = [&](int t, uint32_t(&af)[FT_KPS][4]) {
         wgmma_wait<1>(); /* tile t - 2 (its fragments and its B slot) is done */
         if (lane == 0 && t >= 2)
-            ft_mbar_arrive(emptyb + (slot >= 2 ? slot - 2 : slot + FT_STAGES - 2) * 8);
+            mbar_arrive(emptyb + (slot >= 2 ? slot - 2 : slot + FT_STAGES - 2) * 8);
         if (tid == 0)
             issue(t + AHEAD);
         /* every warp, live or not, waits: its release of tile t comes after this phase */
-        ft_mbar_wait(fullb + slot * 8, phase);
+        mbar_wait(fullb + slot * 8, phase);
         const uint32_t bt = ring0 + slot * FT_TILE_BYTES;
         if (++slot == FT_STAGES) {
             slot = 0;
