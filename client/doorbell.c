@@ -14,12 +14,6 @@
 enum { BELLS_BYTES = 4096, BELLS_COUNT = BELLS_BYTES / DOORBELL_BYTES };
 enum { BELLS_UNTRIED = 0, BELLS_READY = 1, BELLS_UNAVAILABLE = -1 };
 
-/* A compute operation (numbered from 20 on in the schema): the only ones with a record. */
-static bool is_compute(const gpucdc_request *req)
-{
-    return req->msg.op_case >= GPUCD__V1__REQUEST__OP_CONV2D_FORWARD;
-}
-
 /* Every output written in place: the reply has nothing the caller needs. */
 static bool outputs_in_place(const gpucdc_request *req)
 {
@@ -55,7 +49,9 @@ static bool bells_ready(gpucd_client *c)
 
 doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s, gpucdc_request *req)
 {
-    if (!c->local || !is_compute(req) || !outputs_in_place(req) || !bells_ready(c))
+    /* Compute operations only: the daemon refuses a record on any other. */
+    if (!c->local || !wire_op_is_compute(req->msg.op_case) || !outputs_in_place(req) ||
+        !bells_ready(c))
         return NULL;
     if (s->bell < 0) {
         pthread_mutex_lock(&c->bells.lock);

@@ -87,6 +87,31 @@ static gcd_status tensor_of_ref(const gcd_ref *ref, const char *name, const gk_t
     return GCD_OK;
 }
 
+
+gcd_status gcd_bind_region_bytes(const gcd_bind_ctx *ctx, const Gpucd__V1__RegionSlice *slice,
+                                 uint64_t n, const char *name, gcd_binding *b, char *why,
+                                 size_t whylen)
+{
+    char reason[256];
+    gcd_status st = gcd_regions_acquire(ctx->daemon->regions, ctx->pipe, slice->region_id,
+                                        &b->region, reason, sizeof reason);
+    if (st != GCD_OK) {
+        snprintf(why, whylen, "%s: %s", name, reason);
+        return st;
+    }
+    const uint64_t off = slice->offset;
+    const size_t size = b->region->size;
+    if (off > size || n > size - off) {
+        snprintf(why, whylen, "%s: bytes [%llu, +%llu) lie outside region %llu of %zu bytes", name,
+                 (unsigned long long)off, (unsigned long long)n,
+                 (unsigned long long)slice->region_id, size);
+        return GCD_OUT_OF_RANGE;
+    }
+    b->lo = off;
+    b->hi = off + n;
+    return GCD_OK;
+}
+
 /* Binds one reference; fills b and the view t (data set); implied as tensor_of_ref. */
 static gcd_status bind_one(const gcd_bind_ctx *ctx, const gcd_ref *ref, int output,
                            const char *name, const gk_tensor *implied, gcd_binding *b,
@@ -117,26 +142,15 @@ static gcd_status bind_one(const gcd_bind_ctx *ctx, const gcd_ref *ref, int outp
                                   "send the tensor inline", name);
             return GCD_PERMISSION_DENIED;
         }
-        const Gpucd__V1__RegionSlice *rsl = ref->region;
-        uint64_t off = rsl->offset;
-        st = gcd_regions_acquire(d->regions, ctx->pipe, rsl->region_id, &b->region, why,
-                                 whylen);
+        const uint64_t off = ref->region->offset;
+        st = gcd_bind_region_bytes(ctx, ref->region, n, name, b, why, whylen);
         if (st != GCD_OK)
             return st;
-        size_t size = b->region->size;
-        if (off > size || n > size - off) {
-            snprintf(why, whylen, "%s: bytes [%llu, +%llu) lie outside region %llu of %zu bytes",
-                     name, (unsigned long long)off, (unsigned long long)n,
-                     (unsigned long long)rsl->region_id, size);
-            return GCD_OUT_OF_RANGE;
-        }
         if (off % esz != 0) {
             snprintf(why, whylen, "%s: offset %llu is not a multiple of the %s element size %zu",
                      name, (unsigned long long)off, gk_dtype_name(t->dtype), esz);
             return GCD_INVALID_ARGUMENT;
         }
-        b->lo = off;
-        b->hi = off + n;
         t->data = b->region->base + off;
         return GCD_OK;
     }
@@ -193,7 +207,7 @@ static gcd_status bind_one(const gcd_bind_ctx *ctx, const gcd_ref *ref, int outp
     }
 }
 
-static int ranges_meet(const gcd_binding *a, const gcd_binding *b)
+int gcd_bindings_overlap(const gcd_binding *a, const gcd_binding *b)
 {
     int same = (a->region != NULL && a->region == b->region) ||
                (a->resident != NULL && a->resident == b->resident);
@@ -254,7 +268,7 @@ gcd_status gcd_bind(const gcd_bind_ctx *ctx, gcd_op *op, const gcd_ref *const re
         if (!op->args[i].output || refs[i] == NULL)
             continue;
         for (int j = 0; j < op->nargs; j++) {
-            if (j != i && refs[j] != NULL && ranges_meet(&bound->b[i], &bound->b[j])) {
+            if (j != i && refs[j] != NULL && gcd_bindings_overlap(&bound->b[i], &bound->b[j])) {
                 snprintf(why, whylen, "output %s overlaps %s %s", names[i],
                          op->args[j].output ? "output" : "input", names[j]);
                 st = GCD_INVALID_ARGUMENT;

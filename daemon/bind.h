@@ -54,6 +54,18 @@ typedef struct gcd_bound {
 gcd_status gcd_bind(const gcd_bind_ctx *ctx, gcd_op *op, const gcd_ref *const refs[],
                     const char *const names[], gcd_bound *bound, char *why, size_t whylen);
 
+/*
+ * Binds the n bytes at slice, in one of the caller's regions, into *b (region,
+ * lo, hi); every message starts with name.  On failure b->region may hold a
+ * reference, released by gcd_unbind or the caller.
+ */
+gcd_status gcd_bind_region_bytes(const gcd_bind_ctx *ctx, const Gpucd__V1__RegionSlice *slice,
+                                 uint64_t n, const char *name, gcd_binding *b, char *why,
+                                 size_t whylen);
+
+/* True when a and b share bytes of one region or one resident tensor. */
+int gcd_bindings_overlap(const gcd_binding *a, const gcd_binding *b);
+
 /* Unlocks and releases; new resident tensors are kept only when success. */
 void gcd_unbind(const gcd_bind_ctx *ctx, gcd_bound *bound, int success);
 

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "wire.h"
+
 typedef Gpucd__V1__TensorRef ref_t;
 
 /* A TensorRef with no dtype and no location is "absent", however protobuf sent it. */
@@ -153,8 +155,7 @@ static void set_weights(const Gpucd__V1__Nmmo3Weights *w, const ref_t *refs[], i
 
 int gcd_decode_is_compute(const Gpucd__V1__Request *req)
 {
-    return req->op_case >= GPUCD__V1__REQUEST__OP_CONV2D_FORWARD &&
-           req->op_case <= GPUCD__V1__REQUEST__OP_NMMO3_ENCODE;
+    return wire_op_is_compute(req->op_case);
 }
 
 gcd_status gcd_decode_compute(const Gpucd__V1__Request *req, gcd_op *op,

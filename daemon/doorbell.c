@@ -16,40 +16,24 @@ gcd_status gcd_doorbell_bind(const gcd_bind_ctx *ctx, const Gpucd__V1__RegionSli
         snprintf(why, whylen, "doorbell: shared-memory regions are for local (ipc://) clients");
         return GCD_PERMISSION_DENIED;
     }
-    gcd_binding bell = {0};
-    gcd_status st = gcd_regions_acquire(ctx->daemon->regions, ctx->pipe, slice->region_id,
-                                        &bell.region, why, whylen);
-    if (st != GCD_OK) {
-        size_t n = strlen(why); /* name the field: the region's own message does not */
-        if (n + 11 < whylen) {
-            memmove(why + 10, why, n + 1);
-            memcpy(why, "doorbell: ", 10);
-        }
-        return st;
-    }
-    bell.lo = slice->offset;
-    bell.hi = slice->offset + DOORBELL_BYTES;
     if (slice->offset % DOORBELL_BYTES != 0) {
         snprintf(why, whylen, "doorbell: offset %llu is not a multiple of %d",
                  (unsigned long long)slice->offset, DOORBELL_BYTES);
-        st = GCD_INVALID_ARGUMENT;
-    } else if (slice->offset > bell.region->size ||
-               bell.region->size - slice->offset < DOORBELL_BYTES) {
-        snprintf(why, whylen, "doorbell: bytes [%llu, +%d) lie outside region %llu of %zu bytes",
-                 (unsigned long long)slice->offset, DOORBELL_BYTES,
-                 (unsigned long long)slice->region_id, bell.region->size);
-        st = GCD_OUT_OF_RANGE;
+        return GCD_INVALID_ARGUMENT;
     }
+    gcd_binding bell = {0};
+    gcd_status st = gcd_bind_region_bytes(ctx, slice, DOORBELL_BYTES, "doorbell", &bell, why,
+                                          whylen);
     for (int i = 0; i < bound->n && st == GCD_OK; i++) {
-        const gcd_binding *b = &bound->b[i];
-        if (b->region == bell.region && b->lo < bell.hi && bell.lo < b->hi) {
+        if (gcd_bindings_overlap(&bell, &bound->b[i])) {
             snprintf(why, whylen, "doorbell: bytes [%llu, +%d) overlap %s",
                      (unsigned long long)slice->offset, DOORBELL_BYTES, names[i]);
             st = GCD_INVALID_ARGUMENT;
         }
     }
     if (st != GCD_OK) {
-        gcd_regions_release(ctx->daemon->regions, bell.region);
+        if (bell.region != NULL)
+            gcd_regions_release(ctx->daemon->regions, bell.region);
         return st;
     }
     bound->doorbell = bell;
@@ -59,8 +43,6 @@ gcd_status gcd_doorbell_bind(const gcd_bind_ctx *ctx, const Gpucd__V1__RegionSli
 void gcd_doorbell_ring(const gcd_bound *bound, uint64_t id, gcd_status st,
                        const Gpucd__V1__Timings *t)
 {
-    if (bound->doorbell.region == NULL)
-        return;
     doorbell_record *r = (doorbell_record *)(bound->doorbell.region->base + bound->doorbell.lo);
     r->status = (uint32_t)st;
     r->queue_us = t->queue_us;

@@ -21,7 +21,7 @@ gcd_status gcd_doorbell_bind(const gcd_bind_ctx *ctx, const Gpucd__V1__RegionSli
                              const char *const names[], gcd_bound *bound, char *why,
                              size_t whylen);
 
-/* Writes the record, if one is bound: the fields, then the id; then wakes its sleeper. */
+/* Writes the bound record: the fields, then the id; then wakes its sleeper. */
 void gcd_doorbell_ring(const gcd_bound *bound, uint64_t id, gcd_status st,
                        const Gpucd__V1__Timings *t);
 

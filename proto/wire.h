@@ -27,6 +27,12 @@ static inline size_t wire_payload_offset(size_t header_len)
     return (WIRE_PREFIX + header_len + WIRE_ALIGN - 1) / WIRE_ALIGN * WIRE_ALIGN;
 }
 
+/* A compute operation: the schema numbers control operations 10-19, compute ones from 20. */
+static inline int wire_op_is_compute(Gpucd__V1__Request__OpCase op)
+{
+    return op >= GPUCD__V1__REQUEST__OP_CONV2D_FORWARD && op <= GPUCD__V1__REQUEST__OP_NMMO3_ENCODE;
+}
+
 static inline uint64_t wire_align_up(uint64_t n)
 {
     return (n + WIRE_ALIGN - 1) / WIRE_ALIGN * WIRE_ALIGN;
