@@ -501,8 +501,9 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
     rs->timings.total_us = now - t_recv;
     rs->rep.timings = &rs->timings;
     if (bound.doorbell.region != NULL) {
-        gcd_doorbell_ring(&bound, rs->rep.id, st, &rs->timings);
+        /* Counted first: a caller that wakes on its record may read the stats at once. */
         atomic_fetch_add_explicit(&d->stats.doorbells, 1, memory_order_relaxed);
+        gcd_doorbell_ring(&bound, rs->rep.id, st, &rs->timings);
     }
     nng_msg *rep = reply_pack(rs, st == GCD_OK ? bound.out_payload : NULL,
                               st == GCD_OK ? bound.out_payload_len : 0);
