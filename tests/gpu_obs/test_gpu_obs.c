@@ -301,7 +301,7 @@ static void test_multihot_nmmo3(void **state)
 {
     (void)state;
     multihot_case("nmmo3", &gk_nmmo3_layout, 37, GK_NMMO3_OBS_BYTES, 0);
-    /* On one multiprocessor (6 blocks): a full round of groups, then 2 split into 3 parts each. */
+    /* On one multiprocessor (6 blocks of 8-agent groups): 8 groups, so some blocks take two. */
     multihot_case("nmmo3 B=61", &gk_nmmo3_layout, 61, GK_NMMO3_OBS_BYTES, 0);
     multihot_case("nmmo3 B=1", &gk_nmmo3_layout, 1, GK_NMMO3_OBS_BYTES, 0);
     multihot_case("nmmo3 obs unaligned", &gk_nmmo3_layout, 19, GK_NMMO3_OBS_BYTES, 5);
