@@ -96,10 +96,16 @@ static void slot_work(gcd_work *work)
     server_slot *slot = (server_slot *)work;
     gcd_server *srv = slot->srv;
     gcd_stats *st = &srv->d->stats;
+    /*
+     * Refused or run is decided before the request counts as in flight, so
+     * that a request seen in flight is one the daemon runs to its end even if
+     * a drain begins the next moment (read after the count, a drain could
+     * refuse a request already shown as in flight).
+     */
+    const int refuse = atomic_load(&srv->refuse);
     atomic_fetch_sub_explicit(&st->queued, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&st->inflight, 1, memory_order_relaxed);
-    nng_msg *reply = gcd_request_handle(srv->d, slot->msg, slot->t_recv,
-                                        atomic_load(&srv->refuse));
+    atomic_fetch_add_explicit(&st->inflight, 1, memory_order_seq_cst);
+    nng_msg *reply = gcd_request_handle(srv->d, slot->msg, slot->t_recv, refuse);
     slot->msg = NULL;
     atomic_fetch_sub_explicit(&st->inflight, 1, memory_order_relaxed);
     if (reply == NULL) { /* out of memory even for an error reply */

@@ -85,13 +85,13 @@ typedef struct long_call {
     char msg[256]; /* the long request's error message, if it failed */
 } long_call;
 
-/* A linear cross entropy with dE, tensors in a region: about a second of CPU work. */
+/* A linear cross entropy with dE, inputs and dE in a region: about a second of CPU work. */
 static void *run_long_call(void *arg)
 {
     long_call *lc = arg;
     size_t ne = (size_t)(lc->n * lc->d), nc = (size_t)(lc->v * lc->d);
-    size_t off_c = ne * 4, off_t = off_c + nc * 4, off_l = off_t + (size_t)lc->n * 8,
-           off_d = off_l + 64, total = off_d + ne * 4;
+    size_t off_c = ne * 4, off_t = off_c + nc * 4, off_d = off_t + (size_t)lc->n * 8,
+           total = off_d + ne * 4;
     gpucd_region *r;
     lc->rc = gpucd_region_create(lc->c, total, &r);
     if (lc->rc != 0) {
@@ -108,22 +108,16 @@ static void *run_long_call(void *arg)
     gpucd_tensor tE = gpucd_tensor_region(r, 0, GPUCD_F32, 2, TH_SHAPE(lc->n, lc->d));
     gpucd_tensor tC = gpucd_tensor_region(r, off_c, GPUCD_F32, 2, TH_SHAPE(lc->v, lc->d));
     gpucd_tensor tt = gpucd_tensor_region(r, off_t, GPUCD_I64, 1, TH_SHAPE(lc->n));
-    gpucd_tensor tl = gpucd_tensor_region(r, off_l, GPUCD_F32, 0, NULL);
+    /*
+     * The loss comes back in the reply, not in place: a call whose outputs
+     * are all in place would make the client library register its
+     * completion-record region first (a request the test could see in flight
+     * instead of this one), and such a call ends on its record while its
+     * request still counts as in flight for a moment.
+     */
+    float loss = 0.0f;
+    gpucd_tensor tl = gpucd_tensor_host(&loss, GPUCD_F32, 0, NULL);
     gpucd_tensor td = gpucd_tensor_region(r, off_d, GPUCD_F32, 2, TH_SHAPE(lc->n, lc->d));
-    /* One row first: the client library registers its completion-record region
-     * on its first such call, and that registration must not be the request
-     * the test sees in flight. */
-    gpucd_tensor tE1 = gpucd_tensor_region(r, 0, GPUCD_F32, 2, TH_SHAPE(1, lc->d));
-    gpucd_tensor tt1 = gpucd_tensor_region(r, off_t, GPUCD_I64, 1, TH_SHAPE(1));
-    gpucd_tensor td1 = gpucd_tensor_region(r, off_d, GPUCD_F32, 2, TH_SHAPE(1, lc->d));
-    lc->rc = gpucd_linear_cross_entropy(lc->c, NULL, &tE1, &tC, NULL, &tt1, &tl, NULL, &td1, NULL,
-                                        NULL, NULL);
-    if (lc->rc != 0) {
-        snprintf(lc->msg, sizeof lc->msg, "%s", gpucd_errmsg(lc->c));
-        atomic_store(&lc->sending, -1);
-        gpucd_region_destroy(r);
-        return NULL;
-    }
     atomic_store(&lc->sending, 1);
     lc->rc = gpucd_linear_cross_entropy(lc->c, NULL, &tE, &tC, NULL, &tt, &tl, NULL, &td, NULL,
                                         NULL, NULL);
