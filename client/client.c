@@ -293,11 +293,24 @@ int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint6
     atomic_store_explicit(&s->state, GPUCDC_SLOT_WAITING, memory_order_relaxed);
     nng_ctx_recv(s->ctx, s->aio);
     if (bell != NULL && bell_wait(c, s, bell, id, rang)) {
+        /*
+         * The record is the answer, and a record-only request that succeeded
+         * gets no reply: end the receive (an older daemon's reply is then
+         * dropped by nng).  The cancel's callback gives the slot back, unless
+         * the callback ran already (a reply that came first): then it is this
+         * thread's to give back.
+         */
+        nng_aio_cancel(s->aio);
         int expected = GPUCDC_SLOT_WAITING;
         if (atomic_compare_exchange_strong_explicit(&s->state, &expected, GPUCDC_SLOT_DETACHED,
                                                     memory_order_acq_rel, memory_order_acquire))
             return 1; /* the slot is the callback's now */
-        /* The reply came meanwhile: take it as usual. */
+        nng_aio_wait(s->aio);
+        if (nng_aio_result(s->aio) == 0)
+            nng_msg_free(nng_aio_get_msg(s->aio));
+        nng_aio_set_msg(s->aio, NULL);
+        gpucdc_slot_release(s);
+        return 1;
     }
     slot_wait(c, s);
     rv = nng_aio_result(s->aio);

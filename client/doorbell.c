@@ -65,6 +65,7 @@ doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s, gpucdc_
     req->doorbell.region_id = c->bells.region->id;
     req->doorbell.offset = (uint64_t)s->bell * DOORBELL_BYTES;
     req->msg.doorbell = &req->doorbell;
+    req->msg.record_only = 1; /* the caller ends on the record: a success needs no reply */
     return gpucdc_doorbell_record(c, s->bell);
 }
 

@@ -43,7 +43,8 @@ uint64_t gpucdc_now_us(void);
 enum {
     GPUCDC_SLOT_WAITING,  /* started, not finished */
     GPUCDC_SLOT_DONE,     /* finished: the caller takes the result */
-    GPUCDC_SLOT_DETACHED, /* the caller left on the doorbell: the callback drops the reply */
+    GPUCDC_SLOT_DETACHED, /* the caller left on the doorbell: the callback ends the slot's
+                             canceled receive (or drops an older daemon's reply) */
 };
 
 /* One nng context and its aio, used by one call at a time. */
@@ -172,7 +173,7 @@ int gpucdc_reply_accept(gpucdc_request *req, const gpucdc_reply *r);
 
 /* Takes a free context, opening a new one when every context is in use (client.c). */
 int gpucdc_slot_acquire(gpucd_client *c, gpucdc_slot **out);
-/* Gives a context back; a detached slot's callback does it when its reply comes. */
+/* Gives a context back; a detached slot's callback does it when its receive ends. */
 void gpucdc_slot_release(gpucdc_slot *s);
 
 /*
@@ -180,9 +181,9 @@ void gpucdc_slot_release(gpucdc_slot *s);
  * timeout (client.c); releases the slot.  With bell (the slot's record, the
  * request naming it), waits on the record (polling spin_us, then asleep)
  * while the reply travels: when it shows request id with status OK first,
- * returns 1 with *reply NULL and the record in *rang, and the slot's
- * callback drops the reply when it comes.  Else 0 with the reply, or a
- * negative code.
+ * returns 1 with *reply NULL and the record in *rang, and cancels the
+ * receive (the request is record-only: no reply comes).  Else 0 with the
+ * reply, or a negative code.
  */
 int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint64_t id,
                          struct doorbell_record *bell, struct doorbell_record *rang,

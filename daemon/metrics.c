@@ -168,8 +168,10 @@ static void load_and_traffic(strbuf *b, gcd_stats *s)
              "Rows of all batches run (rows / batches is the mean batch size).",
              load_u(&s->batch_rows));
     single_u(b, "gpucd_doorbells_total", "counter",
-             "Completion records written into clients' shared memory before their replies.",
-             load_u(&s->doorbells));
+             "Completion records written into clients' shared memory.", load_u(&s->doorbells));
+    single_u(b, "gpucd_record_answers_total", "counter",
+             "Requests answered by their completion record alone, with no reply sent.",
+             load_u(&s->record_answers));
 }
 
 static void memory(strbuf *b, gcd_daemon *d)

@@ -353,6 +353,8 @@ static gcd_status dispatch(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *re
                                               "compute operations only");
     if (req->doorbell != NULL && !gcd_decode_is_compute(req))
         return fail(rs, GCD_INVALID_ARGUMENT, "doorbell applies to compute operations only");
+    if (req->record_only && req->doorbell == NULL)
+        return fail(rs, GCD_INVALID_ARGUMENT, "record_only needs a doorbell");
     switch (req->op_case) {
     case GPUCD__V1__REQUEST__OP_HELLO:
         return do_hello(d, rs);
@@ -420,9 +422,11 @@ static void reply_state_free(reply_state *rs)
     free(rs->stats_json);
 }
 
-nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int refuse)
+nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int refuse,
+                            int *by_record)
 {
     uint64_t t_start = gcd_now_us();
+    *by_record = 0;
     reply_state *rs = calloc(1, sizeof *rs);
     if (rs == NULL) {
         nng_msg_free(msg);
@@ -500,13 +504,18 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
     rs->timings.queue_us = t_start - t_recv + rs->backend_wait_us;
     rs->timings.total_us = now - t_recv;
     rs->rep.timings = &rs->timings;
+    /* A doorbell is bound only after the request decoded, so req is there. */
+    *by_record = bound.doorbell.region != NULL && st == GCD_OK && req->record_only;
     if (bound.doorbell.region != NULL) {
         /* Counted first: a caller that wakes on its record may read the stats at once. */
         atomic_fetch_add_explicit(&d->stats.doorbells, 1, memory_order_relaxed);
+        if (*by_record)
+            atomic_fetch_add_explicit(&d->stats.record_answers, 1, memory_order_relaxed);
         gcd_doorbell_ring(&bound, rs->rep.id, st, &rs->timings);
     }
-    nng_msg *rep = reply_pack(rs, st == GCD_OK ? bound.out_payload : NULL,
-                              st == GCD_OK ? bound.out_payload_len : 0);
+    nng_msg *rep = *by_record ? NULL
+                              : reply_pack(rs, st == GCD_OK ? bound.out_payload : NULL,
+                                           st == GCD_OK ? bound.out_payload_len : 0);
 
     gcd_unbind(&ctx, &bound, st == GCD_OK);
     if (req != NULL)

@@ -8,12 +8,15 @@
 #include "daemon.h"
 
 /*
- * Handles req (consumed) and returns the reply, or NULL only when not even an
- * error reply could be allocated.  t_recv is when the message arrived; the
- * difference to now is the request's queue time.  When refuse is true the
- * request is answered UNAVAILABLE without being run (the daemon is draining).
+ * Handles req (consumed) and returns the reply to send.  NULL when there is
+ * none: *by_record is 1 when the request succeeded and its completion record
+ * was its whole answer (Request.record_only), else 0 (not even an error reply
+ * could be allocated).  t_recv is when the message arrived; the difference to
+ * now is the request's queue time.  When refuse is true the request is
+ * answered UNAVAILABLE without being run (the daemon is draining).
  */
-nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *req, uint64_t t_recv, int refuse);
+nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *req, uint64_t t_recv, int refuse,
+                            int *by_record);
 
 /* Formats the daemon's counters as one JSON object; the caller frees it. */
 char *gcd_stats_json(gcd_daemon *d);

@@ -105,13 +105,15 @@ static void slot_work(gcd_work *work)
     const int refuse = atomic_load(&srv->refuse);
     atomic_fetch_sub_explicit(&st->queued, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&st->inflight, 1, memory_order_seq_cst);
-    nng_msg *reply = gcd_request_handle(srv->d, slot->msg, slot->t_recv, refuse);
+    int by_record;
+    nng_msg *reply = gcd_request_handle(srv->d, slot->msg, slot->t_recv, refuse, &by_record);
     slot->msg = NULL;
     atomic_fetch_sub_explicit(&st->inflight, 1, memory_order_relaxed);
-    if (reply == NULL) { /* out of memory even for an error reply */
-        gcd_log_error("no memory for a reply; the client will time out");
+    if (reply == NULL) { /* answered by its completion record, or out of memory */
+        if (!by_record)
+            gcd_log_error("no memory for a reply; the client will time out");
         atomic_fetch_sub(&srv->busy, 1);
-        slot_recv(slot);
+        slot_recv(slot); /* a REP context may receive again without replying */
         return;
     }
     slot->state = SLOT_SEND;

@@ -66,6 +66,7 @@ typedef struct gcd_stats {
     atomic_int_fast64_t clients;
     atomic_uint_fast64_t batches, batch_rows;
     atomic_uint_fast64_t doorbells; /* completion records written (proto/doorbell_record.h) */
+    atomic_uint_fast64_t record_answers; /* of those, requests answered by the record alone */
     uint64_t start_us;
 } gcd_stats;
 

@@ -123,7 +123,9 @@ char *gcd_stats_json(gcd_daemon *d)
                   load_i(&s->inflight), load_i(&s->queued), load_i(&s->clients),
                   load(&s->bytes_in), load(&s->bytes_out));
     strbuf_printf(&b, "\"batches\":%" PRIu64 ",\"batch_rows\":%" PRIu64 ",\"doorbells\":%" PRIu64
-                      ",", load(&s->batches), load(&s->batch_rows), load(&s->doorbells));
+                      ",\"record_answers\":%" PRIu64 ",",
+                  load(&s->batches), load(&s->batch_rows), load(&s->doorbells),
+                  load(&s->record_answers));
     strbuf_printf(&b, "\"spin_us\":%" PRIu64 ",", d->cfg.spin_us);
     if (d->cpu_latency.held)
         strbuf_printf(&b, "\"cpu_latency_us\":%" PRId64 ",", d->cpu_latency.us);

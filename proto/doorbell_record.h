@@ -18,7 +18,7 @@
  * sleeper sets `sleeper` to 1, checks id again, and sleeps while `sleeper`
  * is 1 (doorbell_sleep): of the two orders, either it sees the id or the
  * daemon sees it asleep.  The reply still follows on the socket, with the
- * same status.
+ * same status, unless the request was record_only and succeeded.
  */
 #ifndef GPUCD_DOORBELL_RECORD_H
 #define GPUCD_DOORBELL_RECORD_H

@@ -2,7 +2,8 @@
  * The completion record (proto/doorbell_record.h) against a fake daemon that
  * maps the client's regions as the real one does and then writes records as
  * each test says, and sometimes never replies: a client must end a call on
- * its own record (the reply may never come), whether it polls or sleeps on
+ * its own record (a record-only request's success gets no reply), give its
+ * context back at once, whether it polls or sleeps on
  * the record (woken by the daemon), never on another request's; wait for
  * the reply of a request that failed (the message is in it), woken by the
  * reply when no record comes; and name no record when an output must come
@@ -110,6 +111,7 @@ static fake_action bell_handler(void *arg, const Gpucd__V1__Request *req,
     if (st->mode == EXPECT_NO_DOORBELL) {
         static uint8_t zeros[2 * 59 * 11 * 15 * 4];
         HCHECK(st, bell == NULL);
+        HCHECK(st, !req->record_only);
         fake_reply_ok(out, req);
         fake_reply_output_payload(out, 0);
         fake_reply_payload(out, zeros, sizeof zeros);
@@ -119,6 +121,7 @@ static fake_action bell_handler(void *arg, const Gpucd__V1__Request *req,
     HCHECK(st, bell != NULL);
     if (bell == NULL)
         return FAKE_DISCONNECT;
+    HCHECK(st, req->record_only); /* a success is answered by the record alone */
     HCHECK(st, bell->region_id >= 1 && bell->region_id <= st->next_id);
     HCHECK(st, bell->offset % DOORBELL_BYTES == 0);
     HCHECK(st, bell->offset + DOORBELL_BYTES <= st->sizes[bell->region_id]);
@@ -206,6 +209,31 @@ static void test_ends_on_its_record(void **state)
     fixture_close(&f);
 }
 
+/*
+ * A record-only request gets no reply, so a context must come back when its
+ * call ends on the record, not wait for a reply (here for the 10 s timeout):
+ * three times as many calls as the library has records, one after the other,
+ * each ending on its record at once (a context still waiting would have left
+ * a later call without a record, which the fake daemon refuses).
+ */
+static void test_contexts_come_back_without_replies(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_open(&f, 0, 10000);
+    f.st.mode = RING_NO_REPLY;
+    enum { CALLS = 3 * 4096 / DOORBELL_BYTES };
+    for (int i = 0; i < CALLS; i++) {
+        gpucd_timings t;
+        int rv = gpucd_multihot_encode(f.c, NULL, &f.obs, &f.out, &t);
+        if (rv != 0)
+            fail_msg("call %d: %s", i, gpucd_errmsg(f.c));
+        assert_true(t.round_trip_us < 1000000);
+    }
+    assert_int_equal(f.st.computes, CALLS);
+    fixture_close(&f);
+}
+
 static void test_never_ends_on_another_record(void **state)
 {
     (void)state;
@@ -289,6 +317,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ends_on_its_record),
+        cmocka_unit_test(test_contexts_come_back_without_replies),
         cmocka_unit_test(test_never_ends_on_another_record),
         cmocka_unit_test(test_failure_waits_for_the_message),
         cmocka_unit_test(test_sleeping_caller_is_woken_by_the_record),

@@ -85,6 +85,9 @@ int main(int argc, char **argv)
     bell.offset = 64;
     conv.doorbell = &bell;
     rc |= seed_write(dir, "conv2d_forward_doorbell", &conv, payload, sizeof payload);
+    conv.record_only = 1;
+    rc |= seed_write(dir, "conv2d_forward_record_only", &conv, payload, sizeof payload);
+    conv.record_only = 0;
     conv.doorbell = NULL;
 
     /* embedding_forward: 4 u8 indices, table (8, 4), out inline. */

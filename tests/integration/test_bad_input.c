@@ -423,6 +423,15 @@ static void test_hostile_doorbell(void **state)
 
     conv_req c;
     conv_req_init(&c);
+    /* record_only: only with a record to answer by */
+    c.req.record_only = 1;
+    expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "record_only needs a doorbell");
+    ping_req.doorbell = NULL;
+    ping_req.record_only = 1;
+    expect(th_raw_call(&raw_, &ping_req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "record_only needs a doorbell");
+    c.req.record_only = 0;
     c.req.doorbell = &bell;
     bell.region_id = 999999;
     expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__NOT_FOUND,
@@ -467,13 +476,15 @@ static void test_hostile_doorbell(void **state)
     assert_true(words[7] > 0);
     gpucd__v1__reply__free_unpacked(rep, NULL);
 
-    /* A request that fails while running: the record says so, as the reply does. */
+    /* A request that fails while running: the record says so, as the reply does,
+       also for a record-only request (its message is in the reply). */
     multihot_req m;
     multihot_req_init(&m);
     region_base_[1707 + 5] = 200; /* agent 1, a value no feature has */
     bell.offset = 262144; /* past the multihot output */
     rec = region_base_ + bell.offset;
     m.req.doorbell = &bell;
+    m.req.record_only = 1;
     m.req.id = 0x55aa;
     expect(th_raw_call(&raw_, &m.req, NULL, 0), GPUCD__V1__STATUS__OUT_OF_RANGE, "agent 1");
     memcpy(words, rec, sizeof words);

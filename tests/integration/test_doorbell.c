@@ -26,17 +26,22 @@ static th_daemon daemon_;
 
 enum { B = 4, OBS_BYTES = B * 1707, OUT_FLOATS = B * 59 * 11 * 15 };
 
-/* The daemon's count of completion records written, from its stats. */
-static uint64_t doorbells_rung(gpucd_client *c)
+/* One of the daemon's counters, from its stats. */
+static uint64_t stat_of(gpucd_client *c, const char *key)
 {
-    char *json = NULL;
+    char *json = NULL, quoted[64];
     assert_int_equal(gpucd_stats_json(c, &json), 0);
-    const char *at = strstr(json, "\"doorbells\":");
+    snprintf(quoted, sizeof quoted, "\"%s\":", key);
+    const char *at = strstr(json, quoted);
     assert_non_null(at);
-    uint64_t n = strtoull(at + strlen("\"doorbells\":"), NULL, 10);
+    uint64_t n = strtoull(at + strlen(quoted), NULL, 10);
     free(json);
     return n;
 }
+
+/* Completion records written, and of those the requests they alone answered (no reply). */
+static uint64_t doorbells_rung(gpucd_client *c) { return stat_of(c, "doorbells"); }
+static uint64_t record_answers(gpucd_client *c) { return stat_of(c, "record_answers"); }
 
 static gpucd_client *connect_spinning(int spin_us)
 {
@@ -91,10 +96,11 @@ static void test_polling_client_ends_on_the_record(void **state)
     gpucd_client *c = connect_spinning(100000);
     gpucd_region *r;
     assert_int_equal(gpucd_region_create(c, region_bytes(1), &r), 0);
-    const uint64_t before = doorbells_rung(c);
+    const uint64_t before = doorbells_rung(c), answered = record_answers(c);
     for (int i = 0; i < 20; i++)
         encode_and_check(c, r, 0);
     assert_int_equal(doorbells_rung(c) - before, 20);
+    assert_int_equal(record_answers(c) - answered, 20); /* no reply sent for any */
     /* The library's doorbell region is its own: the caller sees only r. */
     gpucd_region_info *list;
     size_t n;
@@ -113,10 +119,11 @@ static void test_sleeping_client_and_outputs_in_the_reply(void **state)
     gpucd_client *c = connect_spinning(0);
     gpucd_region *r;
     assert_int_equal(gpucd_region_create(c, region_bytes(1), &r), 0);
-    uint64_t before = doorbells_rung(c);
+    uint64_t before = doorbells_rung(c), answered = record_answers(c);
     for (int i = 0; i < 5; i++)
         encode_and_check(c, r, 0);
     assert_int_equal(doorbells_rung(c) - before, 5);
+    assert_int_equal(record_answers(c) - answered, 5);
     assert_int_equal(gpucd_region_destroy(r), 0);
     gpucd_close(c);
 
@@ -128,8 +135,10 @@ static void test_sleeping_client_and_outputs_in_the_reply(void **state)
     gpucd_tensor tobs = gpucd_tensor_host(obs, GPUCD_U8, 2, TH_SHAPE(B, 1707));
     gpucd_tensor tout = gpucd_tensor_host(out, GPUCD_F32, 4, TH_SHAPE(B, 59, 11, 15));
     before = doorbells_rung(c);
+    answered = record_answers(c);
     assert_int_equal(gpucd_multihot_encode(c, NULL, &tobs, &tout, NULL), 0);
     assert_int_equal(doorbells_rung(c), before);
+    assert_int_equal(record_answers(c), answered);
     free(obs);
     free(out);
     gpucd_close(c);
@@ -171,12 +180,13 @@ static void test_failure_still_brings_its_message(void **state)
     obs[1707 * 3 + 5] = 200; /* agent 3: a value no feature has */
     gpucd_tensor tobs = gpucd_tensor_region(r, 0, GPUCD_U8, 2, TH_SHAPE(B, 1707));
     gpucd_tensor tout = gpucd_tensor_region(r, 8192, GPUCD_F32, 4, TH_SHAPE(B, 59, 11, 15));
-    const uint64_t before = doorbells_rung(c);
+    const uint64_t before = doorbells_rung(c), answered = record_answers(c);
     int rv = gpucd_multihot_encode(c, NULL, &tobs, &tout, NULL);
     assert_true(rv < 0);
     if (strstr(gpucd_errmsg(c), "agent 3") == NULL)
         fail_msg("the error does not name the agent: '%s'", gpucd_errmsg(c));
     assert_int_equal(doorbells_rung(c) - before, 1);
+    assert_int_equal(record_answers(c), answered); /* a failure is replied to, with its message */
     /* And the connection goes on. */
     encode_and_check(c, r, 0);
     assert_int_equal(gpucd_region_destroy(r), 0);
