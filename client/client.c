@@ -64,6 +64,15 @@ void gpucd_close(gpucd_client *c)
     free(c);
 }
 
+/* nng thread: a connection to the daemon is up (the first, or one after a drop). */
+static void connection_added(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    (void)p;
+    (void)ev;
+    gpucd_client *c = arg;
+    atomic_fetch_add_explicit(&c->connections, 1, memory_order_release);
+}
+
 int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out)
 {
     if (out == NULL)
@@ -100,6 +109,9 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
     c->local = strncmp(url, "ipc://", 6) == 0 || strncmp(url, "inproc://", 9) == 0;
     c->client_name = strdup(opts->client_name != NULL ? opts->client_name : "libgpucd");
     atomic_init(&c->next_id, 1);
+    atomic_init(&c->connections, 0);
+    atomic_init(&c->bells.connection, 0);
+    atomic_init(&c->bells.region, NULL);
     if (c->client_name == NULL) {
         free(c);
         return gpucdc_fail(GPUCD_ENOMEM, "gpucd_connect: out of memory");
@@ -121,7 +133,8 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
      * sending it again on the next connection.
      */
     if ((rv = nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) != 0 ||
-        (rv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, opts->max_reply_bytes)) != 0)
+        (rv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, opts->max_reply_bytes)) != 0 ||
+        (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_ADD_POST, connection_added, c)) != 0)
         goto fail;
     what = url;
     if ((rv = nng_dialer_create(&c->dialer, c->sock, url)) != 0)
@@ -149,8 +162,8 @@ static void slot_done(void *arg)
     int expected = GPUCDC_SLOT_WAITING;
     if (atomic_compare_exchange_strong_explicit(&s->state, &expected, GPUCDC_SLOT_DONE,
                                                 memory_order_seq_cst, memory_order_seq_cst)) {
-        if (s->bell >= 0) /* the caller may sleep on its record: the reply came instead */
-            doorbell_wake(gpucdc_doorbell_record(s->client, s->bell));
+        if (s->bell_rec != NULL) /* the caller may sleep on its record: the reply came instead */
+            doorbell_wake(s->bell_rec);
         return;
     }
     if (nng_aio_result(s->aio) == 0)

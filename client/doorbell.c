@@ -3,7 +3,8 @@
  * outputs are written in place ends when the daemon stores its record (seen
  * by polling, or woken from a sleep on it), not when the reply has crossed
  * the socket (proto/doorbell_record.h says why).  One page of records per
- * client, registered as a region at the first call that can use it; each
+ * client, registered as a region at the first call that can use it (again
+ * after a reconnect: the daemon may be a new one); each
  * slot (nng context) keeps one record for good, so two calls in flight never
  * share one.
  */
@@ -25,30 +26,44 @@ static bool outputs_in_place(const gpucdc_request *req)
     return req->noutputs > 0;
 }
 
-/* Makes the records' region once; a failure leaves calls on the reply alone, for good. */
+/*
+ * Whether the records exist on the current connection's daemon: made at the
+ * first call that can use them, and made anew after a reconnect (the daemon
+ * may have restarted and know no region of ours; the earlier records stay
+ * mapped until close, since a caller may still be reading one).  A failure
+ * leaves calls on their replies until the next connection.
+ */
 static bool bells_ready(gpucd_client *c)
 {
-    int state = atomic_load_explicit(&c->bells.state, memory_order_acquire);
-    if (state != BELLS_UNTRIED)
-        return state == BELLS_READY;
+    const unsigned conn = atomic_load_explicit(&c->connections, memory_order_acquire);
+    if (atomic_load_explicit(&c->bells.connection, memory_order_acquire) == conn)
+        return atomic_load_explicit(&c->bells.state, memory_order_acquire) == BELLS_READY;
     pthread_mutex_lock(&c->bells.lock);
-    if (atomic_load_explicit(&c->bells.state, memory_order_relaxed) == BELLS_UNTRIED) {
+    if (atomic_load_explicit(&c->bells.connection, memory_order_relaxed) != conn) {
         gpucd_region *r;
         /* Its own error message must not outlive this: the call that made it goes on. */
         int rv = gpucd_region_create(c, BELLS_BYTES, &r);
         gpucdc_clear_error();
-        if (rv == 0)
-            c->bells.region = r;
+        if (rv == 0) {
+            gpucd_region *old = atomic_load_explicit(&c->bells.region, memory_order_relaxed);
+            if (old != NULL) {
+                old->next_retired = c->bells.retired;
+                c->bells.retired = old;
+            }
+            atomic_store_explicit(&c->bells.region, r, memory_order_release);
+        }
         atomic_store_explicit(&c->bells.state, rv == 0 ? BELLS_READY : BELLS_UNAVAILABLE,
                               memory_order_release);
+        atomic_store_explicit(&c->bells.connection, conn, memory_order_release);
     }
-    state = atomic_load_explicit(&c->bells.state, memory_order_relaxed);
+    const int state = atomic_load_explicit(&c->bells.state, memory_order_relaxed);
     pthread_mutex_unlock(&c->bells.lock);
     return state == BELLS_READY;
 }
 
 doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s, gpucdc_request *req)
 {
+    s->bell_rec = NULL;
     /* Compute operations only: the daemon refuses a record on any other. */
     if (!c->local || !wire_op_is_compute(req->msg.op_case) || !outputs_in_place(req) ||
         !bells_ready(c))
@@ -61,29 +76,33 @@ doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s, gpucdc_
         if (s->bell < 0)
             return NULL; /* more slots than records: this one waits for its replies */
     }
+    const gpucd_region *r = atomic_load_explicit(&c->bells.region, memory_order_acquire);
     gpucd__v1__region_slice__init(&req->doorbell);
-    req->doorbell.region_id = c->bells.region->id;
+    req->doorbell.region_id = r->id;
     req->doorbell.offset = (uint64_t)s->bell * DOORBELL_BYTES;
     req->msg.doorbell = &req->doorbell;
     req->msg.record_only = 1; /* the caller ends on the record: a success needs no reply */
-    return gpucdc_doorbell_record(c, s->bell);
-}
-
-doorbell_record *gpucdc_doorbell_record(gpucd_client *c, int bell)
-{
-    return (doorbell_record *)((char *)c->bells.region->data + (size_t)bell * DOORBELL_BYTES);
+    s->bell_rec = (doorbell_record *)((char *)r->data + (size_t)s->bell * DOORBELL_BYTES);
+    return s->bell_rec;
 }
 
 uint64_t gpucdc_doorbell_region_id(gpucd_client *c)
 {
-    return atomic_load_explicit(&c->bells.state, memory_order_acquire) == BELLS_READY
-               ? c->bells.region->id
+    const gpucd_region *r = atomic_load_explicit(&c->bells.region, memory_order_acquire);
+    return atomic_load_explicit(&c->bells.state, memory_order_acquire) == BELLS_READY && r != NULL
+               ? r->id
                : 0;
 }
 
 void gpucdc_doorbell_close(gpucd_client *c)
 {
-    if (c->bells.region != NULL)
-        gpucdc_region_forget(c->bells.region);
+    gpucd_region *r = atomic_load_explicit(&c->bells.region, memory_order_relaxed);
+    if (r != NULL)
+        gpucdc_region_forget(r);
+    for (r = c->bells.retired; r != NULL;) {
+        gpucd_region *next = r->next_retired;
+        gpucdc_region_forget(r);
+        r = next;
+    }
     pthread_mutex_destroy(&c->bells.lock);
 }

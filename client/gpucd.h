@@ -181,7 +181,9 @@ GPUCD_EXPORT int gpucd_default_url(char *buf, size_t len);
  * and inproc:// for a server in the same process) and stores the client in *out.  opts may be NULL for the defaults.  Fails with
  * GPUCD_ECONNREFUSED when nothing listens at the URL.  Should the connection
  * drop later, calls in flight fail with GPUCD_ECLOSED and the client
- * reconnects by itself; regions and resident tensors do not survive that.
+ * reconnects by itself; regions and resident tensors do not survive that
+ * (make them again), the library's own completion records are made again
+ * by itself.
  */
 GPUCD_EXPORT int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out);
 

@@ -54,6 +54,7 @@ typedef struct gpucdc_slot {
     atomic_int state; /* GPUCDC_SLOT_*: set by the caller and the aio's callback */
     struct gpucd_client *client;
     int bell; /* its completion record in the client's doorbell region; -1: none */
+    struct doorbell_record *bell_rec; /* the current call's record, NULL when it names none */
     struct gpucdc_slot *next_free;
     struct gpucdc_slot *next_all;
 } gpucdc_slot;
@@ -62,7 +63,9 @@ typedef struct gpucdc_slot {
 typedef struct gpucdc_bells {
     pthread_mutex_t lock; /* held while creating */
     atomic_int state;     /* 0 not tried, 1 ready, -1 unavailable (no region could be made) */
-    struct gpucd_region *region;
+    atomic_uint connection; /* the connection (gpucd_client.connections) state is about */
+    _Atomic(struct gpucd_region *) region; /* the records of that connection's daemon */
+    struct gpucd_region *retired; /* earlier connections' records, mapped until close */
     int next; /* the next record to give a new slot */
 } gpucdc_bells;
 
@@ -77,6 +80,7 @@ struct gpucd_client {
     pthread_mutex_t lock; /* guards the slot lists; never held while waiting */
     gpucdc_slot *free_slots;
     gpucdc_slot *all_slots;
+    atomic_uint connections; /* connections made so far: the daemon may be another after a new one */
     gpucdc_bells bells;
 };
 
@@ -87,6 +91,7 @@ struct gpucd_region {
     void *data;
     size_t size;
     uint64_t id;
+    struct gpucd_region *next_retired; /* doorbell.c's list of earlier records */
 };
 
 /* Unmaps and frees a region without asking the daemon (whose connection is gone). */
@@ -195,15 +200,14 @@ int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint6
  * Names slot s's completion record in req when the call can end on it: a
  * compute operation of a local client whose every output is written in
  * place (a region or an existing resident tensor), once the records exist
- * (made at the first such call).  Returns the record, or NULL.
+ * on the current connection's daemon (made at the first such call on it).
+ * Returns the record (also in s->bell_rec), or NULL.
  */
 struct doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s,
                                                gpucdc_request *req);
-/* Record number bell of the client's records (which exist). */
-struct doorbell_record *gpucdc_doorbell_record(gpucd_client *c, int bell);
 /* The id of the client's doorbell region, 0 if it has none (hidden from regions_list). */
 uint64_t gpucdc_doorbell_region_id(gpucd_client *c);
-/* Unmaps the records (the socket is closed: the daemon dropped the region). */
+/* Unmaps every region of records (the socket is closed: the daemon dropped them). */
 void gpucdc_doorbell_close(gpucd_client *c);
 
 #endif /* GPUCDC_INTERNAL_H */

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -231,6 +232,56 @@ static void test_concurrent_calls(void **state)
     gpucd_close(c);
 }
 
+/*
+ * A daemon restarted at the same URL (a supervisor's restart): the client
+ * reconnects by itself, and once the caller has made a new region its calls
+ * end on records again, the library's records made anew on the new daemon.
+ */
+static void test_records_after_a_daemon_restart(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/gpucd-restart-XXXXXX", url[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(url, sizeof url, "ipc://%s/fixed.sock", dir);
+    const char *extra[] = {"--listen", url, NULL};
+    th_daemon first;
+    th_daemon_start(&first, extra);
+    gpucd_options o;
+    gpucd_options_init(&o);
+    o.timeout_ms = 5000;
+    gpucd_client *c = NULL;
+    assert_int_equal(gpucd_connect(url, &o, &c), 0);
+    gpucd_region *r;
+    assert_int_equal(gpucd_region_create(c, region_bytes(1), &r), 0);
+    encode_and_check(c, r, 0);
+    assert_int_equal(th_daemon_stop(&first), 0);
+
+    th_daemon second;
+    th_daemon_start(&second, extra);
+    int rv = -1;
+    for (int i = 0; i < 200 && rv != 0; i++) { /* the client redials on its own */
+        rv = gpucd_ping(c, NULL);
+        if (rv != 0)
+            usleep(20000);
+    }
+    if (rv != 0)
+        fail_msg("no ping through the restarted daemon: %s", gpucd_errmsg(c));
+    /* The old region is unknown to the new daemon; destroying it still unmaps it. */
+    assert_int_equal(gpucd_region_destroy(r), GPUCD_ENOT_FOUND);
+    assert_int_equal(gpucd_region_create(c, region_bytes(1), &r), 0);
+    const uint64_t before = doorbells_rung(c);
+    for (int i = 0; i < 3; i++)
+        encode_and_check(c, r, 0);
+    assert_int_equal(doorbells_rung(c) - before, 3);
+    assert_int_equal(gpucd_region_destroy(r), 0);
+    gpucd_close(c);
+    assert_int_equal(th_daemon_stop(&second), 0);
+    char sock[200];
+    snprintf(sock, sizeof sock, "%s/fixed.sock", dir);
+    unlink(sock);
+    rmdir(dir);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -258,6 +309,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_control_operations_name_no_record),
         cmocka_unit_test(test_failure_still_brings_its_message),
         cmocka_unit_test(test_concurrent_calls),
+        cmocka_unit_test(test_records_after_a_daemon_restart),
     };
     return th_run_group_tests(tests, group_setup, group_teardown);
 }
