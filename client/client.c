@@ -329,6 +329,16 @@ int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint6
     rv = nng_aio_result(s->aio);
     *reply = rv == 0 ? nng_aio_get_msg(s->aio) : NULL;
     nng_aio_set_msg(s->aio, NULL);
+    if (rv != 0 && bell != NULL) {
+        /*
+         * Given up on (a timeout, a lost connection), the request may still
+         * run and store its record later: over the record of this slot's next
+         * call, which, being record-only, would then wait for a reply that
+         * never comes.  The slot takes another record; this one is left alone.
+         */
+        s->bell = -1;
+        s->bell_rec = NULL;
+    }
     gpucdc_slot_release(s);
     if (rv != 0)
         return gpucdc_fail_nng(rv, op, "waiting for the reply");

@@ -34,6 +34,8 @@ typedef enum bell_mode {
     RING_FAILED,         /* the record says INVALID_ARGUMENT; so does the reply, with a message */
     REPLY_FAILED_LATE,   /* no record; 30 ms later an INVALID_ARGUMENT reply */
     EXPECT_NO_DOORBELL,  /* the request must name no record; an OK reply with the output */
+    STALE_AFTER_TIMEOUT, /* first call: nothing (it times out); second: its record, then the
+                            first's, late, where the first named it */
 } bell_mode;
 
 enum { MAX_REGIONS = 4 };
@@ -45,6 +47,8 @@ typedef struct bell_state {
     size_t sizes[MAX_REGIONS + 1];
     uint64_t next_id;
     int computes;
+    Gpucd__V1__RegionSlice first_bell; /* STALE_AFTER_TIMEOUT: the first call's record */
+    uint64_t first_id;
 } bell_state;
 
 #define HCHECK(st, cond)                                                                    \
@@ -143,6 +147,15 @@ static fake_action bell_handler(void *arg, const Gpucd__V1__Request *req,
     case RING_OTHER_ID:
         ring(st, bell, req->id + 1000, GPUCD__V1__STATUS__OK);
         return FAKE_SILENT;
+    case STALE_AFTER_TIMEOUT:
+        if (st->computes == 1) {
+            st->first_bell = *bell;
+            st->first_id = req->id;
+            return FAKE_SILENT;
+        }
+        ring(st, bell, req->id, GPUCD__V1__STATUS__OK);
+        ring(st, &st->first_bell, st->first_id, GPUCD__V1__STATUS__OK); /* the first, done late */
+        return FAKE_SILENT;
     default:
         ring(st, bell, req->id, GPUCD__V1__STATUS__INVALID_ARGUMENT);
         fake_reply_status(out, req, GPUCD__V1__STATUS__INVALID_ARGUMENT,
@@ -234,6 +247,25 @@ static void test_contexts_come_back_without_replies(void **state)
     fixture_close(&f);
 }
 
+/*
+ * A call given up on (here a timeout) may still end in the daemon and store
+ * its record later; the next call on that context must not have its record
+ * overwritten by it (it would wait for a reply that never comes): it takes
+ * another record.
+ */
+static void test_late_record_of_a_timed_out_call(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_open(&f, 0, 300);
+    f.st.mode = STALE_AFTER_TIMEOUT;
+    assert_int_equal(gpucd_multihot_encode(f.c, NULL, &f.obs, &f.out, NULL), GPUCD_ETIMEDOUT);
+    int rv = gpucd_multihot_encode(f.c, NULL, &f.obs, &f.out, NULL);
+    if (rv != 0)
+        fail_msg("the call after a timed-out one: %s", gpucd_errmsg(f.c));
+    fixture_close(&f);
+}
+
 static void test_never_ends_on_another_record(void **state)
 {
     (void)state;
@@ -318,6 +350,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ends_on_its_record),
         cmocka_unit_test(test_contexts_come_back_without_replies),
+        cmocka_unit_test(test_late_record_of_a_timed_out_call),
         cmocka_unit_test(test_never_ends_on_another_record),
         cmocka_unit_test(test_failure_waits_for_the_message),
         cmocka_unit_test(test_sleeping_caller_is_woken_by_the_record),
