@@ -36,10 +36,15 @@ static bool outputs_in_place(const gpucdc_request *req)
 static bool bells_ready(gpucd_client *c)
 {
     const unsigned conn = atomic_load_explicit(&c->connections, memory_order_acquire);
-    if (atomic_load_explicit(&c->bells.connection, memory_order_acquire) == conn)
-        return atomic_load_explicit(&c->bells.state, memory_order_acquire) == BELLS_READY;
+    /* connection first: its store comes after the state's */
+    if (atomic_load_explicit(&c->bells.connection, memory_order_acquire) == conn) {
+        const int state = atomic_load_explicit(&c->bells.state, memory_order_acquire);
+        if (state != BELLS_UNTRIED)
+            return state == BELLS_READY;
+    }
     pthread_mutex_lock(&c->bells.lock);
-    if (atomic_load_explicit(&c->bells.connection, memory_order_relaxed) != conn) {
+    if (atomic_load_explicit(&c->bells.state, memory_order_relaxed) == BELLS_UNTRIED ||
+        atomic_load_explicit(&c->bells.connection, memory_order_relaxed) != conn) {
         gpucd_region *r;
         /* Its own error message must not outlive this: the call that made it goes on. */
         int rv = gpucd_region_create(c, BELLS_BYTES, &r);
