@@ -337,7 +337,6 @@ int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint6
          * never comes.  The slot takes another record; this one is left alone.
          */
         s->bell = -1;
-        s->bell_rec = NULL;
     }
     gpucdc_slot_release(s);
     if (rv != 0)

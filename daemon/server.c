@@ -104,7 +104,7 @@ static void slot_work(gcd_work *work)
      */
     const int refuse = atomic_load(&srv->refuse);
     atomic_fetch_sub_explicit(&st->queued, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&st->inflight, 1, memory_order_seq_cst);
+    atomic_fetch_add_explicit(&st->inflight, 1, memory_order_relaxed); /* after the load above */
     int by_record;
     nng_msg *reply = gcd_request_handle(srv->d, slot->msg, slot->t_recv, refuse, &by_record);
     slot->msg = NULL;
