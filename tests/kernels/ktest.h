@@ -144,6 +144,23 @@ static inline double ktest_rel_err(const ktensor *out, const double *ref)
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+/*
+ * ||out - ref|| / ||mag||, where mag holds each element's sum of |terms|: the error a
+ * rounding sum may make is bounded by that magnitude, not by the (possibly cancelled) result.
+ */
+static inline double ktest_cond_err(const ktensor *out, const double *ref, const double *mag)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < out->n; i++) {
+        double o = ktensor_get(out, i);
+        if (isnan(o))
+            return INFINITY;
+        num += (o - ref[i]) * (o - ref[i]);
+        den += mag[i] * mag[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
 static inline double ktest_rel_err_d(const double *a, const double *ref, int64_t n)
 {
     double num = 0, den = 0;
