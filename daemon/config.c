@@ -134,6 +134,10 @@ static const config_option config_options[] = {
      CONFIG_NUMBER(max_message_mb, 1, 2048)},
     {"max-inflight", "N", "requests received and served at once (default 64)",
      CONFIG_NUMBER(max_inflight, 1, 4096)},
+    {"submit-queues", "0|1",
+     "1: local clients may queue requests in shared memory, polled by one daemon thread, "
+     "instead of sending them through the socket (default 1)",
+     CONFIG_NUMBER(submit_queues, 0, 1)},
     {"batch-window-us", "US",
      "merge nmmo3_encode forward requests that share resident weights and arrive within US of "
      "the first into one launch (default 0: off)",
@@ -255,6 +259,7 @@ void gcd_config_defaults(gcd_config *cfg)
     cfg->resident_mb = 16384;
     cfg->max_message_mb = 256;
     cfg->max_inflight = 64;
+    cfg->submit_queues = 1;
     cfg->max_batch = 32768;
     cfg->spin_us = GCD_SPIN_AUTO;
     cfg->cpu_latency_us = GCD_CPU_LATENCY_OFF;

@@ -25,6 +25,7 @@ typedef struct gcd_config {
     uint64_t resident_mb;
     uint64_t max_message_mb;
     uint32_t max_inflight;
+    uint32_t submit_queues;   /* 1: local clients may submit through shared memory (submitq.h) */
     uint64_t batch_window_us; /* 0: no dynamic batching */
     uint64_t max_batch;       /* rows of one merged launch */
     uint64_t spin_us;         /* a worker polls this long for the next request before sleeping;

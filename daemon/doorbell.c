@@ -43,7 +43,16 @@ gcd_status gcd_doorbell_bind(const gcd_bind_ctx *ctx, const Gpucd__V1__RegionSli
 void gcd_doorbell_ring(const gcd_bound *bound, uint64_t id, gcd_status st,
                        const Gpucd__V1__Timings *t)
 {
-    doorbell_record *r = (doorbell_record *)(bound->doorbell.region->base + bound->doorbell.lo);
+    gcd_doorbell_ring_record(
+        (doorbell_record *)(bound->doorbell.region->base + bound->doorbell.lo), id, st, t);
+}
+
+void gcd_doorbell_ring_record(doorbell_record *r, uint64_t id, gcd_status st,
+                              const Gpucd__V1__Timings *t)
+{
+    static const Gpucd__V1__Timings none = GPUCD__V1__TIMINGS__INIT;
+    if (t == NULL)
+        t = &none;
     r->status = (uint32_t)st;
     r->queue_us = t->queue_us;
     r->copy_in_us = t->copy_in_us;

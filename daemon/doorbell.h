@@ -25,4 +25,10 @@ gcd_status gcd_doorbell_bind(const gcd_bind_ctx *ctx, const Gpucd__V1__RegionSli
 void gcd_doorbell_ring(const gcd_bound *bound, uint64_t id, gcd_status st,
                        const Gpucd__V1__Timings *t);
 
+/* Writes a record the daemon found itself (submit_queue.h): the fields (t NULL: zero
+ * timings), then the id; then wakes its sleeper. */
+struct doorbell_record;
+void gcd_doorbell_ring_record(struct doorbell_record *r, uint64_t id, gcd_status st,
+                              const Gpucd__V1__Timings *t);
+
 #endif

@@ -172,6 +172,16 @@ static void load_and_traffic(strbuf *b, gcd_stats *s)
     single_u(b, "gpucd_record_answers_total", "counter",
              "Requests answered by their completion record alone, with no reply sent.",
              load_u(&s->record_answers));
+    single_i(b, "gpucd_submit_queues", "gauge",
+             "Submission queues open (local clients' requests through shared memory).",
+             load_i(&s->submit_queues));
+    single_u(b, "gpucd_submit_taken_total", "counter",
+             "Requests taken from submission queues.", load_u(&s->submit_taken));
+    single_u(b, "gpucd_submit_rejected_total", "counter",
+             "Submission queue entries refused (bad slot, length, or a slot reused while running).",
+             load_u(&s->submit_rejected));
+    single_u(b, "gpucd_submit_sleeps_total", "counter",
+             "Times the submission queue poller went to sleep.", load_u(&s->submit_sleeps));
 }
 
 static void memory(strbuf *b, gcd_daemon *d)

@@ -17,6 +17,7 @@
 #include "decode.h"
 #include "doorbell.h"
 #include "log.h"
+#include "submitq.h"
 #include "wire.h"
 
 enum { WHY_MAX = 512, REGION_LIST_MAX = 1024 };
@@ -43,6 +44,7 @@ typedef struct reply_state {
     Gpucd__V1__RegionInfo **region_ptrs;
     gcd_region_summary *summaries;
     Gpucd__V1__StatsReply stats;
+    Gpucd__V1__SubmitQueue submit_queue;
     char *stats_json;
     /* the reply payload (inline outputs), owned by the bound request */
     const uint8_t *payload;
@@ -73,6 +75,7 @@ static gcd_req_kind kind_of(const Gpucd__V1__Request *req)
     case GPUCD__V1__REQUEST__OP_TENSOR_GET: return GCD_REQ_TENSOR_GET;
     case GPUCD__V1__REQUEST__OP_TENSOR_FREE: return GCD_REQ_TENSOR_FREE;
     case GPUCD__V1__REQUEST__OP_STATS: return GCD_REQ_STATS;
+    case GPUCD__V1__REQUEST__OP_SUBMIT_QUEUE_OPEN: return GCD_REQ_SUBMIT_QUEUE_OPEN;
     case GPUCD__V1__REQUEST__OP_CONV2D_FORWARD: return GCD_REQ_CONV2D_FORWARD;
     case GPUCD__V1__REQUEST__OP_CONV2D_BACKWARD: return GCD_REQ_CONV2D_BACKWARD;
     case GPUCD__V1__REQUEST__OP_MULTIHOT_ENCODE: return GCD_REQ_MULTIHOT_ENCODE;
@@ -252,6 +255,28 @@ static gcd_status do_tensor_get(const gcd_bind_ctx *ctx, const Gpucd__V1__Tensor
     return st;
 }
 
+static gcd_status do_submit_queue_open(const gcd_bind_ctx *ctx,
+                                       const Gpucd__V1__SubmitQueueOpen *m, reply_state *rs)
+{
+    gcd_daemon *d = ctx->daemon;
+    if (d->submitq == NULL)
+        return fail(rs, GCD_UNAVAILABLE,
+                    "submit_queue_open: submission queues are off (--submit-queues 0)");
+    if (ctx->uid == GCD_UID_REMOTE)
+        return fail(rs, GCD_PERMISSION_DENIED,
+                    "submit_queue_open: shared memory is for local (ipc://) clients");
+    const char *wake;
+    gcd_status st =
+        gcd_submitq_open(d->submitq, ctx->pipe, m->region_id, &wake, rs->why, sizeof rs->why);
+    if (st != GCD_OK)
+        return st;
+    gpucd__v1__submit_queue__init(&rs->submit_queue);
+    rs->submit_queue.wake_name = (char *)wake;
+    rs->rep.result_case = GPUCD__V1__REPLY__RESULT_SUBMIT_QUEUE;
+    rs->rep.submit_queue = &rs->submit_queue;
+    return GCD_OK;
+}
+
 /* ---- compute operations ----------------------------------------------------- */
 
 enum { BENCH_MAX_WARMUP = 1000, BENCH_MAX_ITERATIONS = 10000, BENCH_MAX_US = 10000000 };
@@ -374,6 +399,8 @@ static gcd_status dispatch(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *re
     case GPUCD__V1__REQUEST__OP_TENSOR_FREE:
         return gcd_residents_free(d->residents, ctx->pipe, req->tensor_free->id, rs->why,
                                   sizeof rs->why);
+    case GPUCD__V1__REQUEST__OP_SUBMIT_QUEUE_OPEN:
+        return do_submit_queue_open(ctx, req->submit_queue_open, rs);
     case GPUCD__V1__REQUEST__OP_STATS:
         rs->stats_json = gcd_stats_json(d);
         if (rs->stats_json == NULL)
@@ -423,10 +450,11 @@ static void reply_state_free(reply_state *rs)
 }
 
 nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int refuse,
-                            int *by_record)
+                            gcd_outcome *out)
 {
     uint64_t t_start = gcd_now_us();
-    *by_record = 0;
+    out->by_record = 0;
+    out->status = GCD_RESOURCE_EXHAUSTED;
     reply_state *rs = calloc(1, sizeof *rs);
     if (rs == NULL) {
         nng_msg_free(msg);
@@ -505,15 +533,16 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
     rs->timings.total_us = now - t_recv;
     rs->rep.timings = &rs->timings;
     /* A doorbell is bound only after the request decoded, so req is there. */
-    *by_record = bound.doorbell.region != NULL && st == GCD_OK && req->record_only;
+    out->status = st;
+    out->by_record = bound.doorbell.region != NULL && st == GCD_OK && req->record_only;
     if (bound.doorbell.region != NULL) {
         /* Counted first: a caller that wakes on its record may read the stats at once. */
         atomic_fetch_add_explicit(&d->stats.doorbells, 1, memory_order_relaxed);
-        if (*by_record)
+        if (out->by_record)
             atomic_fetch_add_explicit(&d->stats.record_answers, 1, memory_order_relaxed);
         gcd_doorbell_ring(&bound, rs->rep.id, st, &rs->timings);
     }
-    nng_msg *rep = *by_record ? NULL
+    nng_msg *rep = out->by_record ? NULL
                               : reply_pack(rs, st == GCD_OK ? bound.out_payload : NULL,
                                            st == GCD_OK ? bound.out_payload_len : 0);
 
@@ -533,6 +562,33 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
     if (rep != NULL)
         atomic_fetch_add_explicit(&s->bytes_out, nng_msg_len(rep), memory_order_relaxed);
     reply_state_free(rs);
+    free(rs);
+    return rep;
+}
+
+nng_msg *gcd_request_serve(gcd_daemon *d, nng_msg *msg, uint64_t t_recv,
+                           const atomic_int *refuse, gcd_outcome *out)
+{
+    gcd_stats *st = &d->stats;
+    const int refusing = atomic_load(refuse);
+    atomic_fetch_sub_explicit(&st->queued, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&st->inflight, 1, memory_order_relaxed); /* after the load above */
+    nng_msg *reply = gcd_request_handle(d, msg, t_recv, refusing, out);
+    atomic_fetch_sub_explicit(&st->inflight, 1, memory_order_relaxed);
+    return reply;
+}
+
+nng_msg *gcd_request_error_reply(uint64_t id, gcd_status st, const char *why)
+{
+    reply_state *rs = calloc(1, sizeof *rs);
+    if (rs == NULL)
+        return NULL;
+    gpucd__v1__reply__init(&rs->rep);
+    rs->rep.id = id;
+    rs->rep.status = st;
+    snprintf(rs->why, sizeof rs->why, "%s", why);
+    rs->rep.message = rs->why;
+    nng_msg *rep = reply_pack(rs, NULL, 0);
     free(rs);
     return rep;
 }

@@ -11,6 +11,7 @@
 #include "clock.h"
 #include "log.h"
 #include "request.h"
+#include "submitq.h"
 #include "workers.h"
 
 /* How far past --max-message-mb a message still gets an error reply. */
@@ -95,22 +96,11 @@ static void slot_work(gcd_work *work)
 {
     server_slot *slot = (server_slot *)work;
     gcd_server *srv = slot->srv;
-    gcd_stats *st = &srv->d->stats;
-    /*
-     * Refused or run is decided before the request counts as in flight, so
-     * that a request seen in flight is one the daemon runs to its end even if
-     * a drain begins the next moment (read after the count, a drain could
-     * refuse a request already shown as in flight).
-     */
-    const int refuse = atomic_load(&srv->refuse);
-    atomic_fetch_sub_explicit(&st->queued, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&st->inflight, 1, memory_order_relaxed); /* after the load above */
-    int by_record;
-    nng_msg *reply = gcd_request_handle(srv->d, slot->msg, slot->t_recv, refuse, &by_record);
+    gcd_outcome out;
+    nng_msg *reply = gcd_request_serve(srv->d, slot->msg, slot->t_recv, &srv->refuse, &out);
     slot->msg = NULL;
-    atomic_fetch_sub_explicit(&st->inflight, 1, memory_order_relaxed);
     if (reply == NULL) { /* answered by its completion record, or out of memory */
-        if (!by_record)
+        if (!out.by_record)
             gcd_log_error("no memory for a reply; the client will time out");
         atomic_fetch_sub(&srv->busy, 1);
         slot_recv(slot); /* a REP context may receive again without replying */
@@ -147,6 +137,8 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
         gcd_log_debug("client %u connected", id);
     } else if (ev == NNG_PIPE_EV_REM_POST) {
         atomic_fetch_sub(&d->stats.clients, 1);
+        if (d->submitq != NULL)
+            gcd_submitq_drop_owner(d->submitq, id);
         gcd_regions_drop_owner(d->regions, id);
         gcd_residents_drop_owner(d->residents, id);
         gcd_log_debug("client %u disconnected", id);
@@ -226,6 +218,10 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
             goto fail;
         }
     }
+    if (d->cfg.submit_queues &&
+        gcd_submitq_start(&d->submitq, d, srv->workers, &srv->busy, &srv->refuse, err,
+                          errlen) != 0)
+        goto fail;
     for (int i = 0; i < d->cfg.nlisten; i++)
         if (server_listen(srv, d->cfg.listen[i], err, errlen) != 0)
             goto fail;
@@ -272,7 +268,13 @@ void gcd_server_drain(gcd_server *s, void (*done)(void *arg), void *arg)
 
 void gcd_server_free(gcd_server *s)
 {
+    if (s->d->submitq != NULL)
+        gcd_submitq_stop(s->d->submitq); /* nothing more is taken */
     gcd_workers_stop(s->workers); /* runs what is queued: every reply is built */
+    if (s->d->submitq != NULL) {
+        gcd_submitq_free(s->d->submitq);
+        s->d->submitq = NULL;
+    }
     if (s->slots != NULL) {
         for (uint32_t i = 0; i < s->nslots; i++)
             if (s->slots[i].aio != NULL)

@@ -7,7 +7,8 @@
 
 static const char *const req_kind_names[GCD_REQ_KIND_COUNT] = {
     "hello", "ping", "region_register", "region_unregister", "region_list",
-    "tensor_put", "tensor_get", "tensor_free", "stats", "conv2d_forward",
+    "tensor_put", "tensor_get", "tensor_free", "stats", "submit_queue_open",
+    "conv2d_forward",
     "conv2d_backward", "multihot_encode", "embedding_forward", "embedding_backward",
     "linear_cross_entropy", "nmmo3_encode", "invalid",
 };

@@ -22,6 +22,7 @@ typedef enum gcd_req_kind {
     GCD_REQ_TENSOR_GET,
     GCD_REQ_TENSOR_FREE,
     GCD_REQ_STATS,
+    GCD_REQ_SUBMIT_QUEUE_OPEN,
     GCD_REQ_CONV2D_FORWARD,
     GCD_REQ_CONV2D_BACKWARD,
     GCD_REQ_MULTIHOT_ENCODE,
@@ -67,6 +68,10 @@ typedef struct gcd_stats {
     atomic_uint_fast64_t batches, batch_rows;
     atomic_uint_fast64_t doorbells; /* completion records written (proto/doorbell_record.h) */
     atomic_uint_fast64_t record_answers; /* of those, requests answered by the record alone */
+    atomic_int_fast64_t submit_queues;   /* submission queues open (submitq.h) */
+    atomic_uint_fast64_t submit_taken;   /* cells taken from them */
+    atomic_uint_fast64_t submit_rejected; /* of those, refused: a bad slot, length or reuse */
+    atomic_uint_fast64_t submit_sleeps;  /* times the queue poller went to sleep */
     uint64_t start_us;
 } gcd_stats;
 

@@ -126,6 +126,10 @@ char *gcd_stats_json(gcd_daemon *d)
                       ",\"record_answers\":%" PRIu64 ",",
                   load(&s->batches), load(&s->batch_rows), load(&s->doorbells),
                   load(&s->record_answers));
+    strbuf_printf(&b, "\"submit_queues\":%" PRId64 ",\"submit_taken\":%" PRIu64
+                      ",\"submit_rejected\":%" PRIu64 ",\"submit_sleeps\":%" PRIu64 ",",
+                  load_i(&s->submit_queues), load(&s->submit_taken), load(&s->submit_rejected),
+                  load(&s->submit_sleeps));
     strbuf_printf(&b, "\"spin_us\":%" PRIu64 ",", d->cfg.spin_us);
     if (d->cpu_latency.held)
         strbuf_printf(&b, "\"cpu_latency_us\":%" PRId64 ",", d->cpu_latency.us);

@@ -44,9 +44,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     if (size > 0)
         memcpy(nng_msg_body(msg), data, size);
-    int by_record;
-    nng_msg *rep = gcd_request_handle(&fuzz_daemon, msg, gcd_now_us(), 0, &by_record);
-    if (rep == NULL && !by_record)
+    gcd_outcome out;
+    nng_msg *rep = gcd_request_handle(&fuzz_daemon, msg, gcd_now_us(), 0, &out);
+    if (rep == NULL && !out.by_record)
         abort(); /* every request gets a reply, or its completion record alone */
     if (rep != NULL)
         nng_msg_free(rep);
