@@ -159,7 +159,10 @@ int gpucdc_call(gpucdc_request *req, gpucd_timings *t, gpucdc_reply *out)
         return rv;
     }
     doorbell_record rang;
-    rv = gpucdc_slot_exchange(s, req->op, msg, req->msg.id, bell, &rang, &reply_msg);
+    rv = bell != NULL ? gpucdc_submit_exchange(s, req->op, msg, req->msg.id, &rang, &reply_msg)
+                      : 2;
+    if (rv == 2) /* not through the submission queue: the socket */
+        rv = gpucdc_slot_exchange(s, req->op, msg, req->msg.id, bell, &rang, &reply_msg);
     if (rv < 0)
         return rv;
     if (rv == 1) { /* OK, and every output was in place before the record */

@@ -64,13 +64,15 @@ void gpucd_close(gpucd_client *c)
     free(c);
 }
 
-/* nng thread: a connection to the daemon is up (the first, or one after a drop). */
-static void connection_added(nng_pipe p, nng_pipe_ev ev, void *arg)
+/* nng thread: a connection to the daemon is up (the first, or one after a drop), or lost. */
+static void connection_event(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
     (void)p;
-    (void)ev;
     gpucd_client *c = arg;
-    atomic_fetch_add_explicit(&c->connections, 1, memory_order_release);
+    if (ev == NNG_PIPE_EV_ADD_POST)
+        atomic_fetch_add_explicit(&c->connections, 1, memory_order_release);
+    else
+        gpucdc_submit_disconnected(c);
 }
 
 int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out)
@@ -110,6 +112,7 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
     c->client_name = strdup(opts->client_name != NULL ? opts->client_name : "libgpucd");
     atomic_init(&c->next_id, 1);
     atomic_init(&c->connections, 0);
+    atomic_init(&c->disconnections, 0);
     atomic_init(&c->bells.connection, 0);
     atomic_init(&c->bells.region, NULL);
     if (c->client_name == NULL) {
@@ -134,7 +137,8 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
      */
     if ((rv = nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) != 0 ||
         (rv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, opts->max_reply_bytes)) != 0 ||
-        (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_ADD_POST, connection_added, c)) != 0)
+        (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_ADD_POST, connection_event, c)) != 0 ||
+        (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, connection_event, c)) != 0)
         goto fail;
     what = url;
     if ((rv = nng_dialer_create(&c->dialer, c->sock, url)) != 0)

@@ -2,17 +2,18 @@
  * doorbell.c - completion records in shared memory: a local call whose
  * outputs are written in place ends when the daemon stores its record (seen
  * by polling, or woken from a sleep on it), not when the reply has crossed
- * the socket (proto/doorbell_record.h says why).  One page of records per
- * client, registered as a region at the first call that can use it (again
- * after a reconnect: the daemon may be a new one); each
- * slot (nng context) keeps one record for good, so two calls in flight never
- * share one.
+ * the socket (proto/doorbell_record.h says why).  The records are the start
+ * of the client's submission area (proto/submit_queue.h), registered as a
+ * region at the first call that can use it (again after a reconnect: the
+ * daemon may be a new one); each slot (nng context) keeps one record, and
+ * the area's buffer of the same number, for good, so two calls in flight
+ * never share one.
  */
 #include <string.h>
 
 #include "internal.h"
 
-enum { BELLS_BYTES = 4096, BELLS_COUNT = BELLS_BYTES / DOORBELL_BYTES };
+enum { BELLS_COUNT = SUBMIT_SLOTS };
 enum { BELLS_UNTRIED = 0, BELLS_READY = 1, BELLS_UNAVAILABLE = -1 };
 
 /* Every output written in place: the reply has nothing the caller needs. */
@@ -47,7 +48,9 @@ static bool bells_ready(gpucd_client *c)
         atomic_load_explicit(&c->bells.connection, memory_order_relaxed) != conn) {
         gpucd_region *r;
         /* Its own error message must not outlive this: the call that made it goes on. */
-        int rv = gpucd_region_create(c, BELLS_BYTES, &r);
+        int rv = gpucd_region_create(c, sizeof(submit_area), &r);
+        if (rv == 0)
+            gpucdc_submit_open(c, r); /* without a queue, calls use the socket */
         gpucdc_clear_error();
         if (rv == 0) {
             gpucd_region *old = atomic_load_explicit(&c->bells.region, memory_order_relaxed);

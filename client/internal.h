@@ -12,6 +12,7 @@
 #include <nng/nng.h>
 
 #include "doorbell_record.h"
+#include "submit_queue.h"
 #include "gpucd.h"
 #include "wire.h"
 
@@ -81,6 +82,7 @@ struct gpucd_client {
     gpucdc_slot *free_slots;
     gpucdc_slot *all_slots;
     atomic_uint connections; /* connections made so far: the daemon may be another after a new one */
+    atomic_uint disconnections; /* connections lost so far: a queued call's end without a reply */
     gpucdc_bells bells;
 };
 
@@ -92,6 +94,9 @@ struct gpucd_region {
     size_t size;
     uint64_t id;
     struct gpucd_region *next_retired; /* doorbell.c's list of earlier records */
+    /* The submission area only (submit.c): the daemon's wake page while the queue is open,
+     * NULL when calls on this area use the socket. */
+    _Atomic(submit_wake *) wake;
 };
 
 /* Unmaps and frees a region without asking the daemon (whose connection is gone). */
@@ -209,5 +214,29 @@ struct doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s,
 uint64_t gpucdc_doorbell_region_id(gpucd_client *c);
 /* Unmaps every region of records (the socket is closed: the daemon dropped them). */
 void gpucdc_doorbell_close(gpucd_client *c);
+
+/* ---- submission queues (submit.c) ----------------------------------------------------- */
+
+/*
+ * Opens the client's submission queue in the area r (just registered): on
+ * success r->wake is set and calls whose record is in r may be queued.  A
+ * failure (an older daemon, --submit-queues 0) leaves them on the socket.
+ */
+void gpucdc_submit_open(gpucd_client *c, gpucd_region *r);
+
+/*
+ * For a call on slot s whose request (msg) names the slot's record: when the
+ * queue of the current connection is open and msg fits its buffer, queues the
+ * request and waits for its record (polling spin_us, then asleep), releases
+ * the slot, and returns 1 (OK: *rang holds the record) or 0 (a failure:
+ * *reply is its reply), or a negative code (a timeout, a lost connection).
+ * msg is consumed then.  Returns 2, leaving msg and the slot alone, when the
+ * call must use the socket.
+ */
+int gpucdc_submit_exchange(gpucdc_slot *s, const char *op, nng_msg *msg, uint64_t id,
+                           struct doorbell_record *rang, nng_msg **reply);
+
+/* nng thread: the connection dropped; wakes every call waiting on a record of the area. */
+void gpucdc_submit_disconnected(gpucd_client *c);
 
 #endif /* GPUCDC_INTERNAL_H */

@@ -120,6 +120,9 @@ int gpucd_region_destroy(gpucd_region *region)
 
 void gpucdc_region_forget(gpucd_region *region)
 {
+    submit_wake *wake = atomic_load_explicit(&region->wake, memory_order_relaxed);
+    if (wake != NULL)
+        munmap(wake, SUBMIT_WAKE_BYTES);
     munmap(region->data, region->size);
     free(region);
 }

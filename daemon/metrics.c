@@ -178,7 +178,7 @@ static void load_and_traffic(strbuf *b, gcd_stats *s)
     single_u(b, "gpucd_submit_taken_total", "counter",
              "Requests taken from submission queues.", load_u(&s->submit_taken));
     single_u(b, "gpucd_submit_rejected_total", "counter",
-             "Submission queue entries refused (bad slot, length, or a slot reused while running).",
+             "Submission queue entries refused (a slot or length out of range).",
              load_u(&s->submit_rejected));
     single_u(b, "gpucd_submit_sleeps_total", "counter",
              "Times the submission queue poller went to sleep.", load_u(&s->submit_sleeps));

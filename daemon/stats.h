@@ -70,7 +70,7 @@ typedef struct gcd_stats {
     atomic_uint_fast64_t record_answers; /* of those, requests answered by the record alone */
     atomic_int_fast64_t submit_queues;   /* submission queues open (submitq.h) */
     atomic_uint_fast64_t submit_taken;   /* cells taken from them */
-    atomic_uint_fast64_t submit_rejected; /* of those, refused: a bad slot, length or reuse */
+    atomic_uint_fast64_t submit_rejected; /* of those, refused: a slot or length out of range */
     atomic_uint_fast64_t submit_sleeps;  /* times the queue poller went to sleep */
     uint64_t start_us;
 } gcd_stats;

@@ -29,7 +29,8 @@ enum {
 
 struct queue;
 
-/* One taken request; slot i of a queue has its own, since a slot runs one at a time. */
+/* One taken request.  Allocated for it: the client may queue its slot again as soon as the
+ * record is stored, before the worker that stored it is done with this. */
 typedef struct submit_work {
     gcd_work work; /* first: the worker's item is this */
     struct queue *q;
@@ -46,11 +47,9 @@ typedef struct queue {
     uint32_t owner;
     gcd_region *region; /* a reference held until the last request of the queue is answered */
     submit_area *area;
-    uint64_t head;                  /* the next position to take: the poller's alone */
-    atomic_uint_fast64_t running;   /* bit i: slot i's request was taken and is not answered */
-    atomic_int refs;                /* the list's, plus one per running request */
-    int warned;                     /* a rejected cell was logged (the rest are counted) */
-    submit_work works[SUBMIT_SLOTS];
+    uint64_t head;   /* the next position to take: the poller's alone */
+    atomic_int refs; /* the list's, plus one per running request */
+    int warned;      /* a rejected cell was logged (the rest are counted) */
 } queue;
 
 struct gcd_submitq {
@@ -112,21 +111,20 @@ static void work_run(gcd_work *work)
         answer(q, w, reply, out.status);
     if (reply != NULL)
         nng_msg_free(reply);
-    atomic_fetch_and(&q->running, ~(UINT64_C(1) << w->slot));
+    free(w);
     atomic_fetch_sub(&sq->running, 1);
     atomic_fetch_sub(sq->busy, 1);
     queue_unref(q);
 }
 
-static void reject(queue *q, const char *fmt, unsigned a, unsigned b)
+/* A cell that names no slot: nothing to answer into.  Logged once a queue, always counted. */
+static void reject(queue *q, uint32_t slot)
 {
     atomic_fetch_add_explicit(&q->sq->d->stats.submit_rejected, 1, memory_order_relaxed);
     if (!q->warned) {
-        char why[160];
-        snprintf(why, sizeof why, fmt, a, b);
-        gcd_log_warn("client %u's submission queue: %s (not answered; more are only counted, "
-                     "in submit_rejected)",
-                     q->owner, why);
+        gcd_log_warn("client %u's submission queue: a cell names slot %u of %d (not answered; "
+                     "more are only counted, in submit_rejected)",
+                     q->owner, slot, SUBMIT_SLOTS);
         q->warned = 1;
     }
 }
@@ -145,20 +143,19 @@ static void take(gcd_submitq *sq, queue *q, submit_cell *cell)
     q->head++;
     atomic_fetch_add_explicit(&sq->d->stats.submit_taken, 1, memory_order_relaxed);
     if (slot >= SUBMIT_SLOTS) {
-        reject(q, "slot %u of a queue of %u", slot, SUBMIT_SLOTS);
+        reject(q, slot);
         return;
     }
-    const uint64_t bit = UINT64_C(1) << slot;
-    if (atomic_fetch_or(&q->running, bit) & bit) {
-        reject(q, "slot %u queued again while its request runs (%u)", slot, slot);
+    submit_work *w = calloc(1, sizeof *w);
+    if (w == NULL) {
+        gcd_log_error("no memory for a queued request; its client will time out");
         return;
     }
-    submit_work *w = &q->works[slot];
+    w->work.run = work_run;
+    w->q = q;
     w->id = id;
     w->slot = slot;
     w->t_recv = gcd_now_us();
-    w->msg = NULL;
-    w->why = NULL;
     if (len == 0 || len > SUBMIT_MESSAGE_MAX) {
         w->why = "submission queue: a request's length must be 1 to 2032 bytes (its buffer)";
         atomic_fetch_add_explicit(&sq->d->stats.submit_rejected, 1, memory_order_relaxed);
@@ -325,10 +322,6 @@ gcd_status gcd_submitq_open(gcd_submitq *sq, uint32_t owner, uint64_t region_id,
     q->region = r;
     q->area = (submit_area *)r->base;
     atomic_init(&q->refs, 1);
-    for (int i = 0; i < SUBMIT_SLOTS; i++) {
-        q->works[i].work.run = work_run;
-        q->works[i].q = q;
-    }
     pthread_mutex_lock(&sq->lock);
     for (queue *o = sq->queues; o != NULL; o = o->next) {
         if (o->owner == owner) {

@@ -109,6 +109,11 @@ static fake_action bell_handler(void *arg, const Gpucd__V1__Request *req,
         fake_reply_ok(out, req);
         return FAKE_REPLY;
     }
+    if (req->op_case == GPUCD__V1__REQUEST__OP_SUBMIT_QUEUE_OPEN) {
+        /* A daemon from before submission queues: the calls stay on the socket. */
+        fake_reply_status(out, req, GPUCD__V1__STATUS__UNKNOWN_OPERATION, "no such operation");
+        return FAKE_REPLY;
+    }
     HCHECK(st, req->op_case == GPUCD__V1__REQUEST__OP_MULTIHOT_ENCODE);
     st->computes++;
     const Gpucd__V1__RegionSlice *bell = req->doorbell;

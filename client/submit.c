@@ -1,0 +1,188 @@
+/*
+ * submit.c - calls through the submission queue (proto/submit_queue.h says
+ * why and how): a call that ends on its record and whose request fits its
+ * slot's buffer is queued in shared memory instead of sent on the socket;
+ * its answer is the record, and for a failure the reply's bytes in the same
+ * buffer.  Every other call, and every call while the queue is not open on
+ * the current connection, uses the socket.
+ */
+#include <fcntl.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+enum { REPLY_POLL_NS = 20000 };
+
+/* Maps the daemon's wake page; NULL when it cannot (another user's daemon, say). */
+static submit_wake *wake_map(const char *name)
+{
+    if (name == NULL || name[0] != '/')
+        return NULL;
+    int fd = shm_open(name, O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0)
+        return NULL;
+    struct stat st;
+    void *p = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= SUBMIT_WAKE_BYTES)
+        p = mmap(NULL, SUBMIT_WAKE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+void gpucdc_submit_open(gpucd_client *c, gpucd_region *r)
+{
+    submit_area *a = r->data;
+    for (uint64_t i = 0; i < SUBMIT_SLOTS; i++)
+        atomic_init(&a->cells[i].seq, i); /* every cell free for its first producer */
+    gpucdc_request req;
+    gpucdc_request_init(&req, c, "submit_queue_open");
+    Gpucd__V1__SubmitQueueOpen open = GPUCD__V1__SUBMIT_QUEUE_OPEN__INIT;
+    open.region_id = r->id;
+    req.msg.op_case = GPUCD__V1__REQUEST__OP_SUBMIT_QUEUE_OPEN;
+    req.msg.submit_queue_open = &open;
+    gpucdc_reply rep;
+    if (gpucdc_call(&req, NULL, &rep) != 0)
+        return;
+    if (rep.reply->result_case == GPUCD__V1__REPLY__RESULT_SUBMIT_QUEUE &&
+        rep.reply->submit_queue != NULL)
+        atomic_store_explicit(&r->wake, wake_map(rep.reply->submit_queue->wake_name),
+                              memory_order_release);
+    gpucdc_reply_free(&rep);
+}
+
+void gpucdc_submit_disconnected(gpucd_client *c)
+{
+    atomic_fetch_add_explicit(&c->disconnections, 1, memory_order_seq_cst);
+    gpucd_region *r = atomic_load_explicit(&c->bells.region, memory_order_acquire);
+    if (r == NULL)
+        return;
+    submit_area *a = r->data;
+    for (int i = 0; i < SUBMIT_SLOTS; i++)
+        doorbell_wake(&a->records[i]);
+}
+
+/* 0 when the call may go on; else the failure (the connection lost, the time up). */
+static int still_waiting(gpucd_client *c, const char *op, unsigned drops, uint64_t deadline)
+{
+    if (atomic_load_explicit(&c->disconnections, memory_order_seq_cst) != drops)
+        return gpucdc_fail_nng(NNG_ECONNRESET, op, "waiting for the completion record");
+    if (gpucdc_now_us() >= deadline)
+        return gpucdc_fail_nng(NNG_ETIMEDOUT, op, "waiting for the completion record");
+    return 0;
+}
+
+/*
+ * Waits until the record shows id: polls for spin_us, then sleeps on it
+ * (doorbell_record.h), woken by the daemon or by a lost connection.
+ */
+static int record_wait(gpucd_client *c, const char *op, doorbell_record *bell, uint64_t id,
+                       unsigned drops, uint64_t deadline)
+{
+    const uint64_t spin_until = gpucdc_now_us() + c->spin_us;
+    for (;;) {
+        if (atomic_load_explicit(&bell->id, memory_order_seq_cst) == id)
+            return 0;
+        int rv = still_waiting(c, op, drops, deadline);
+        if (rv < 0)
+            return rv;
+        const uint64_t now = gpucdc_now_us();
+        if (now < spin_until) {
+            sched_yield(); /* a crowded machine's daemon may need this core */
+            continue;
+        }
+        atomic_store_explicit(&bell->sleeper, 1, memory_order_seq_cst);
+        if (atomic_load_explicit(&bell->id, memory_order_seq_cst) != id &&
+            atomic_load_explicit(&c->disconnections, memory_order_seq_cst) == drops) {
+            uint64_t left_ms = deadline == UINT64_MAX ? GPUCDC_BELL_NAP_MS
+                                                      : (deadline - now + 999) / 1000;
+            doorbell_sleep(bell, left_ms < GPUCDC_BELL_NAP_MS ? (int)left_ms
+                                                              : GPUCDC_BELL_NAP_MS);
+        }
+    }
+}
+
+/* After a failed record: the reply's bytes, which the daemon stores before its own record. */
+static int reply_take(gpucd_client *c, const char *op, submit_buffer *b, uint64_t id,
+                      uint32_t status, unsigned drops, uint64_t deadline, nng_msg **reply)
+{
+    while (atomic_load_explicit(&b->reply_id, memory_order_acquire) != id) {
+        int rv = still_waiting(c, op, drops, deadline);
+        if (rv < 0)
+            return rv;
+        nanosleep(&(struct timespec){0, REPLY_POLL_NS}, NULL);
+    }
+    const uint32_t len = b->reply_len;
+    if (len == 0 || len > SUBMIT_MESSAGE_MAX) {
+        int code = gpucdc_status_code((int)status);
+        return gpucdc_fail(code, "%s: %s", op, gpucd_strerror(code));
+    }
+    if (nng_msg_alloc(reply, len) != 0)
+        return gpucdc_fail(GPUCD_ENOMEM, "%s: out of memory for the reply", op);
+    memcpy(nng_msg_body(*reply), b->bytes, len);
+    return 0;
+}
+
+int gpucdc_submit_exchange(gpucdc_slot *s, const char *op, nng_msg *msg, uint64_t id,
+                           doorbell_record *rang, nng_msg **reply)
+{
+    gpucd_client *c = s->client;
+    *reply = NULL;
+    /* The queue must be the current connection's, and that connection up. */
+    const unsigned conn = atomic_load_explicit(&c->connections, memory_order_acquire);
+    const unsigned drops = atomic_load_explicit(&c->disconnections, memory_order_seq_cst);
+    gpucd_region *r = atomic_load_explicit(&c->bells.region, memory_order_acquire);
+    if (r == NULL || drops + 1 != conn ||
+        atomic_load_explicit(&c->bells.connection, memory_order_acquire) != conn)
+        return 2;
+    submit_wake *wake = atomic_load_explicit(&r->wake, memory_order_acquire);
+    submit_area *a = r->data;
+    const size_t len = nng_msg_len(msg);
+    if (wake == NULL || len > SUBMIT_MESSAGE_MAX || s->bell < 0 ||
+        s->bell_rec != &a->records[s->bell])
+        return 2;
+    const uint64_t deadline = c->timeout_ms == NNG_DURATION_INFINITE
+                                  ? UINT64_MAX
+                                  : gpucdc_now_us() + (uint64_t)c->timeout_ms * 1000u;
+    const uint32_t slot = (uint32_t)s->bell;
+    memcpy(a->buffers[slot].bytes, nng_msg_body(msg), len);
+    nng_msg_free(msg);
+
+    /* A cell is always free here: each slot has at most one request queued, and there are as
+     * many cells as slots (submit_queue.h). */
+    const uint64_t pos = atomic_fetch_add_explicit(&a->tail, 1, memory_order_relaxed);
+    submit_cell *cell = &a->cells[pos % SUBMIT_SLOTS];
+    int rv = 0;
+    while (atomic_load_explicit(&cell->seq, memory_order_acquire) != pos && rv == 0)
+        if ((rv = still_waiting(c, op, drops, deadline)) == 0)
+            sched_yield();
+    if (rv == 0) {
+        cell->id = id;
+        cell->slot = slot;
+        cell->len = (uint32_t)len;
+        atomic_store_explicit(&cell->seq, pos + 1, memory_order_seq_cst);
+        submit_wake_poller(wake);
+        rv = record_wait(c, op, s->bell_rec, id, drops, deadline);
+    }
+    if (rv == 0) {
+        const doorbell_record *bell = s->bell_rec;
+        memcpy((char *)rang + sizeof rang->id, (const char *)bell + sizeof bell->id,
+               sizeof *rang - sizeof rang->id);
+        atomic_init(&rang->id, id);
+        if (rang->status != GPUCD__V1__STATUS__OK)
+            rv = reply_take(c, op, &a->buffers[slot], id, rang->status, drops, deadline, reply);
+    }
+    if (rv == GPUCD_ETIMEDOUT || rv == GPUCD_ECLOSED) {
+        /* Given up on, the request may still run and answer into this slot's record and
+         * buffer later: the slot takes others, these are left alone for good. */
+        s->bell = -1;
+    }
+    gpucdc_slot_release(s);
+    if (rv < 0)
+        return rv;
+    return *reply == NULL ? 1 : 0;
+}
