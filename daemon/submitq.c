@@ -1,7 +1,10 @@
 /* submitq.c - see submitq.h; the shared layout and its protocol are proto/submit_queue.h's. */
 #include "submitq.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
@@ -239,9 +242,36 @@ static void *poller_main(void *arg)
     return NULL;
 }
 
+/*
+ * A daemon that was killed left its wake page behind (no exit ran to remove it):
+ * the next one to start removes the pages of every daemon no longer running.
+ */
+static void wake_remove_stale(void)
+{
+    DIR *dir = opendir("/dev/shm");
+    if (dir == NULL)
+        return;
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+        long pid;
+        int used = 0;
+        if (sscanf(e->d_name, "gpucd-wake-%ld-%n", &pid, &used) != 1 || used == 0 || pid <= 0 ||
+            pid == (long)getpid())
+            continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue; /* running (or another user's: not ours to judge) */
+        char name[NAME_MAX + 2];
+        snprintf(name, sizeof name, "/%s", e->d_name);
+        if (shm_unlink(name) == 0)
+            gcd_log_info("removed %s, the wake page of a daemon that did not exit", name);
+    }
+    closedir(dir);
+}
+
 /* "/gpucd-wake-<pid>-<128 random bits>": unguessable, created 0600 and exclusively. */
 static int wake_create(gcd_submitq *sq, char *err, size_t errlen)
 {
+    wake_remove_stale();
     uint8_t bits[16];
     if (getrandom(bits, sizeof bits, 0) != (ssize_t)sizeof bits) {
         snprintf(err, errlen, "submission queues: getrandom: %s", strerror(errno));

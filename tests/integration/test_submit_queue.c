@@ -1,0 +1,682 @@
+/*
+ * test_submit_queue.c - submission queues (proto/submit_queue.h): that the
+ * library's record-ending calls go through the queue, right and concurrent,
+ * failures with their message; that the socket serves them when the daemon
+ * has queues off; that a lost daemon fails a queued call at once and a new
+ * one gets a new queue (and removes the killed one's wake page); and, on a
+ * bare socket writing the shared memory by hand, every hostile queue and
+ * cell: each refused with a clear answer where there is a slot to answer
+ * into, counted where there is none, the daemon serving on.
+ */
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "raw.h"
+#include "submit_queue.h"
+#include "wire.h"
+
+static th_daemon daemon_;
+
+enum { B = 4, OBS_BYTES = B * 1707, OUT_FLOATS = B * 59 * 11 * 15 };
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static uint64_t stat_of(gpucd_client *c, const char *key)
+{
+    char *json = NULL, quoted[64];
+    assert_int_equal(gpucd_stats_json(c, &json), 0);
+    snprintf(quoted, sizeof quoted, "\"%s\":", key);
+    const char *at = strstr(json, quoted);
+    if (at == NULL)
+        fail_msg("no %s in the stats", key);
+    uint64_t n = strtoull(at + strlen(quoted), NULL, 10);
+    free(json);
+    return n;
+}
+
+static gpucd_client *connect_to(const char *url, int spin_us, int timeout_ms)
+{
+    gpucd_options o;
+    gpucd_options_init(&o);
+    o.spin_us = spin_us;
+    o.timeout_ms = timeout_ms;
+    gpucd_client *c = NULL;
+    if (gpucd_connect(url, &o, &c) != 0)
+        fail_msg("connect %s: %s", url, gpucd_errmsg(NULL));
+    return c;
+}
+
+static size_t slice_bytes(void) { return (OBS_BYTES + OUT_FLOATS * 4 + 64) / 64 * 64 + 64; }
+
+/* Multihot of fresh observations in slice k of r, checked against the CPU kernel. */
+static void encode_and_check(gpucd_client *c, gpucd_region *r, int k)
+{
+    const uint64_t obs_off = (uint64_t)k * slice_bytes();
+    const uint64_t out_off = (obs_off + OBS_BYTES + 63) / 64 * 64;
+    uint8_t *obs = (uint8_t *)gpucd_region_data(r) + obs_off;
+    float *out = (float *)((uint8_t *)gpucd_region_data(r) + out_off);
+    th_fill_nmmo3_obs(obs, B);
+    memset(out, 0xff, OUT_FLOATS * 4);
+    gpucd_tensor tobs = gpucd_tensor_region(r, obs_off, GPUCD_U8, 2, TH_SHAPE(B, 1707));
+    gpucd_tensor tout = gpucd_tensor_region(r, out_off, GPUCD_F32, 4, TH_SHAPE(B, 59, 11, 15));
+    if (gpucd_multihot_encode(c, NULL, &tobs, &tout, NULL) != 0)
+        fail_msg("multihot_encode: %s", gpucd_errmsg(c));
+    float *want = th_xmalloc(OUT_FLOATS * 4);
+    gk_tensor gobs = gk_tensor_make(obs, GK_U8, 2, TH_SHAPE(B, 1707));
+    gk_tensor gout = gk_tensor_make(want, GK_F32, 4, TH_SHAPE(B, 59, 11, 15));
+    gk_err err;
+    assert_int_equal(gk_cpu_multihot_encode(&gk_nmmo3_layout, &gobs, &gout, &err), 0);
+    if (memcmp(out, want, OUT_FLOATS * 4) != 0)
+        fail_msg("slice %d: the output differs from the CPU kernel's", k);
+    free(want);
+}
+
+/* ---- through the library ------------------------------------------------------------ */
+
+enum { THREADS = 6, CALLS = 30 };
+
+typedef struct worker {
+    gpucd_client *c;
+    gpucd_region *r;
+    int k;
+} worker;
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    for (int i = 0; i < CALLS; i++)
+        encode_and_check(w->c, w->r, w->k);
+    return NULL;
+}
+
+static void test_calls_go_through_the_queue(void **state)
+{
+    (void)state;
+    for (int spin = 0; spin <= 100000; spin += 100000) { /* sleeping, then polling callers */
+        gpucd_client *c = connect_to(daemon_.ipc_url, spin, 20000);
+        gpucd_region *r;
+        assert_int_equal(gpucd_region_create(c, THREADS * slice_bytes(), &r), 0);
+        encode_and_check(c, r, 0); /* the first call opens the queue */
+        const uint64_t taken = stat_of(c, "submit_taken"), answers = stat_of(c, "record_answers");
+        assert_true(stat_of(c, "submit_queues") >= 1);
+        pthread_t th[THREADS];
+        worker w[THREADS];
+        for (int i = 0; i < THREADS; i++) {
+            w[i] = (worker){.c = c, .r = r, .k = i};
+            assert_int_equal(pthread_create(&th[i], NULL, worker_main, &w[i]), 0);
+        }
+        for (int i = 0; i < THREADS; i++)
+            pthread_join(th[i], NULL);
+        assert_int_equal(stat_of(c, "submit_taken") - taken, THREADS * CALLS);
+        assert_int_equal(stat_of(c, "record_answers") - answers, THREADS * CALLS);
+        assert_int_equal(gpucd_region_destroy(r), 0);
+        gpucd_close(c);
+    }
+}
+
+static void test_failure_comes_back_with_its_message(void **state)
+{
+    (void)state;
+    gpucd_client *c = connect_to(daemon_.ipc_url, 0, 20000);
+    gpucd_region *r;
+    assert_int_equal(gpucd_region_create(c, slice_bytes(), &r), 0);
+    encode_and_check(c, r, 0);
+    const uint64_t taken = stat_of(c, "submit_taken");
+    uint8_t *obs = gpucd_region_data(r);
+    th_fill_nmmo3_obs(obs, B);
+    obs[1707 * 3 + 5] = 200; /* agent 3: a value no feature has */
+    gpucd_tensor tobs = gpucd_tensor_region(r, 0, GPUCD_U8, 2, TH_SHAPE(B, 1707));
+    gpucd_tensor tout = gpucd_tensor_region(r, (OBS_BYTES + 63) / 64 * 64, GPUCD_F32, 4,
+                                            TH_SHAPE(B, 59, 11, 15));
+    int rv = gpucd_multihot_encode(c, NULL, &tobs, &tout, NULL);
+    if (rv != GPUCD_EOUT_OF_RANGE)
+        fail_msg("rv %d (%s), expected GPUCD_EOUT_OF_RANGE", rv, gpucd_errmsg(c));
+    if (strstr(gpucd_errmsg(c), "agent 3") == NULL)
+        fail_msg("the error does not name the agent: '%s'", gpucd_errmsg(c));
+    assert_int_equal(stat_of(c, "submit_taken") - taken, 1);
+    encode_and_check(c, r, 0); /* the slot serves on */
+    assert_int_equal(gpucd_region_destroy(r), 0);
+    gpucd_close(c);
+}
+
+static void test_queues_off_use_the_socket(void **state)
+{
+    (void)state;
+    const char *extra[] = {"--submit-queues", "0", NULL};
+    th_daemon off;
+    th_daemon_start(&off, extra);
+    gpucd_client *c = connect_to(off.ipc_url, 0, 20000);
+    gpucd_region *r;
+    assert_int_equal(gpucd_region_create(c, slice_bytes(), &r), 0);
+    for (int i = 0; i < 5; i++)
+        encode_and_check(c, r, 0);
+    assert_int_equal(stat_of(c, "doorbells"), 5); /* still ended on their records */
+    assert_int_equal(stat_of(c, "submit_taken"), 0);
+    assert_int_equal(stat_of(c, "submit_queues"), 0);
+    assert_int_equal(gpucd_region_destroy(r), 0);
+    gpucd_close(c);
+    assert_int_equal(th_daemon_stop(&off), 0);
+}
+
+/* ---- a daemon lost while a queued call runs ---------------------------------------- */
+
+/* A loss forward the CPU backend needs a while for (about 4 GFLOP). */
+enum { LN = 1024, LD = 128, LV = 16384 };
+
+typedef struct long_call {
+    gpucd_client *c;
+    gpucd_region *r;
+    atomic_int killed;  /* set just before the daemon is killed */
+    int rv;             /* the first failure of a call started before the kill */
+    uint64_t failed_at; /* when it came back */
+} long_call;
+
+static void *long_call_main(void *arg)
+{
+    long_call *lc = arg;
+    uint8_t *base = gpucd_region_data(lc->r);
+    const uint64_t c_off = (uint64_t)LN * LD * 4, t_off = c_off + (uint64_t)LV * LD * 4,
+                   l_off = t_off + LN * 8;
+    gpucd_tensor E = gpucd_tensor_region(lc->r, 0, GPUCD_F32, 2, TH_SHAPE(LN, LD));
+    gpucd_tensor C = gpucd_tensor_region(lc->r, c_off, GPUCD_F32, 2, TH_SHAPE(LV, LD));
+    gpucd_tensor T = gpucd_tensor_region(lc->r, t_off, GPUCD_I64, 1, TH_SHAPE(LN));
+    gpucd_tensor L = gpucd_tensor_region(lc->r, l_off, GPUCD_F32, 0, NULL);
+    th_fill_f32((float *)base, (size_t)(LN + LV) * LD);
+    int64_t *t = (int64_t *)(base + t_off);
+    for (int i = 0; i < LN; i++)
+        t[i] = i % LV;
+    lc->rv = 0;
+    while (!atomic_load(&lc->killed)) {
+        int rv = gpucd_linear_cross_entropy(lc->c, NULL, &E, &C, NULL, &T, &L, NULL, NULL, NULL,
+                                            NULL, NULL);
+        if (rv != 0) {
+            lc->failed_at = now_us();
+            lc->rv = rv;
+            break;
+        }
+    }
+    return NULL;
+}
+
+static int wake_pages_of(long pid)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "gpucd-wake-%ld-", pid);
+    DIR *d = opendir("/dev/shm");
+    int n = 0;
+    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;)
+        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
+
+static void test_lost_daemon_fails_a_queued_call_at_once(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/gpucd-sq-XXXXXX", url[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(url, sizeof url, "ipc://%s/fixed.sock", dir);
+    const char *extra[] = {"--listen", url, NULL};
+    th_daemon first;
+    th_daemon_start(&first, extra);
+    const long first_pid = (long)first.pid;
+    assert_int_equal(wake_pages_of(first_pid), 1);
+    long_call lc = {.c = connect_to(url, 0, 20000)};
+    const size_t bytes = (size_t)(LN + LV) * LD * 4 + LN * 8 + 64;
+    assert_int_equal(gpucd_region_create(lc.c, bytes, &lc.r), 0);
+    gpucd_region *small;
+    assert_int_equal(gpucd_region_create(lc.c, slice_bytes(), &small), 0);
+    encode_and_check(lc.c, small, 0); /* the queue is open from here */
+    assert_int_equal(stat_of(lc.c, "submit_queues"), 1);
+
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, long_call_main, &lc), 0);
+    usleep(150000); /* well inside a call */
+    atomic_store(&lc.killed, 1);
+    const uint64_t killed_at = now_us();
+    kill(first.pid, SIGKILL);
+    pthread_join(th, NULL);
+    if (lc.rv != GPUCD_ECLOSED)
+        fail_msg("the call in flight returned %d (%s), expected GPUCD_ECLOSED", lc.rv,
+                 gpucd_errmsg(lc.c));
+    /* Not the 20 s timeout: the lost connection ends the wait. */
+    assert_true(lc.failed_at - killed_at < 3000000);
+    assert_int_equal(th_daemon_stop(&first), -SIGKILL);
+    assert_int_equal(wake_pages_of(first_pid), 1); /* nobody removed it */
+
+    th_daemon second;
+    th_daemon_start(&second, extra);
+    assert_int_equal(wake_pages_of(first_pid), 0); /* the new daemon did */
+    int rv = -1;
+    for (int i = 0; i < 200 && rv != 0; i++) { /* the client redials on its own */
+        rv = gpucd_ping(lc.c, NULL);
+        if (rv != 0)
+            usleep(20000);
+    }
+    if (rv != 0)
+        fail_msg("no ping through the restarted daemon: %s", gpucd_errmsg(lc.c));
+    assert_int_equal(gpucd_region_destroy(small), GPUCD_ENOT_FOUND);
+    assert_int_equal(gpucd_region_destroy(lc.r), GPUCD_ENOT_FOUND);
+    assert_int_equal(gpucd_region_create(lc.c, slice_bytes(), &small), 0);
+    for (int i = 0; i < 3; i++)
+        encode_and_check(lc.c, small, 0);
+    assert_int_equal(stat_of(lc.c, "submit_taken"), 3); /* through the new daemon's queue */
+    assert_int_equal(gpucd_region_destroy(small), 0);
+    gpucd_close(lc.c);
+    assert_int_equal(th_daemon_stop(&second), 0);
+    char sock[200];
+    snprintf(sock, sizeof sock, "%s/fixed.sock", dir);
+    unlink(sock);
+    rmdir(dir);
+}
+
+/* ---- by hand, on a bare socket --------------------------------------------------------- */
+
+typedef struct hand {
+    th_raw raw;
+    uint64_t area_id, data_id;
+    submit_area *area;
+    uint8_t *data; /* a 64 KiB region for tensors */
+    submit_wake *wake;
+    uint64_t tail;
+} hand;
+
+static Gpucd__V1__Reply *open_queue(th_raw *raw, uint64_t region_id)
+{
+    Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
+    Gpucd__V1__SubmitQueueOpen op = GPUCD__V1__SUBMIT_QUEUE_OPEN__INIT;
+    op.region_id = region_id;
+    req.op_case = GPUCD__V1__REQUEST__OP_SUBMIT_QUEUE_OPEN;
+    req.submit_queue_open = &op;
+    return th_raw_call(raw, &req, NULL, 0);
+}
+
+static void expect(Gpucd__V1__Reply *rep, Gpucd__V1__Status status, const char *needle)
+{
+    assert_non_null(rep);
+    if ((Gpucd__V1__Status)rep->status != status || rep->message == NULL ||
+        strstr(rep->message, needle) == NULL)
+        fail_msg("got status %d '%s', expected %d with '%s'", (int)rep->status,
+                 rep->message ? rep->message : "", (int)status, needle);
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+}
+
+static uint64_t raw_region(th_raw *raw, size_t size, void **base)
+{
+    char name[64];
+    *base = th_shm_create(name, size, 0600);
+    Gpucd__V1__Reply *rep = th_raw_register(raw, name, size);
+    assert_non_null(rep);
+    assert_int_equal(rep->status, GPUCD__V1__STATUS__OK);
+    uint64_t id = rep->region_id;
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+    shm_unlink(name);
+    return id;
+}
+
+static void hand_open(hand *h)
+{
+    memset(h, 0, sizeof *h);
+    th_raw_open(&h->raw, daemon_.ipc_url);
+    h->area_id = raw_region(&h->raw, sizeof(submit_area), (void **)&h->area);
+    h->data_id = raw_region(&h->raw, 65536, (void **)&h->data);
+    for (uint64_t i = 0; i < SUBMIT_SLOTS; i++)
+        atomic_store(&h->area->cells[i].seq, i);
+    Gpucd__V1__Reply *rep = open_queue(&h->raw, h->area_id);
+    assert_non_null(rep);
+    assert_int_equal(rep->status, GPUCD__V1__STATUS__OK);
+    assert_int_equal(rep->result_case, GPUCD__V1__REPLY__RESULT_SUBMIT_QUEUE);
+    int fd = shm_open(rep->submit_queue->wake_name, O_RDWR, 0);
+    assert_true(fd >= 0);
+    h->wake = mmap(NULL, SUBMIT_WAKE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    assert_true(h->wake != MAP_FAILED);
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+}
+
+static void hand_close(hand *h)
+{
+    th_raw_close(&h->raw);
+    munmap(h->wake, SUBMIT_WAKE_BYTES);
+    munmap(h->area, sizeof(submit_area));
+    munmap(h->data, 65536);
+}
+
+/* Queues slot's buffer as it is, under the cell's claims id and len, and wakes the daemon. */
+static void hand_push(hand *h, uint32_t slot, uint32_t len, uint64_t id)
+{
+    submit_cell *cell = &h->area->cells[h->tail % SUBMIT_SLOTS];
+    assert_int_equal(atomic_load(&cell->seq), h->tail); /* the daemon freed it */
+    cell->id = id;
+    cell->slot = slot;
+    cell->len = len;
+    atomic_store(&cell->seq, h->tail + 1);
+    h->tail++;
+    submit_wake_poller(h->wake);
+}
+
+/* Frames req into slot's buffer; returns the length. */
+static uint32_t hand_frame(hand *h, uint32_t slot, Gpucd__V1__Request *req)
+{
+    req->version = GPUCD__V1__VERSION__VERSION_CURRENT;
+    size_t hl = gpucd__v1__request__get_packed_size(req);
+    size_t len = wire_payload_offset(hl);
+    assert_true(len <= SUBMIT_MESSAGE_MAX);
+    wire_pack_header(h->area->buffers[slot].bytes, &req->base, hl);
+    return (uint32_t)len;
+}
+
+/* Waits (2 s at most) for slot's record to show id; returns its status. */
+static uint32_t hand_record(hand *h, uint32_t slot, uint64_t id)
+{
+    doorbell_record *r = &h->area->records[slot];
+    for (uint64_t until = now_us() + 2000000; atomic_load(&r->id) != id;)
+        if (now_us() > until)
+            fail_msg("slot %u: no record for request %llu", slot, (unsigned long long)id);
+    return r->status;
+}
+
+/* The reply in slot's buffer for id, decoded. */
+static Gpucd__V1__Reply *hand_reply(hand *h, uint32_t slot, uint64_t id)
+{
+    submit_buffer *b = &h->area->buffers[slot];
+    for (uint64_t until = now_us() + 2000000; atomic_load(&b->reply_id) != id;)
+        if (now_us() > until)
+            fail_msg("slot %u: no reply for request %llu", slot, (unsigned long long)id);
+    const uint8_t *hd, *p;
+    size_t hl, pl;
+    const char *why;
+    assert_true(b->reply_len > 0 && b->reply_len <= SUBMIT_MESSAGE_MAX);
+    assert_int_equal(wire_split(b->bytes, b->reply_len, &hd, &hl, &p, &pl, &why), 0);
+    Gpucd__V1__Reply *rep = gpucd__v1__reply__unpack(NULL, hl, hd);
+    assert_non_null(rep);
+    /* id 0: the daemon could not read the request's (as on the socket) */
+    assert_true(rep->id == id || (rep->id == 0 && rep->status != GPUCD__V1__STATUS__OK));
+    return rep;
+}
+
+/* A multihot request on the data region (obs at 0, out at 16384), its record at slot's. */
+typedef struct mh {
+    Gpucd__V1__Request req;
+    Gpucd__V1__MultihotEncode op;
+    Gpucd__V1__TensorRef obs, out;
+    Gpucd__V1__RegionSlice obs_at, out_at, bell;
+    int64_t obs_shape[2], out_shape[4];
+} mh;
+
+static void mh_init(mh *m, const hand *h, uint32_t slot, uint64_t id)
+{
+    gpucd__v1__request__init(&m->req);
+    gpucd__v1__multihot_encode__init(&m->op);
+    gpucd__v1__tensor_ref__init(&m->obs);
+    gpucd__v1__tensor_ref__init(&m->out);
+    gpucd__v1__region_slice__init(&m->obs_at);
+    gpucd__v1__region_slice__init(&m->out_at);
+    gpucd__v1__region_slice__init(&m->bell);
+    m->obs_shape[0] = 1;
+    m->obs_shape[1] = 1707;
+    const int64_t out_shape[4] = {1, 59, 11, 15};
+    memcpy(m->out_shape, out_shape, sizeof out_shape);
+    m->obs.dtype = GPUCD__V1__DTYPE__U8;
+    m->obs.n_shape = 2;
+    m->obs.shape = m->obs_shape;
+    m->obs.where_case = GPUCD__V1__TENSOR_REF__WHERE_REGION;
+    m->obs_at.region_id = h->data_id;
+    m->obs.region = &m->obs_at;
+    m->out.dtype = GPUCD__V1__DTYPE__F32;
+    m->out.n_shape = 4;
+    m->out.shape = m->out_shape;
+    m->out.where_case = GPUCD__V1__TENSOR_REF__WHERE_REGION;
+    m->out_at.region_id = h->data_id;
+    m->out_at.offset = 16384;
+    m->out.region = &m->out_at;
+    m->op.obs = &m->obs;
+    m->op.out = &m->out;
+    m->req.op_case = GPUCD__V1__REQUEST__OP_MULTIHOT_ENCODE;
+    m->req.multihot_encode = &m->op;
+    m->req.id = id;
+    m->bell.region_id = h->area_id;
+    m->bell.offset = (uint64_t)slot * DOORBELL_BYTES;
+    m->req.doorbell = &m->bell;
+    m->req.record_only = 1;
+}
+
+static void expect_ping(th_raw *raw)
+{
+    Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
+    Gpucd__V1__Ping ping = GPUCD__V1__PING__INIT;
+    req.op_case = GPUCD__V1__REQUEST__OP_PING;
+    req.ping = &ping;
+    Gpucd__V1__Reply *rep = th_raw_call(raw, &req, NULL, 0);
+    assert_non_null(rep);
+    assert_int_equal(rep->status, GPUCD__V1__STATUS__OK);
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+}
+
+static uint64_t rejected(hand *h)
+{
+    Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
+    Gpucd__V1__Stats op = GPUCD__V1__STATS__INIT;
+    req.op_case = GPUCD__V1__REQUEST__OP_STATS;
+    req.stats = &op;
+    Gpucd__V1__Reply *rep = th_raw_call(&h->raw, &req, NULL, 0);
+    assert_non_null(rep);
+    const char *at = strstr(rep->stats->json, "\"submit_rejected\":");
+    assert_non_null(at);
+    uint64_t n = strtoull(at + strlen("\"submit_rejected\":"), NULL, 10);
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+    return n;
+}
+
+static void test_hostile_queue_opens(void **state)
+{
+    (void)state;
+    th_raw raw;
+    th_raw_open(&raw, daemon_.ipc_url);
+    expect(open_queue(&raw, 987654), GPUCD__V1__STATUS__NOT_FOUND, "no region 987654");
+    void *small_base;
+    uint64_t small = raw_region(&raw, 4096, &small_base);
+    expect(open_queue(&raw, small), GPUCD__V1__STATUS__INVALID_ARGUMENT, "a queue takes");
+    void *area;
+    uint64_t id = raw_region(&raw, sizeof(submit_area), &area);
+    Gpucd__V1__Reply *rep = open_queue(&raw, id);
+    assert_non_null(rep);
+    assert_int_equal(rep->status, GPUCD__V1__STATUS__OK);
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+    expect(open_queue(&raw, id), GPUCD__V1__STATUS__INVALID_ARGUMENT, "has a queue already");
+    /* Another connection's region is not this one's to open. */
+    th_raw other;
+    th_raw_open(&other, daemon_.ipc_url);
+    expect(open_queue(&other, id), GPUCD__V1__STATUS__PERMISSION_DENIED,
+           "belongs to another client");
+    th_raw_close(&other);
+    th_raw remote;
+    th_raw_open(&remote, daemon_.tcp_url);
+    expect(open_queue(&remote, id), GPUCD__V1__STATUS__PERMISSION_DENIED,
+           "for local (ipc://) clients");
+    th_raw_close(&remote);
+    expect_ping(&raw);
+    th_raw_close(&raw);
+    munmap(small_base, 4096);
+    munmap(area, sizeof(submit_area));
+}
+
+static void test_hostile_cells(void **state)
+{
+    (void)state;
+    hand h;
+    hand_open(&h);
+    th_fill_nmmo3_obs(h.data, 1);
+
+    /* Valid, record-only: the record alone answers, the output is right. */
+    mh m;
+    mh_init(&m, &h, 3, 1001);
+    hand_push(&h, 3, hand_frame(&h, 3, &m.req), 1001);
+    assert_int_equal(hand_record(&h, 3, 1001), GPUCD__V1__STATUS__OK);
+    float *want = th_xmalloc(59 * 11 * 15 * 4);
+    gk_tensor gobs = gk_tensor_make(h.data, GK_U8, 2, TH_SHAPE(1, 1707));
+    gk_tensor gout = gk_tensor_make(want, GK_F32, 4, TH_SHAPE(1, 59, 11, 15));
+    gk_err err;
+    assert_int_equal(gk_cpu_multihot_encode(&gk_nmmo3_layout, &gobs, &gout, &err), 0);
+    assert_memory_equal(h.data + 16384, want, 59 * 11 * 15 * 4);
+    free(want);
+
+    /* Valid without record_only: the reply's bytes are in the buffer too. */
+    mh_init(&m, &h, 4, 1002);
+    m.req.record_only = 0;
+    hand_push(&h, 4, hand_frame(&h, 4, &m.req), 1002);
+    assert_int_equal(hand_record(&h, 4, 1002), GPUCD__V1__STATUS__OK);
+    Gpucd__V1__Reply *rep = hand_reply(&h, 4, 1002);
+    assert_int_equal(rep->status, GPUCD__V1__STATUS__OK);
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+
+    /* Lengths out of range: answered in the slot, naming the limit. */
+    const uint32_t bad_len[2] = {0, SUBMIT_MESSAGE_MAX + 1};
+    for (int i = 0; i < 2; i++) {
+        const uint64_t before = rejected(&h);
+        hand_push(&h, 5, bad_len[i], 1003 + (uint64_t)i);
+        assert_int_equal(hand_record(&h, 5, 1003 + (uint64_t)i), GPUCD__V1__STATUS__BAD_MESSAGE);
+        expect(hand_reply(&h, 5, 1003 + (uint64_t)i), GPUCD__V1__STATUS__BAD_MESSAGE,
+               "length must be 1 to 2032 bytes");
+        assert_int_equal(rejected(&h) - before, 1);
+    }
+
+    /* Bytes that are no request: the same answer a socket gets, under the cell's id. */
+    for (int i = 0; i < 300; i++)
+        h.area->buffers[6].bytes[i] = (uint8_t)th_rand_u64();
+    hand_push(&h, 6, 300, 1005);
+    assert_int_equal(hand_record(&h, 6, 1005), GPUCD__V1__STATUS__BAD_MESSAGE);
+    rep = hand_reply(&h, 6, 1005);
+    assert_int_equal(rep->status, GPUCD__V1__STATUS__BAD_MESSAGE);
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+
+    /* A request that fails validation: its message, in the buffer. */
+    mh_init(&m, &h, 7, 1006);
+    m.obs_at.offset = 65536; /* past the region's end */
+    hand_push(&h, 7, hand_frame(&h, 7, &m.req), 1006);
+    assert_int_equal(hand_record(&h, 7, 1006), GPUCD__V1__STATUS__OUT_OF_RANGE);
+    expect(hand_reply(&h, 7, 1006), GPUCD__V1__STATUS__OUT_OF_RANGE, "outside region");
+
+    /* A slot that does not exist: nothing to answer into; counted, and the queue goes on. */
+    uint64_t before = rejected(&h);
+    hand_push(&h, SUBMIT_SLOTS, 100, 1007);
+    hand_push(&h, UINT32_MAX, 100, 1008);
+    mh_init(&m, &h, 8, 1009);
+    hand_push(&h, 8, hand_frame(&h, 8, &m.req), 1009);
+    assert_int_equal(hand_record(&h, 8, 1009), GPUCD__V1__STATUS__OK);
+    assert_int_equal(rejected(&h) - before, 2);
+
+    /* The same slot queued twice at once: both run and answer into it, in either order. */
+    mh_init(&m, &h, 9, 1010);
+    uint32_t len = hand_frame(&h, 9, &m.req);
+    hand_push(&h, 9, len, 1010);
+    hand_push(&h, 9, len, 1011);
+    doorbell_record *twice = &h.area->records[9];
+    for (uint64_t until = now_us() + 2000000;
+         atomic_load(&twice->id) != 1010 && atomic_load(&twice->id) != 1011;)
+        assert_true(now_us() < until);
+    usleep(50000);
+    assert_true(atomic_load(&twice->id) == 1010 || atomic_load(&twice->id) == 1011);
+    assert_int_equal(twice->status, GPUCD__V1__STATUS__OK);
+
+    /* A cell published out of turn (a sequence number ahead) is not taken until its turn. */
+    submit_cell *cell = &h.area->cells[h.tail % SUBMIT_SLOTS];
+    mh_init(&m, &h, 10, 1012);
+    len = hand_frame(&h, 10, &m.req);
+    cell->id = 1012;
+    cell->slot = 10;
+    cell->len = len;
+    atomic_store(&cell->seq, h.tail + 5);
+    submit_wake_poller(h.wake);
+    usleep(100000);
+    assert_int_not_equal(atomic_load(&h.area->records[10].id), 1012);
+    atomic_store(&cell->seq, h.tail + 1);
+    h.tail++;
+    submit_wake_poller(h.wake);
+    assert_int_equal(hand_record(&h, 10, 1012), GPUCD__V1__STATUS__OK);
+
+    /* Garbage in the wake word costs the poller some sleep, never a request. */
+    atomic_store(&h.wake->sleeping, 0x5a5a5a5a);
+    mh_init(&m, &h, 11, 1013);
+    hand_push(&h, 11, hand_frame(&h, 11, &m.req), 1013);
+    assert_int_equal(hand_record(&h, 11, 1013), GPUCD__V1__STATUS__OK);
+
+    expect_ping(&h.raw);
+    hand_close(&h);
+}
+
+/* A client that leaves with requests queued and running: the daemon serves the next one. */
+static void test_client_leaves_with_requests_queued(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 3; round++) {
+        hand h;
+        hand_open(&h);
+        th_fill_nmmo3_obs(h.data, 1);
+        for (uint32_t s = 0; s < 20; s++) {
+            mh m;
+            mh_init(&m, &h, s, 2000 + s);
+            hand_push(&h, s, hand_frame(&h, s, &m.req), 2000 + s);
+        }
+        hand_close(&h); /* the regions go with the connection, the requests may still run */
+    }
+    hand h;
+    hand_open(&h);
+    th_fill_nmmo3_obs(h.data, 1);
+    mh m;
+    mh_init(&m, &h, 0, 3000);
+    hand_push(&h, 0, hand_frame(&h, 0, &m.req), 3000);
+    assert_int_equal(hand_record(&h, 0, 3000), GPUCD__V1__STATUS__OK);
+    hand_close(&h);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    th_daemon_start(&daemon_, NULL);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    return th_daemon_stop_checked(&daemon_);
+}
+
+int main(int argc, char **argv)
+{
+    th_init(argc, argv);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_calls_go_through_the_queue),
+        cmocka_unit_test(test_failure_comes_back_with_its_message),
+        cmocka_unit_test(test_queues_off_use_the_socket),
+        cmocka_unit_test(test_lost_daemon_fails_a_queued_call_at_once),
+        cmocka_unit_test(test_hostile_queue_opens),
+        cmocka_unit_test(test_hostile_cells),
+        cmocka_unit_test(test_client_leaves_with_requests_queued),
+    };
+    return th_run_group_tests(tests, group_setup, group_teardown);
+}
