@@ -4,8 +4,8 @@
 # shared-memory region and the projected hidden (512, bf16) back, weights
 # resident.  Run ON the GPU machine from the repository root, after a build
 # (default build folder build-gpu; argument 1 overrides it).  Environment:
-# WINDOW_US, PROCS, MAX_BATCHES, SIZES, LOW_LATENCY_FLAGS, CLIENT_SPIN_FLAGS, BACKEND,
-# QUICK (below).
+# WINDOW_US, PROCS, MAX_BATCHES, SUBMIT_QUEUES, SIZES, LOW_LATENCY_FLAGS, CLIENT_SPIN_FLAGS,
+# BACKEND, QUICK (below).
 #
 #  0. the transport's floor: a bare nng req/rep echo, one client process and $PROCS;
 #  1. one client, B = 1024 and B = 32768: latency percentiles and the split
@@ -15,8 +15,8 @@
 #  2. 64 client processes sharing one set of resident weights, each sending
 #     B = 64 batches back to back (closed loop; tests/bench/crowd_bench.c),
 #     against a daemon with batching off and then with --batch-window-us
-#     $WINDOW_US and each --max-batch of $MAX_BATCHES: the summed throughput
-#     and percentiles over every request.
+#     $WINDOW_US and each --max-batch of $MAX_BATCHES, for each --submit-queues
+#     of $SUBMIT_QUEUES: the summed throughput and percentiles over every request.
 #
 # Each gpucdctl checks one request against the CPU kernels before timing and
 # every reply after; a failed run fails the script.  The summary goes to
@@ -29,6 +29,7 @@ work=$(mktemp -d /tmp/gpucd-e2e-XXXXXX)
 WINDOW_US=${WINDOW_US:-1000}
 PROCS=${PROCS:-64}
 MAX_BATCHES=${MAX_BATCHES:-1024 2048 4096 8192} # --max-batch values of the batching-on runs
+SUBMIT_QUEUES=${SUBMIT_QUEUES:-1 0} # --submit-queues values of the crowd runs
 # Seconds of warm-up and of each measured window: ping, encode, crowd (QUICK=1: a smoke test
 # of the script, its figures meaningless; the crowd's window still holds several requests of
 # the CPU backend under a sanitizer on a loaded 2-core machine, ~0.5 s each).
@@ -104,10 +105,14 @@ daemon_stop
 # catch a closed-loop client's next request), then with the client polling for its replies too.
 LOW_LATENCY_FLAGS=${LOW_LATENCY_FLAGS:---cpu-latency-us 0 --spin-us 1000}
 CLIENT_SPIN_FLAGS=${CLIENT_SPIN_FLAGS:---spin-us 1000}
-for variant in defaults lowlat lowlat_clientspin; do
+for variant in defaults noqueues lowlat lowlat_clientspin; do
     flags=
     client_flags=
-    [ "$variant" = defaults ] || flags=$LOW_LATENCY_FLAGS
+    case $variant in
+    defaults) ;;
+    noqueues) flags="--submit-queues 0" ;;
+    *) flags=$LOW_LATENCY_FLAGS ;;
+    esac
     [ "$variant" = lowlat_clientspin ] && client_flags=$CLIENT_SPIN_FLAGS
     echo "== ping, then nmmo3_encode bf16 hidden 512 from one client, obs in a region;" \
         "daemon flags: ${flags:-defaults}; gpucdctl flags: ${client_flags:-defaults}"
@@ -138,15 +143,20 @@ daemon_start
 "$build/tests/bench/crowd_bench" "$sock" --workers "$PROCS" --ping 1 --warmup-s "$CROWD_WARMUP_S" \
     --seconds "$CROWD_S"
 daemon_stop
-echo "== $PROCS processes x B = 64 sharing the weights, batching off, then on (window $WINDOW_US us)"
-daemon_start
-crowd off
-daemon_stop
-# A batch closes when its window ends or when it holds --max-batch rows: the
-# smaller max-batch values let batches run on several execution slots at once.
-for mb in $MAX_BATCHES; do
-    daemon_start --batch-window-us "$WINDOW_US" --max-batch "$mb"
-    crowd "on max-batch $mb"
+# Each with the submission queues (the default) and without (every request through the socket,
+# whose one nng poller thread in the daemon bounded the crowd before them).
+for q in $SUBMIT_QUEUES; do
+    echo "== $PROCS processes x B = 64 sharing the weights, --submit-queues $q," \
+        "batching off, then on (window $WINDOW_US us)"
+    daemon_start --submit-queues "$q"
+    crowd "queues $q, off"
     daemon_stop
+    # A batch closes when its window ends or when it holds --max-batch rows: the
+    # smaller max-batch values let batches run on several execution slots at once.
+    for mb in $MAX_BATCHES; do
+        daemon_start --submit-queues "$q" --batch-window-us "$WINDOW_US" --max-batch "$mb"
+        crowd "queues $q, on max-batch $mb"
+        daemon_stop
+    done
 done
 tar -C "$work" -czf "$out/e2e.tar.gz" .
