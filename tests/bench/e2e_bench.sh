@@ -5,7 +5,7 @@
 # resident.  Run ON the GPU machine from the repository root, after a build
 # (default build folder build-gpu; argument 1 overrides it).  Environment:
 # WINDOW_US, PROCS, MAX_BATCHES, SUBMIT_QUEUES, SIZES, LOW_LATENCY_FLAGS, CLIENT_SPIN_FLAGS,
-# BACKEND, QUICK (below).
+# BACKEND, QUICK, CROWD_ONLY (1: step 2 alone) (below).
 #
 #  0. the transport's floor: a bare nng req/rep echo, one client process and $PROCS;
 #  1. one client, B = 1024 and B = 32768: latency percentiles and the split
@@ -14,8 +14,8 @@
 #     $LOW_LATENCY_FLAGS, and with those and gpucdctl $CLIENT_SPIN_FLAGS;
 #  2. 64 client processes sharing one set of resident weights, each sending
 #     B = 64 batches back to back (closed loop; tests/bench/crowd_bench.c),
-#     against a daemon with batching off and then with --batch-window-us
-#     $WINDOW_US and each --max-batch of $MAX_BATCHES, for each --submit-queues
+#     against a daemon with batching off and then with each --batch-window-us
+#     of $WINDOW_US and each --max-batch of $MAX_BATCHES, for each --submit-queues
 #     of $SUBMIT_QUEUES: the summed throughput and percentiles over every request.
 #
 # Each gpucdctl checks one request against the CPU kernels before timing and
@@ -26,7 +26,7 @@ build=${1:-build-gpu}
 out=${OUT:-./out}
 mkdir -p "$out"
 work=$(mktemp -d /tmp/gpucd-e2e-XXXXXX)
-WINDOW_US=${WINDOW_US:-1000}
+WINDOW_US=${WINDOW_US:-1000} # --batch-window-us values of the batching-on runs
 PROCS=${PROCS:-64}
 MAX_BATCHES=${MAX_BATCHES:-1024 2048 4096 8192} # --max-batch values of the batching-on runs
 SUBMIT_QUEUES=${SUBMIT_QUEUES:-1 0} # --submit-queues values of the crowd runs
@@ -91,45 +91,47 @@ ping() { # csv [gpucdctl bench flags]
         ${WINDOWS:+--max-windows "$WINDOWS"} --csv "$csv" "$@" >/dev/null
     csv_fields "$csv" requests_per_s p50_us p99_us client_transport_us server_queue_us server_other_us
 }
-# The floor under every round trip below: nng alone, two processes, no gpucd code.
-echo "== the transport's floor (tests/bench/nng_echo.c)"
-"$build/tests/bench/nng_echo" 1 "$PING_S"
-"$build/tests/bench/nng_echo" "$PROCS" "$PING_S"
-echo "== ping, --spin-us 0"
-daemon_start --spin-us 0
-ping "$work/e2e_ping_nospin.csv"
-ping "$work/e2e_ping_nospin_slow.csv" --rate 1500
-daemon_stop
-# The one-client figures with the daemon's defaults, then with the latency settings an operator
-# may choose (CPUs kept out of deep sleep while the daemon runs, workers that poll long enough to
-# catch a closed-loop client's next request), then with the client polling for its replies too.
-LOW_LATENCY_FLAGS=${LOW_LATENCY_FLAGS:---cpu-latency-us 0 --spin-us 1000}
-CLIENT_SPIN_FLAGS=${CLIENT_SPIN_FLAGS:---spin-us 1000}
-for variant in defaults noqueues lowlat lowlat_clientspin; do
-    flags=
-    client_flags=
-    case $variant in
-    defaults) ;;
-    noqueues) flags="--submit-queues 0" ;;
-    *) flags=$LOW_LATENCY_FLAGS ;;
-    esac
-    [ "$variant" = lowlat_clientspin ] && client_flags=$CLIENT_SPIN_FLAGS
-    echo "== ping, then nmmo3_encode bf16 hidden 512 from one client, obs in a region;" \
-        "daemon flags: ${flags:-defaults}; gpucdctl flags: ${client_flags:-defaults}"
-    # shellcheck disable=SC2086 # the flags are words
-    daemon_start $flags
-    ping "$work/e2e_ping_$variant.csv"
-    ping "$work/e2e_ping_slow_$variant.csv" --rate 1500
-    for b in $SIZES; do
-        encode "$work/e2e_b${b}_$variant.csv" "$b" 1 --warmup-s "$ENCODE_S" --window-s "$ENCODE_S" \
-            ${WINDOWS:+--max-windows "$WINDOWS"}
-        csv_fields "$work/e2e_b${b}_$variant.csv" batch requests_per_s p50_us p99_us \
-            client_transport_us server_queue_us copy_in_us compute_us copy_out_us server_other_us \
-            overhead_p50_us overhead_p99_us
-    done
+if [ "${CROWD_ONLY:-0}" != 1 ]; then
+    # The floor under every round trip below: nng alone, two processes, no gpucd code.
+    echo "== the transport's floor (tests/bench/nng_echo.c)"
+    "$build/tests/bench/nng_echo" 1 "$PING_S"
+    "$build/tests/bench/nng_echo" "$PROCS" "$PING_S"
+    echo "== ping, --spin-us 0"
+    daemon_start --spin-us 0
+    ping "$work/e2e_ping_nospin.csv"
+    ping "$work/e2e_ping_nospin_slow.csv" --rate 1500
     daemon_stop
-done
-client_flags=
+    # The one-client figures with the daemon's defaults, then with the latency settings an operator
+    # may choose (CPUs kept out of deep sleep while the daemon runs, workers that poll long enough to
+    # catch a closed-loop client's next request), then with the client polling for its replies too.
+    LOW_LATENCY_FLAGS=${LOW_LATENCY_FLAGS:---cpu-latency-us 0 --spin-us 1000}
+    CLIENT_SPIN_FLAGS=${CLIENT_SPIN_FLAGS:---spin-us 1000}
+    for variant in defaults noqueues lowlat lowlat_clientspin; do
+        flags=
+        client_flags=
+        case $variant in
+        defaults) ;;
+        noqueues) flags="--submit-queues 0" ;;
+        *) flags=$LOW_LATENCY_FLAGS ;;
+        esac
+        [ "$variant" = lowlat_clientspin ] && client_flags=$CLIENT_SPIN_FLAGS
+        echo "== ping, then nmmo3_encode bf16 hidden 512 from one client, obs in a region;" \
+            "daemon flags: ${flags:-defaults}; gpucdctl flags: ${client_flags:-defaults}"
+        # shellcheck disable=SC2086 # the flags are words
+        daemon_start $flags
+        ping "$work/e2e_ping_$variant.csv"
+        ping "$work/e2e_ping_slow_$variant.csv" --rate 1500
+        for b in $SIZES; do
+            encode "$work/e2e_b${b}_$variant.csv" "$b" 1 --warmup-s "$ENCODE_S" --window-s "$ENCODE_S" \
+                ${WINDOWS:+--max-windows "$WINDOWS"}
+            csv_fields "$work/e2e_b${b}_$variant.csv" batch requests_per_s p50_us p99_us \
+                client_transport_us server_queue_us copy_in_us compute_us copy_out_us server_other_us \
+                overhead_p50_us overhead_p99_us
+        done
+        daemon_stop
+    done
+    client_flags=
+fi
 
 # $PROCS worker processes sharing one encoder (crowd_bench: one upload, resident weights used by
 # every worker, as RL workers of one learner do), each a closed loop of B = 64 requests.
@@ -153,10 +155,12 @@ for q in $SUBMIT_QUEUES; do
     daemon_stop
     # A batch closes when its window ends or when it holds --max-batch rows: the
     # smaller max-batch values let batches run on several execution slots at once.
-    for mb in $MAX_BATCHES; do
-        daemon_start --submit-queues "$q" --batch-window-us "$WINDOW_US" --max-batch "$mb"
-        crowd "queues $q, on max-batch $mb"
-        daemon_stop
+    for w in $WINDOW_US; do
+        for mb in $MAX_BATCHES; do
+            daemon_start --submit-queues "$q" --batch-window-us "$w" --max-batch "$mb"
+            crowd "queues $q, on window $w us max-batch $mb"
+            daemon_stop
+        done
     done
 done
 tar -C "$work" -czf "$out/e2e.tar.gz" .
