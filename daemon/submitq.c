@@ -37,7 +37,8 @@ struct queue;
 typedef struct submit_work {
     gcd_work work; /* first: the worker's item is this */
     struct queue *q;
-    nng_msg *msg; /* NULL: refused when taken, for `why` */
+    nng_msg *msg; /* NULL: refused when taken, with `refused` for `why` */
+    gcd_status refused;
     const char *why;
     uint64_t id, t_recv;
     uint32_t slot;
@@ -101,7 +102,7 @@ static void work_run(gcd_work *work)
     submit_work *w = (submit_work *)work;
     queue *q = w->q;
     gcd_submitq *sq = q->sq;
-    gcd_outcome out = {.status = GCD_BAD_MESSAGE};
+    gcd_outcome out = {.status = w->refused};
     nng_msg *reply;
     if (w->msg != NULL) {
         reply = gcd_request_serve(sq->d, w->msg, w->t_recv, sq->refuse, &out);
@@ -160,9 +161,11 @@ static void take(gcd_submitq *sq, queue *q, submit_cell *cell)
     w->slot = slot;
     w->t_recv = gcd_now_us();
     if (len == 0 || len > SUBMIT_MESSAGE_MAX) {
+        w->refused = GCD_BAD_MESSAGE;
         w->why = "submission queue: a request's length must be 1 to 2032 bytes (its buffer)";
         atomic_fetch_add_explicit(&sq->d->stats.submit_rejected, 1, memory_order_relaxed);
     } else if (nng_msg_alloc(&w->msg, len) != 0) {
+        w->refused = GCD_RESOURCE_EXHAUSTED;
         w->why = "submission queue: no memory for the request";
     } else {
         memcpy(nng_msg_body(w->msg), q->area->buffers[slot].bytes, len);
