@@ -36,7 +36,7 @@ static bool outputs_in_place(const gpucdc_request *req)
  */
 static bool bells_ready(gpucd_client *c)
 {
-    const unsigned conn = atomic_load_explicit(&c->connections, memory_order_acquire);
+    unsigned conn = atomic_load_explicit(&c->connections, memory_order_acquire);
     /* connection first: its store comes after the state's */
     if (atomic_load_explicit(&c->bells.connection, memory_order_acquire) == conn) {
         const int state = atomic_load_explicit(&c->bells.state, memory_order_acquire);
@@ -44,6 +44,9 @@ static bool bells_ready(gpucd_client *c)
             return state == BELLS_READY;
     }
     pthread_mutex_lock(&c->bells.lock);
+    /* Again under the lock: a reconnect may have come while this thread waited for it, and an
+     * area stored under an older number would be taken for the current connection's. */
+    conn = atomic_load_explicit(&c->connections, memory_order_acquire);
     if (atomic_load_explicit(&c->bells.state, memory_order_relaxed) == BELLS_UNTRIED ||
         atomic_load_explicit(&c->bells.connection, memory_order_relaxed) != conn) {
         gpucd_region *r;

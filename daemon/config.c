@@ -132,7 +132,9 @@ static const config_option config_options[] = {
      "decodes it",
      /* nng refuses receive limits of 4 GiB and more (with the error-reply slack) */
      CONFIG_NUMBER(max_message_mb, 1, 2048)},
-    {"max-inflight", "N", "requests received and served at once (default 64)",
+    {"max-inflight", "N",
+     "requests received and served at once through the socket, and as many again from the "
+     "submission queues (default 64)",
      CONFIG_NUMBER(max_inflight, 1, 4096)},
     {"submit-queues", "0|1",
      "1: local clients may queue requests in shared memory, polled by one daemon thread, "

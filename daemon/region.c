@@ -216,7 +216,13 @@ gcd_status gcd_regions_unregister(gcd_regions *rs, uint32_t owner, uint64_t id, 
     pthread_mutex_lock(&rs->lock);
     size_t i;
     gcd_status status = region_find(rs, owner, id, &i, why, whylen);
-    if (status == GCD_OK) {
+    if (status == GCD_OK && rs->items[i]->queue) {
+        /* Its queue holds it for as long as the connection lasts: waiting would never end. */
+        snprintf(why, whylen, "region %llu is this connection's submission queue; it goes "
+                              "with the connection",
+                 (unsigned long long)id);
+        status = GCD_INVALID_ARGUMENT;
+    } else if (status == GCD_OK) {
         gcd_region *r = rs->items[i];
         region_unlist(rs, i);
         /* Wait for the requests using it: the caller may free the memory after this reply. */
@@ -247,6 +253,16 @@ void gcd_regions_release(gcd_regions *rs, gcd_region *r)
     pthread_mutex_lock(&rs->lock);
     region_unref_locked(rs, r);
     pthread_mutex_unlock(&rs->lock);
+}
+
+int gcd_regions_mark_queue(gcd_regions *rs, gcd_region *r)
+{
+    pthread_mutex_lock(&rs->lock);
+    const int listed = r->listed;
+    if (listed)
+        r->queue = 1;
+    pthread_mutex_unlock(&rs->lock);
+    return listed;
 }
 
 void gcd_regions_drop_owner(gcd_regions *rs, uint32_t owner)

@@ -27,6 +27,7 @@ typedef struct gcd_region {
     size_t size;
     int refs;      /* the table's own reference plus one per request using it */
     int listed;    /* still in the table (not unregistered or dropped) */
+    int queue;     /* its connection's submission queue (submitq.h): goes with the connection */
 } gcd_region;
 
 typedef struct gcd_regions gcd_regions;
@@ -48,6 +49,12 @@ gcd_status gcd_regions_unregister(gcd_regions *rs, uint32_t owner, uint64_t id, 
 gcd_status gcd_regions_acquire(gcd_regions *rs, uint32_t owner, uint64_t id, gcd_region **out,
                                char *why, size_t whylen);
 void gcd_regions_release(gcd_regions *rs, gcd_region *r);
+/*
+ * Marks r (a reference held) as its connection's submission queue, which
+ * unregister then refuses; returns 0 when r is no longer listed (unregistered,
+ * or its connection gone), 1 when marked.
+ */
+int gcd_regions_mark_queue(gcd_regions *rs, gcd_region *r);
 /* Drops every region of a connection that went away (never blocks). */
 void gcd_regions_drop_owner(gcd_regions *rs, uint32_t owner);
 

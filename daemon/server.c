@@ -118,8 +118,11 @@ static void slot_work(gcd_work *work)
  */
 static int workers_wanted(const gcd_config *cfg)
 {
-    uint64_t cap = cfg->batch_window_us > 0 ? 1024 : 16;
-    return (int)(cfg->max_inflight < cap ? cfg->max_inflight : cap);
+    if (cfg->batch_window_us == 0)
+        return cfg->max_inflight < 16 ? (int)cfg->max_inflight : 16;
+    /* The socket's --max-inflight, and as many from the submission queues. */
+    uint64_t n = (uint64_t)cfg->max_inflight * (cfg->submit_queues ? 2 : 1);
+    return (int)(n < 2048 ? n : 2048);
 }
 
 /* nng thread: connections come and go; a departed client's regions and tensors go too. */
@@ -137,9 +140,10 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
         gcd_log_debug("client %u connected", id);
     } else if (ev == NNG_PIPE_EV_REM_POST) {
         atomic_fetch_sub(&d->stats.clients, 1);
+        /* Regions first: a queue opened on one of them meanwhile sees it gone (submitq.c). */
+        gcd_regions_drop_owner(d->regions, id);
         if (d->submitq != NULL)
             gcd_submitq_drop_owner(d->submitq, id);
-        gcd_regions_drop_owner(d->regions, id);
         gcd_residents_drop_owner(d->residents, id);
         gcd_log_debug("client %u disconnected", id);
     }

@@ -81,7 +81,10 @@ static void queue_unref(queue *q)
 
 /*
  * The answer of a request that was not answered by its record alone: the
- * reply's bytes (if any fit) and reply_id in the slot's buffer, then the record.
+ * reply's bytes (if any fit), the record, and reply_id last.  The request's
+ * own path may have stored the record already: a client that saw it waits
+ * for reply_id, after which nothing of this request touches the slot, so
+ * the slot's next request is never overwritten by this one.
  */
 static void answer(queue *q, const submit_work *w, nng_msg *reply, gcd_status st)
 {
@@ -92,8 +95,8 @@ static void answer(queue *q, const submit_work *w, nng_msg *reply, gcd_status st
     if (len > 0)
         memcpy(b->bytes, nng_msg_body(reply), len);
     b->reply_len = (uint32_t)len;
-    atomic_store_explicit(&b->reply_id, w->id, memory_order_seq_cst);
     gcd_doorbell_ring_record(&q->area->records[w->slot], w->id, st, NULL);
+    atomic_store_explicit(&b->reply_id, w->id, memory_order_seq_cst);
 }
 
 /* Worker thread: runs a taken request, answers it if its record did not, frees its slot. */
@@ -178,9 +181,25 @@ static void take(gcd_submitq *sq, queue *q, submit_cell *cell)
     gcd_workers_submit(sq->workers, &w->work);
 }
 
+/* With the list locked: the first queue goes last, so each pass starts at another one. */
+static void rotate(gcd_submitq *sq)
+{
+    queue *first = sq->queues;
+    if (first == NULL || first->next == NULL)
+        return;
+    queue *last = first;
+    while (last->next != NULL)
+        last = last->next;
+    sq->queues = first->next;
+    first->next = NULL;
+    last->next = first;
+}
+
 /*
- * Takes what the queues hold, a few from each in turn; returns how many.
- * *full: some were left because --max-inflight requests of the queues run.
+ * Takes what the queues hold, a few from each in turn, starting one queue
+ * further each pass (at --max-inflight each pass may take only one: the
+ * queues take turns); returns how many.  *full: some were left because
+ * --max-inflight requests of the queues run.
  */
 static int scan(gcd_submitq *sq, int *full)
 {
@@ -188,6 +207,7 @@ static int scan(gcd_submitq *sq, int *full)
     int took = 0;
     *full = 0;
     pthread_mutex_lock(&sq->lock);
+    rotate(sq);
     for (queue *q = sq->queues; q != NULL; q = q->next) {
         for (int k = 0; k < TAKE_PER_PASS; k++) {
             submit_cell *cell = &q->area->cells[q->head % SUBMIT_SLOTS];
@@ -331,6 +351,23 @@ int gcd_submitq_start(gcd_submitq **out, gcd_daemon *d, gcd_workers *workers, at
     return 0;
 }
 
+/* Takes q off the list and drops the list's reference, unless another thread did first. */
+static void queue_remove(gcd_submitq *sq, queue *q)
+{
+    pthread_mutex_lock(&sq->lock);
+    queue **pp = &sq->queues;
+    while (*pp != NULL && *pp != q)
+        pp = &(*pp)->next;
+    const int found = *pp != NULL;
+    if (found)
+        *pp = q->next;
+    pthread_mutex_unlock(&sq->lock);
+    if (found) {
+        atomic_fetch_sub_explicit(&sq->d->stats.submit_queues, 1, memory_order_relaxed);
+        queue_unref(q);
+    }
+}
+
 gcd_status gcd_submitq_open(gcd_submitq *sq, uint32_t owner, uint64_t region_id,
                             const char **wake_name, char *why, size_t whylen)
 {
@@ -370,6 +407,17 @@ gcd_status gcd_submitq_open(gcd_submitq *sq, uint32_t owner, uint64_t region_id,
     sq->queues = q;
     pthread_mutex_unlock(&sq->lock);
     atomic_fetch_add_explicit(&sq->d->stats.submit_queues, 1, memory_order_relaxed);
+    /*
+     * Listed after the queue is: had the connection gone (its regions are dropped before
+     * its queue) or the region been unregistered meanwhile, nothing would ever drop it.
+     */
+    if (!gcd_regions_mark_queue(sq->d->regions, r)) {
+        queue_remove(sq, q);
+        snprintf(why, whylen, "submit_queue_open: region %llu was unregistered, or its "
+                              "connection closed",
+                 (unsigned long long)region_id);
+        return GCD_NOT_FOUND;
+    }
     *wake_name = sq->wake_name;
     return GCD_OK;
 }
@@ -378,12 +426,11 @@ void gcd_submitq_drop_owner(gcd_submitq *sq, uint32_t owner)
 {
     pthread_mutex_lock(&sq->lock);
     queue **pp = &sq->queues, *q = NULL;
-    for (; *pp != NULL; pp = &(*pp)->next) {
-        if ((*pp)->owner == owner) {
-            q = *pp;
-            *pp = q->next;
-            break;
-        }
+    while (*pp != NULL && (*pp)->owner != owner)
+        pp = &(*pp)->next;
+    if (*pp != NULL) {
+        q = *pp;
+        *pp = q->next;
     }
     pthread_mutex_unlock(&sq->lock);
     if (q != NULL) {

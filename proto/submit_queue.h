@@ -24,18 +24,24 @@
  * Nothing here is trusted by the daemon: it reads each field once, checks
  * it, and copies the request's bytes before decoding them.
  *
- * The answer: a request that succeeds record-only is answered by its record
- * alone.  Any other answer (a failure, with its message) is the reply's
- * bytes in the slot's buffer, then reply_id = the request's id, then the
- * record, whose status is the reply's; a client that sees a failure in the
- * record waits for reply_id before reading the message.
- *
  * Waking the daemon: the poller polls the queues while requests come and
  * then sleeps on the `sleeping` word of the daemon's wake page (a shared
- * memory object named in the SubmitQueue reply).  It stores sleeping = 1 and
- * looks at every queue again before it sleeps; a producer stores its cell's
- * seq and then reads sleeping (both sequentially consistent): of the two,
- * either the poller sees the cell or the producer sees it asleep and wakes it.
+ * memory object named in the SubmitQueue reply): it stores sleeping = 1,
+ * looks at every queue again, and sleeps while the word is 1.  A producer
+ * stores its cell's seq, then sleeping = 0, then wakes the word's sleeper
+ * (all sequentially consistent): if the poller's last look missed the cell,
+ * its sleep either sees the 0 or is woken.  The producer wakes always: every
+ * client can write the word, so a producer that trusted it to say whether
+ * the poller sleeps could be made to skip the wake by another client, and
+ * that client's requests would wait for the poller's nap to end.  A wake
+ * with nobody asleep costs the producer one system call, not the daemon.
+ *
+ * The answer: a request that succeeds record-only is answered by its record
+ * alone.  Any other answer (a failure, with its message) is the reply's
+ * bytes in the slot's buffer, the record, whose status is the reply's, and
+ * then reply_id = the request's id, last: a client that sees a failure in the
+ * record (which the request's own path may have stored first) waits for
+ * reply_id before reading the message or using the slot again.
  */
 #ifndef GPUCD_SUBMIT_QUEUE_H
 #define GPUCD_SUBMIT_QUEUE_H
@@ -79,7 +85,7 @@ typedef struct submit_area {
 } submit_area;
 
 typedef struct submit_wake {
-    _Atomic uint32_t sleeping; /* 1 while the daemon's poller sleeps, or is about to */
+    _Atomic uint32_t sleeping; /* the daemon's poller sleeps while it is 1 */
 } submit_wake;
 
 enum { SUBMIT_MESSAGE_MAX = (int)sizeof(((submit_buffer *)0)->bytes) };
@@ -88,12 +94,11 @@ _Static_assert(sizeof(submit_cell) == 64, "one cell, one cache line");
 _Static_assert(sizeof(submit_buffer) == SUBMIT_BUFFER_BYTES, "buffers tile the area");
 _Static_assert(sizeof(submit_area) % 64 == 0, "the area is whole cache lines");
 
-/* Wakes the daemon's poller if it sleeps (one load when it does not). */
+/* Wakes the daemon's poller if it sleeps (see above why unconditionally). */
 static inline void submit_wake_poller(submit_wake *w)
 {
-    if (atomic_load_explicit(&w->sleeping, memory_order_seq_cst) != 0 &&
-        atomic_exchange_explicit(&w->sleeping, 0, memory_order_seq_cst) != 0)
-        syscall(SYS_futex, (void *)&w->sleeping, FUTEX_WAKE, 1, NULL, NULL, 0);
+    atomic_store_explicit(&w->sleeping, 0, memory_order_seq_cst);
+    syscall(SYS_futex, (void *)&w->sleeping, FUTEX_WAKE, 1, NULL, NULL, 0);
 }
 
 #endif

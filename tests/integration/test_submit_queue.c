@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -157,6 +158,51 @@ static void test_failure_comes_back_with_its_message(void **state)
         fail_msg("the error does not name the agent: '%s'", gpucd_errmsg(c));
     assert_int_equal(stat_of(c, "submit_taken") - taken, 1);
     encode_and_check(c, r, 0); /* the slot serves on */
+    assert_int_equal(gpucd_region_destroy(r), 0);
+    gpucd_close(c);
+}
+
+/* Threads each alternating a failing call and a good one on the same slot, back to back. */
+enum { ALT_THREADS = 4, ALT_ROUNDS = 60 };
+
+static void *alternate_main(void *arg)
+{
+    worker *w = arg;
+    const uint64_t obs_off = (uint64_t)w->k * slice_bytes();
+    uint8_t *obs = (uint8_t *)gpucd_region_data(w->r) + obs_off;
+    gpucd_tensor tobs = gpucd_tensor_region(w->r, obs_off, GPUCD_U8, 2, TH_SHAPE(B, 1707));
+    gpucd_tensor tout = gpucd_tensor_region(w->r, (obs_off + OBS_BYTES + 63) / 64 * 64,
+                                            GPUCD_F32, 4, TH_SHAPE(B, 59, 11, 15));
+    for (int i = 0; i < ALT_ROUNDS; i++) {
+        th_fill_nmmo3_obs(obs, B);
+        obs[5] = 200; /* agent 0: a value no feature has */
+        int rv = gpucd_multihot_encode(w->c, NULL, &tobs, &tout, NULL);
+        if (rv != GPUCD_EOUT_OF_RANGE)
+            fail_msg("round %d: the failing call returned %d (%s)", i, rv, gpucd_errmsg(w->c));
+        encode_and_check(w->c, w->r, w->k); /* timed out when a late record overwrote its own */
+    }
+    return NULL;
+}
+
+/*
+ * A failure's answer is stored in two steps (the record by the request's path, then the
+ * reply's bytes and the record again): the next call on the slot must never see the first
+ * request's second step over its own record.
+ */
+static void test_failures_and_successes_alternate(void **state)
+{
+    (void)state;
+    gpucd_client *c = connect_to(daemon_.ipc_url, 0, 5000);
+    gpucd_region *r;
+    assert_int_equal(gpucd_region_create(c, ALT_THREADS * slice_bytes(), &r), 0);
+    pthread_t th[ALT_THREADS];
+    worker w[ALT_THREADS];
+    for (int i = 0; i < ALT_THREADS; i++) {
+        w[i] = (worker){.c = c, .r = r, .k = i};
+        assert_int_equal(pthread_create(&th[i], NULL, alternate_main, &w[i]), 0);
+    }
+    for (int i = 0; i < ALT_THREADS; i++)
+        pthread_join(th[i], NULL);
     assert_int_equal(gpucd_region_destroy(r), 0);
     gpucd_close(c);
 }
@@ -507,6 +553,15 @@ static void test_hostile_queue_opens(void **state)
     assert_int_equal(rep->status, GPUCD__V1__STATUS__OK);
     gpucd__v1__reply__free_unpacked(rep, NULL);
     expect(open_queue(&raw, id), GPUCD__V1__STATUS__INVALID_ARGUMENT, "has a queue already");
+    /* The queue holds its region for as long as the connection lasts: unregistering it would
+     * wait for ever (and hold a worker), so it is refused. */
+    Gpucd__V1__Request unreg = GPUCD__V1__REQUEST__INIT;
+    Gpucd__V1__RegionUnregister un = GPUCD__V1__REGION_UNREGISTER__INIT;
+    un.region_id = id;
+    unreg.op_case = GPUCD__V1__REQUEST__OP_REGION_UNREGISTER;
+    unreg.region_unregister = &un;
+    expect(th_raw_call(&raw, &unreg, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "is this connection's submission queue");
     /* Another connection's region is not this one's to open. */
     th_raw other;
     th_raw_open(&other, daemon_.ipc_url);
@@ -628,6 +683,61 @@ static void test_hostile_cells(void **state)
     hand_close(&h);
 }
 
+/* Another client clearing the daemon's wake word while its poller sleeps. */
+typedef struct wake_thief {
+    submit_wake *wake;
+    atomic_int stop;
+} wake_thief;
+
+static void *wake_thief_main(void *arg)
+{
+    wake_thief *t = arg;
+    while (!atomic_load(&t->stop)) {
+        if (atomic_load(&t->wake->sleeping) == 1)
+            atomic_store(&t->wake->sleeping, 0); /* "awake": others need not wake it */
+        sched_yield();
+    }
+    return NULL;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Calls of an honest client while another one lies in the wake word: none waits for a nap. */
+static void test_wake_word_lies_delay_nobody(void **state)
+{
+    (void)state;
+    hand h;
+    hand_open(&h);
+    wake_thief t = {.wake = h.wake};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, wake_thief_main, &t), 0);
+    gpucd_client *c = connect_to(daemon_.ipc_url, 0, 20000);
+    gpucd_region *r;
+    assert_int_equal(gpucd_region_create(c, slice_bytes(), &r), 0);
+    enum { CALLS_N = 15 };
+    uint64_t us[CALLS_N];
+    for (int i = 0; i < CALLS_N; i++) {
+        usleep(20000); /* the poller goes to sleep in between */
+        const uint64_t t0 = now_us();
+        encode_and_check(c, r, 0);
+        us[i] = now_us() - t0;
+    }
+    atomic_store(&t.stop, 1);
+    pthread_join(th, NULL);
+    qsort(us, CALLS_N, sizeof us[0], cmp_u64);
+    /* The poller's nap is 100 ms: a median call that waited for it would show. */
+    if (us[CALLS_N / 2] > 50000)
+        fail_msg("median call %llu us: calls waited for the poller's nap",
+                 (unsigned long long)us[CALLS_N / 2]);
+    assert_int_equal(gpucd_region_destroy(r), 0);
+    gpucd_close(c);
+    hand_close(&h);
+}
+
 /* A client that leaves with requests queued and running: the daemon serves the next one. */
 static void test_client_leaves_with_requests_queued(void **state)
 {
@@ -672,10 +782,12 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_calls_go_through_the_queue),
         cmocka_unit_test(test_failure_comes_back_with_its_message),
+        cmocka_unit_test(test_failures_and_successes_alternate),
         cmocka_unit_test(test_queues_off_use_the_socket),
         cmocka_unit_test(test_lost_daemon_fails_a_queued_call_at_once),
         cmocka_unit_test(test_hostile_queue_opens),
         cmocka_unit_test(test_hostile_cells),
+        cmocka_unit_test(test_wake_word_lies_delay_nobody),
         cmocka_unit_test(test_client_leaves_with_requests_queued),
     };
     return th_run_group_tests(tests, group_setup, group_teardown);
