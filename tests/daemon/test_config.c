@@ -26,8 +26,8 @@ static void test_defaults_and_flags(void **state)
                           "--backend", "cpu", "--device", "3", "--workspace-mb", "64",
                           "--resident-mb=128", "--max-message-mb", "8", "--max-inflight", "5",
                           "--log-level", "debug", "--stats-listen", "none", "--spin-us", "0",
-                          "--cpu-latency-us", "2"};
-    assert_int_equal(parse(&cfg, err, sizeof err, 23, argv), 0);
+                          "--cpu-latency-us", "2", "--submit-queues", "0"};
+    assert_int_equal(parse(&cfg, err, sizeof err, 25, argv), 0);
     assert_int_equal(cfg.nlisten, 2);
     assert_string_equal(cfg.listen[1], "tcp://127.0.0.1:9");
     assert_int_equal(cfg.backend, GCD_BACKEND_CPU);
@@ -40,11 +40,13 @@ static void test_defaults_and_flags(void **state)
     assert_string_equal(cfg.stats_listen, "none");
     assert_int_equal(cfg.spin_us, 0);
     assert_int_equal(cfg.cpu_latency_us, 2);
+    assert_int_equal(cfg.submit_queues, 0);
 
     const char *none[] = {"gpucd"};
     assert_int_equal(parse(&cfg, err, sizeof err, 1, none), 0);
     assert_int_equal(cfg.backend, GCD_BACKEND_AUTO);
     assert_int_equal(cfg.max_inflight, 64);
+    assert_int_equal(cfg.submit_queues, 1);
     /* Unset: chosen later from the CPU count and the device's memory. */
     assert_true(cfg.spin_us == GCD_SPIN_AUTO);
     assert_true(cfg.workspace_mb == GCD_WORKSPACE_AUTO);
@@ -83,6 +85,7 @@ static void test_bad_flags(void **state)
     expect_error(3, (const char *[]){"gpucd", "--max-batch", "0"}, "--max-batch 0");
     expect_error(3, (const char *[]){"gpucd", "--spin-us", "1000001"}, "0..1000000");
     expect_error(3, (const char *[]){"gpucd", "--spin-us", "-5"}, "--spin-us -5");
+    expect_error(3, (const char *[]){"gpucd", "--submit-queues", "2"}, "0..1");
     expect_error(3, (const char *[]){"gpucd", "--workspace-mb", "0"}, "--workspace-mb 0");
     expect_error(3, (const char *[]){"gpucd", "--cpu-latency-us", "-1"}, "0..1000000");
     expect_error(3, (const char *[]){"gpucd", "--cpu-latency-us", "off"}, "--cpu-latency-us off");

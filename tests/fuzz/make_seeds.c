@@ -64,6 +64,13 @@ int main(int argc, char **argv)
     ping.ping = &p;
     rc |= seed_write(dir, "ping", &ping, NULL, 0);
 
+    Gpucd__V1__Request sq = GPUCD__V1__REQUEST__INIT;
+    Gpucd__V1__SubmitQueueOpen sqo = GPUCD__V1__SUBMIT_QUEUE_OPEN__INIT;
+    sqo.region_id = 1;
+    sq.op_case = GPUCD__V1__REQUEST__OP_SUBMIT_QUEUE_OPEN;
+    sq.submit_queue_open = &sqo;
+    rc |= seed_write(dir, "submit_queue_open", &sq, NULL, 0);
+
     /* conv2d_forward: x (1,2,4,4) at 0, w (3,2,3,3) at 128, y back in the payload. */
     Gpucd__V1__Request conv = GPUCD__V1__REQUEST__INIT;
     Gpucd__V1__Conv2dForward cf = GPUCD__V1__CONV2D_FORWARD__INIT;
