@@ -222,10 +222,12 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
             goto fail;
         }
     }
+    /* Without them (no /dev/shm, say) every request uses the socket: slower, not broken. */
+    char why[256];
     if (d->cfg.submit_queues &&
-        gcd_submitq_start(&d->submitq, d, srv->workers, &srv->busy, &srv->refuse, err,
-                          errlen) != 0)
-        goto fail;
+        gcd_submitq_start(&d->submitq, d, srv->workers, &srv->busy, &srv->refuse, why,
+                          sizeof why) != 0)
+        gcd_log_warn("%s; serving without submission queues", why);
     for (int i = 0; i < d->cfg.nlisten; i++)
         if (server_listen(srv, d->cfg.listen[i], err, errlen) != 0)
             goto fail;
