@@ -19,77 +19,25 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "multihot_calls.h"
 #ifdef TH_BACKEND_CUDA
 #include "th_cuda.h"
 #endif
 
 static th_daemon daemon_;
 
-enum { B = 4, OBS_BYTES = B * 1707, OUT_FLOATS = B * 59 * 11 * 15 };
-
-/* One of the daemon's counters, from its stats. */
-static uint64_t stat_of(gpucd_client *c, const char *key)
-{
-    char *json = NULL, quoted[64];
-    assert_int_equal(gpucd_stats_json(c, &json), 0);
-    snprintf(quoted, sizeof quoted, "\"%s\":", key);
-    const char *at = strstr(json, quoted);
-    assert_non_null(at);
-    uint64_t n = strtoull(at + strlen(quoted), NULL, 10);
-    free(json);
-    return n;
-}
+enum { B = TH_MH_B, OBS_BYTES = TH_MH_OBS_BYTES, OUT_FLOATS = TH_MH_OUT_FLOATS };
 
 /* Completion records written, and of those the requests they alone answered (no reply). */
-static uint64_t doorbells_rung(gpucd_client *c) { return stat_of(c, "doorbells"); }
-static uint64_t record_answers(gpucd_client *c) { return stat_of(c, "record_answers"); }
+static uint64_t doorbells_rung(gpucd_client *c) { return th_mh_stat(c, "doorbells"); }
+static uint64_t record_answers(gpucd_client *c) { return th_mh_stat(c, "record_answers"); }
 
 static gpucd_client *connect_spinning(int spin_us)
 {
-    gpucd_options o;
-    gpucd_options_init(&o);
-    o.spin_us = spin_us;
-    gpucd_client *c = NULL;
-    int rv = gpucd_connect(daemon_.ipc_url, &o, &c);
-    if (rv != 0)
-        fail_msg("connect %s: %s", daemon_.ipc_url, gpucd_errmsg(NULL));
-    return c;
+    return th_mh_connect(daemon_.ipc_url, spin_us, 0);
 }
 
-/*
- * One multihot encode of fresh observations at slice k of region r (its
- * observations, then its output), checked byte for byte against the CPU
- * kernel as soon as the call returns.
- */
-static void encode_and_check(gpucd_client *c, gpucd_region *r, int k)
-{
-    const uint64_t obs_off = (uint64_t)k * (OBS_BYTES + OUT_FLOATS * 4 + 64) / 64 * 64;
-    const uint64_t out_off = (obs_off + OBS_BYTES + 63) / 64 * 64;
-    uint8_t *obs = (uint8_t *)gpucd_region_data(r) + obs_off;
-    float *out = (float *)((uint8_t *)gpucd_region_data(r) + out_off);
-    th_fill_nmmo3_obs(obs, B);
-    memset(out, 0xff, OUT_FLOATS * 4); /* NaN: an unwritten element fails */
-    gpucd_tensor tobs = gpucd_tensor_region(r, obs_off, GPUCD_U8, 2, TH_SHAPE(B, 1707));
-    gpucd_tensor tout = gpucd_tensor_region(r, out_off, GPUCD_F32, 4, TH_SHAPE(B, 59, 11, 15));
-    gpucd_timings t;
-    int rv = gpucd_multihot_encode(c, NULL, &tobs, &tout, &t);
-    if (rv != 0)
-        fail_msg("multihot_encode: %s", gpucd_errmsg(c));
-    assert_true(t.total_us > 0 && t.round_trip_us >= t.total_us);
-    float *want = th_xmalloc(OUT_FLOATS * 4);
-    gk_tensor gobs = gk_tensor_make(obs, GK_U8, 2, TH_SHAPE(B, 1707));
-    gk_tensor gout = gk_tensor_make(want, GK_F32, 4, TH_SHAPE(B, 59, 11, 15));
-    gk_err err;
-    assert_int_equal(gk_cpu_multihot_encode(&gk_nmmo3_layout, &gobs, &gout, &err), 0);
-    if (memcmp(out, want, OUT_FLOATS * 4) != 0)
-        fail_msg("slice %d: the output differs from the CPU kernel's", k);
-    free(want);
-}
-
-static size_t region_bytes(int slices)
-{
-    return (size_t)slices * (OBS_BYTES + OUT_FLOATS * 4 + 64) + 4096;
-}
+static size_t region_bytes(int slices) { return (size_t)slices * th_mh_slice_bytes() + 4096; }
 
 static void test_polling_client_ends_on_the_record(void **state)
 {
@@ -99,7 +47,7 @@ static void test_polling_client_ends_on_the_record(void **state)
     assert_int_equal(gpucd_region_create(c, region_bytes(1), &r), 0);
     const uint64_t before = doorbells_rung(c), answered = record_answers(c);
     for (int i = 0; i < 20; i++)
-        encode_and_check(c, r, 0);
+        th_mh_encode_and_check(c, r, 0);
     assert_int_equal(doorbells_rung(c) - before, 20);
     assert_int_equal(record_answers(c) - answered, 20); /* no reply sent for any */
     /* The library's doorbell region is its own: the caller sees only r. */
@@ -122,7 +70,7 @@ static void test_sleeping_client_and_outputs_in_the_reply(void **state)
     assert_int_equal(gpucd_region_create(c, region_bytes(1), &r), 0);
     uint64_t before = doorbells_rung(c), answered = record_answers(c);
     for (int i = 0; i < 5; i++)
-        encode_and_check(c, r, 0);
+        th_mh_encode_and_check(c, r, 0);
     assert_int_equal(doorbells_rung(c) - before, 5);
     assert_int_equal(record_answers(c) - answered, 5);
     assert_int_equal(gpucd_region_destroy(r), 0);
@@ -152,7 +100,7 @@ static void test_control_operations_name_no_record(void **state)
     gpucd_client *c = connect_spinning(0);
     gpucd_region *r;
     assert_int_equal(gpucd_region_create(c, region_bytes(1), &r), 0);
-    encode_and_check(c, r, 0); /* the records exist from here */
+    th_mh_encode_and_check(c, r, 0); /* the records exist from here */
     float src[64], *dst = (float *)gpucd_region_data(r);
     th_fill_f32(src, 64);
     uint64_t id;
@@ -189,27 +137,13 @@ static void test_failure_still_brings_its_message(void **state)
     assert_int_equal(doorbells_rung(c) - before, 1);
     assert_int_equal(record_answers(c), answered); /* a failure is replied to, with its message */
     /* And the connection goes on. */
-    encode_and_check(c, r, 0);
+    th_mh_encode_and_check(c, r, 0);
     assert_int_equal(gpucd_region_destroy(r), 0);
     gpucd_close(c);
 }
 
 /* Threads of one client, each with its own slices: more calls in flight than one. */
 enum { THREADS = 6, CALLS = 25 };
-
-typedef struct worker {
-    gpucd_client *c;
-    gpucd_region *r;
-    int k;
-} worker;
-
-static void *worker_main(void *arg)
-{
-    worker *w = arg;
-    for (int i = 0; i < CALLS; i++)
-        encode_and_check(w->c, w->r, w->k);
-    return NULL;
-}
 
 static void test_concurrent_calls(void **state)
 {
@@ -219,10 +153,10 @@ static void test_concurrent_calls(void **state)
     assert_int_equal(gpucd_region_create(c, region_bytes(THREADS), &r), 0);
     const uint64_t before = doorbells_rung(c);
     pthread_t th[THREADS];
-    worker w[THREADS];
+    th_mh_worker w[THREADS];
     for (int i = 0; i < THREADS; i++) {
-        w[i] = (worker){.c = c, .r = r, .k = i};
-        assert_int_equal(pthread_create(&th[i], NULL, worker_main, &w[i]), 0);
+        w[i] = (th_mh_worker){.c = c, .r = r, .k = i, .calls = CALLS};
+        assert_int_equal(pthread_create(&th[i], NULL, th_mh_worker_main, &w[i]), 0);
     }
     for (int i = 0; i < THREADS; i++)
         pthread_join(th[i], NULL);
@@ -253,7 +187,7 @@ static void test_records_after_a_daemon_restart(void **state)
     assert_int_equal(gpucd_connect(url, &o, &c), 0);
     gpucd_region *r;
     assert_int_equal(gpucd_region_create(c, region_bytes(1), &r), 0);
-    encode_and_check(c, r, 0);
+    th_mh_encode_and_check(c, r, 0);
     assert_int_equal(th_daemon_stop(&first), 0);
 
     th_daemon second;
@@ -271,7 +205,7 @@ static void test_records_after_a_daemon_restart(void **state)
     assert_int_equal(gpucd_region_create(c, region_bytes(1), &r), 0);
     const uint64_t before = doorbells_rung(c);
     for (int i = 0; i < 3; i++)
-        encode_and_check(c, r, 0);
+        th_mh_encode_and_check(c, r, 0);
     assert_int_equal(doorbells_rung(c) - before, 3);
     assert_int_equal(gpucd_region_destroy(r), 0);
     gpucd_close(c);

@@ -130,23 +130,11 @@ static inline void ktensor_poison(ktensor *k)
         ktensor_set(k, i, NAN);
 }
 
-/* ||out - ref|| / ||ref||; infinity when out holds a NaN. */
-static inline double ktest_rel_err(const ktensor *out, const double *ref)
-{
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < out->n; i++) {
-        double o = ktensor_get(out, i);
-        if (isnan(o))
-            return INFINITY;
-        num += (o - ref[i]) * (o - ref[i]);
-        den += ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 /*
- * ||out - ref|| / ||mag||, where mag holds each element's sum of |terms|: the error a
- * rounding sum may make is bounded by that magnitude, not by the (possibly cancelled) result.
+ * ||out - ref|| / ||mag||; infinity when out holds a NaN.  mag = ref is the
+ * relative error; mag holding each element's sum of |terms| measures a
+ * rounding sum against the error it may make, which the (possibly
+ * cancelled) result does not bound.
  */
 static inline double ktest_cond_err(const ktensor *out, const double *ref, const double *mag)
 {
@@ -159,6 +147,12 @@ static inline double ktest_cond_err(const ktensor *out, const double *ref, const
         den += mag[i] * mag[i];
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* ||out - ref|| / ||ref||; infinity when out holds a NaN. */
+static inline double ktest_rel_err(const ktensor *out, const double *ref)
+{
+    return ktest_cond_err(out, ref, ref);
 }
 
 static inline double ktest_rel_err_d(const double *a, const double *ref, int64_t n)
