@@ -5,9 +5,9 @@
  * the socket (proto/doorbell_record.h says why).  The records are the start
  * of the client's submission area (proto/submit_queue.h), registered as a
  * region at the first call that can use it (again after a reconnect: the
- * daemon may be a new one); each slot (nng context) keeps one record, and
- * the area's buffer of the same number, for good, so two calls in flight
- * never share one.
+ * daemon may be a new one); each slot (nng context) keeps one record of the
+ * area, and the area's buffer of the same number, for as long as the area
+ * serves, so two calls in flight never share one.
  */
 #include <string.h>
 
@@ -62,6 +62,7 @@ static bool bells_ready(gpucd_client *c)
                 c->bells.retired = old;
             }
             atomic_store_explicit(&c->bells.region, r, memory_order_release);
+            c->bells.next = 0; /* every record of the new area is free */
         }
         atomic_store_explicit(&c->bells.state, rv == 0 ? BELLS_READY : BELLS_UNAVAILABLE,
                               memory_order_release);
@@ -79,15 +80,18 @@ doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s, gpucdc_
     if (!c->local || !wire_op_is_compute(req->msg.op_case) || !outputs_in_place(req) ||
         !bells_ready(c))
         return NULL;
-    if (s->bell < 0) {
+    const gpucd_region *r = atomic_load_explicit(&c->bells.region, memory_order_acquire);
+    if (s->bell < 0 || s->bell_area != r) {
+        /* None yet, or one of an earlier connection's area: a record of the current area,
+         * where a call given up on before a reconnect holds none. */
         pthread_mutex_lock(&c->bells.lock);
-        if (c->bells.next < BELLS_COUNT)
-            s->bell = c->bells.next++;
+        r = atomic_load_explicit(&c->bells.region, memory_order_relaxed);
+        s->bell = c->bells.next < BELLS_COUNT ? c->bells.next++ : -1;
+        s->bell_area = r;
         pthread_mutex_unlock(&c->bells.lock);
         if (s->bell < 0)
             return NULL; /* more slots than records: this one waits for its replies */
     }
-    const gpucd_region *r = atomic_load_explicit(&c->bells.region, memory_order_acquire);
     gpucd__v1__region_slice__init(&req->doorbell);
     req->doorbell.region_id = r->id;
     req->doorbell.offset = (uint64_t)s->bell * DOORBELL_BYTES;

@@ -55,6 +55,7 @@ typedef struct gpucdc_slot {
     atomic_int state; /* GPUCDC_SLOT_*: set by the caller and the aio's callback */
     struct gpucd_client *client;
     int bell; /* its completion record in the client's doorbell region; -1: none */
+    const struct gpucd_region *bell_area; /* the area (one a connection) `bell` is a record of */
     struct doorbell_record *bell_rec; /* the current call's record, NULL when it names none */
     struct gpucdc_slot *next_free;
     struct gpucdc_slot *next_all;
@@ -67,7 +68,7 @@ typedef struct gpucdc_bells {
     atomic_uint connection; /* the connection (gpucd_client.connections) state is about */
     _Atomic(struct gpucd_region *) region; /* the records of that connection's daemon */
     struct gpucd_region *retired; /* earlier connections' records, mapped until close */
-    int next; /* the next record to give a new slot */
+    int next; /* the next record of the current area to give a slot */
 } gpucdc_bells;
 
 struct gpucd_client {

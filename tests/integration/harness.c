@@ -151,6 +151,16 @@ void th_daemon_start(th_daemon *d, const char *const *extra)
     th_die("the daemon did not answer within 60 s");
 }
 
+/* The log, the socket and the folder of a daemon that has exited. */
+static void daemon_remove_files(const th_daemon *d)
+{
+    unlink(d->log_path);
+    char sock[300];
+    snprintf(sock, sizeof sock, "%s/gpucd.sock", d->dir);
+    unlink(sock);
+    rmdir(d->dir);
+}
+
 int th_daemon_stop(th_daemon *d)
 {
     if (d->pid <= 0)
@@ -174,12 +184,18 @@ int th_daemon_stop(th_daemon *d)
     int rc = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
     if (rc != 0)
         th_daemon_dump_log(d);
-    unlink(d->log_path);
-    char sock[300];
-    snprintf(sock, sizeof sock, "%s/gpucd.sock", d->dir);
-    unlink(sock);
-    rmdir(d->dir);
+    daemon_remove_files(d);
     return rc;
+}
+
+void th_daemon_kill(th_daemon *d)
+{
+    if (d->pid <= 0)
+        return;
+    kill(d->pid, SIGKILL);
+    waitpid(d->pid, NULL, 0);
+    d->pid = 0;
+    daemon_remove_files(d);
 }
 
 void th_daemon_dump_log(const th_daemon *d)

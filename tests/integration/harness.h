@@ -36,6 +36,8 @@ void th_seed(void);
 void th_daemon_start(th_daemon *d, const char *const *extra);
 /* SIGTERM; waits; returns the exit status (or -signal). */
 int th_daemon_stop(th_daemon *d);
+/* SIGKILL, as a crash would end it (no drain); waits; removes its files. */
+void th_daemon_kill(th_daemon *d);
 /* th_daemon_stop for a group teardown: 0 when the daemon exited 0, else -1 with a message. */
 int th_daemon_stop_checked(th_daemon *d);
 /* Prints the daemon's log (for a failing test). */
