@@ -4,14 +4,15 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
-#include <signal.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/random.h>
 #include <time.h>
 
@@ -63,6 +64,7 @@ struct gcd_submitq {
     const atomic_int *refuse;
     char wake_name[WAKE_NAME_MAX];
     submit_wake *wake;
+    int wake_fd; /* open while the daemon runs: its lock says the page is in use */
     pthread_mutex_t lock; /* the list; held by the poller while it takes */
     queue *queues;
     atomic_int running; /* taken and not answered, every queue */
@@ -266,8 +268,10 @@ static void *poller_main(void *arg)
 }
 
 /*
- * A daemon that was killed left its wake page behind (no exit ran to remove it):
- * the next one to start removes the pages of every daemon no longer running.
+ * A daemon that was killed left its wake page behind (no exit ran to remove
+ * it): the next one to start removes every page whose lock nobody holds.  A
+ * running daemon holds its page's lock (flock, released only when its
+ * process ends), which says it is alive whatever pid namespace it runs in.
  */
 static void wake_remove_stale(void)
 {
@@ -276,51 +280,77 @@ static void wake_remove_stale(void)
         return;
     struct dirent *e;
     while ((e = readdir(dir)) != NULL) {
-        long pid;
-        int used = 0;
-        if (sscanf(e->d_name, "gpucd-wake-%ld-%n", &pid, &used) != 1 || used == 0 || pid <= 0 ||
-            pid == (long)getpid())
+        if (strncmp(e->d_name, "gpucd-wake-", 11) != 0)
             continue;
-        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
-            continue; /* running (or another user's: not ours to judge) */
         char name[NAME_MAX + 2];
         snprintf(name, sizeof name, "/%s", e->d_name);
-        if (shm_unlink(name) == 0)
+        int fd = shm_open(name, O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+        if (fd < 0)
+            continue; /* another user's: not ours to judge */
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0 && shm_unlink(name) == 0)
             gcd_log_info("removed %s, the wake page of a daemon that did not exit", name);
+        close(fd);
     }
     closedir(dir);
 }
 
-/* "/gpucd-wake-<pid>-<128 random bits>": unguessable, created 0600 and exclusively. */
+/* Whether the object named `name` is still the one open as fd (no cleaner removed it). */
+static int wake_still_named(int fd, const char *name)
+{
+    char path[WAKE_NAME_MAX + 16];
+    struct stat a, b;
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    return fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_ino == b.st_ino &&
+           a.st_dev == b.st_dev;
+}
+
+/*
+ * "/gpucd-wake-<pid>-<128 random bits>": unguessable, created 0600 and
+ * exclusively, locked (above) for as long as the daemon runs.
+ */
 static int wake_create(gcd_submitq *sq, char *err, size_t errlen)
 {
     wake_remove_stale();
-    uint8_t bits[16];
-    if (getrandom(bits, sizeof bits, 0) != (ssize_t)sizeof bits) {
-        snprintf(err, errlen, "submission queues: getrandom: %s", strerror(errno));
-        return -1;
+    int fd = -1;
+    for (int tries = 0; fd < 0 && tries < 3; tries++) {
+        uint8_t bits[16];
+        if (getrandom(bits, sizeof bits, 0) != (ssize_t)sizeof bits) {
+            snprintf(err, errlen, "submission queues: getrandom: %s", strerror(errno));
+            return -1;
+        }
+        int n = snprintf(sq->wake_name, sizeof sq->wake_name, "/gpucd-wake-%ld-",
+                         (long)getpid());
+        for (size_t i = 0; i < sizeof bits; i++)
+            n += snprintf(sq->wake_name + n, sizeof sq->wake_name - (size_t)n, "%02x", bits[i]);
+        fd = shm_open(sq->wake_name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0) {
+            snprintf(err, errlen, "submission queues: shm_open %s: %s", sq->wake_name,
+                     strerror(errno));
+            return -1;
+        }
+        /* Another daemon starting at the same moment may have taken the new page, not yet
+         * locked, for a stale one: then it is gone, and this makes another. */
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0 || !wake_still_named(fd, sq->wake_name)) {
+            close(fd);
+            fd = -1;
+        }
     }
-    int n = snprintf(sq->wake_name, sizeof sq->wake_name, "/gpucd-wake-%ld-", (long)getpid());
-    for (size_t i = 0; i < sizeof bits; i++)
-        n += snprintf(sq->wake_name + n, sizeof sq->wake_name - (size_t)n, "%02x", bits[i]);
-    int fd = shm_open(sq->wake_name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
-        snprintf(err, errlen, "submission queues: shm_open %s: %s", sq->wake_name,
-                 strerror(errno));
+        snprintf(err, errlen, "submission queues: could not keep a wake page in /dev/shm");
         return -1;
     }
     void *p = MAP_FAILED;
     if (ftruncate(fd, SUBMIT_WAKE_BYTES) == 0)
         p = mmap(NULL, SUBMIT_WAKE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    int saved = errno;
-    close(fd);
     if (p == MAP_FAILED) {
-        shm_unlink(sq->wake_name);
         snprintf(err, errlen, "submission queues: sizing or mapping %s: %s", sq->wake_name,
-                 strerror(saved));
+                 strerror(errno));
+        shm_unlink(sq->wake_name);
+        close(fd);
         return -1;
     }
     sq->wake = p;
+    sq->wake_fd = fd; /* kept open: it holds the lock */
     return 0;
 }
 
@@ -462,6 +492,7 @@ void gcd_submitq_free(gcd_submitq *sq)
     if (sq->wake != NULL) {
         munmap(sq->wake, SUBMIT_WAKE_BYTES);
         shm_unlink(sq->wake_name);
+        close(sq->wake_fd);
     }
     pthread_mutex_destroy(&sq->lock);
     free(sq);
