@@ -160,7 +160,9 @@ typedef struct gpucd_options {
                                  whose outputs are all written in place (regions, existing
                                  resident tensors) waits on a completion record the daemon
                                  writes into shared memory (and wakes it from), not for the
-                                 reply to cross the socket.  Polling saves the wake-up for
+                                 reply to cross the socket, and is itself queued in shared
+                                 memory when the daemon allows (its submission queues: the
+                                 socket is not used at all).  Polling saves the wake-up for
                                  up to that much of a core a call (it yields to other
                                  threads): for callers that have nothing else to do */
 } gpucd_options;
@@ -182,8 +184,8 @@ GPUCD_EXPORT int gpucd_default_url(char *buf, size_t len);
  * GPUCD_ECONNREFUSED when nothing listens at the URL.  Should the connection
  * drop later, calls in flight fail with GPUCD_ECLOSED and the client
  * reconnects by itself; regions and resident tensors do not survive that
- * (make them again), the library's own completion records are made again
- * by itself.
+ * (make them again), the library's own completion records and submission
+ * queue are made again by itself.
  */
 GPUCD_EXPORT int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out);
 
