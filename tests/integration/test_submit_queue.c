@@ -166,42 +166,59 @@ static void test_queues_off_use_the_socket(void **state)
 
 /* ---- a daemon lost while a queued call runs ---------------------------------------- */
 
-/* A loss forward the CPU backend needs a while for (about 4 GFLOP). */
-enum { LN = 1024, LD = 128, LV = 16384 };
+/*
+ * Calls queued on a daemon that is stopped (SIGSTOP: it takes nothing), then killed: each
+ * one was surely in flight when the connection went, whatever the machine's speed.
+ */
+enum { CUT_THREADS = 16, CUT_ROUNDS = 5 };
 
-typedef struct long_call {
+typedef struct cut_call {
     gpucd_client *c;
     gpucd_region *r;
-    atomic_int killed;  /* set just before the daemon is killed */
-    int rv;             /* the first failure of a call started before the kill */
-    uint64_t failed_at; /* when it came back */
-} long_call;
+    int k, rv;
+    uint64_t ended_at;
+} cut_call;
 
-static void *long_call_main(void *arg)
+static void *cut_call_main(void *arg)
 {
-    long_call *lc = arg;
-    uint8_t *base = gpucd_region_data(lc->r);
-    const uint64_t c_off = (uint64_t)LN * LD * 4, t_off = c_off + (uint64_t)LV * LD * 4,
-                   l_off = t_off + LN * 8;
-    gpucd_tensor E = gpucd_tensor_region(lc->r, 0, GPUCD_F32, 2, TH_SHAPE(LN, LD));
-    gpucd_tensor C = gpucd_tensor_region(lc->r, c_off, GPUCD_F32, 2, TH_SHAPE(LV, LD));
-    gpucd_tensor T = gpucd_tensor_region(lc->r, t_off, GPUCD_I64, 1, TH_SHAPE(LN));
-    gpucd_tensor L = gpucd_tensor_region(lc->r, l_off, GPUCD_F32, 0, NULL);
-    th_fill_f32((float *)base, (size_t)(LN + LV) * LD);
-    int64_t *t = (int64_t *)(base + t_off);
-    for (int i = 0; i < LN; i++)
-        t[i] = i % LV;
-    lc->rv = 0;
-    while (!atomic_load(&lc->killed)) {
-        int rv = gpucd_linear_cross_entropy(lc->c, NULL, &E, &C, NULL, &T, &L, NULL, NULL, NULL,
-                                            NULL, NULL);
-        if (rv != 0) {
-            lc->failed_at = now_us();
-            lc->rv = rv;
-            break;
-        }
-    }
+    cut_call *cc = arg;
+    const uint64_t obs_off = th_mh_obs_offset(cc->k);
+    th_fill_nmmo3_obs((uint8_t *)gpucd_region_data(cc->r) + obs_off, B);
+    gpucd_tensor tobs = gpucd_tensor_region(cc->r, obs_off, GPUCD_U8, 2, TH_SHAPE(B, 1707));
+    gpucd_tensor tout = gpucd_tensor_region(cc->r, th_mh_out_offset(cc->k), GPUCD_F32, 4,
+                                            TH_SHAPE(B, 59, 11, 15));
+    cc->rv = gpucd_multihot_encode(cc->c, NULL, &tobs, &tout, NULL);
+    cc->ended_at = now_us();
     return NULL;
+}
+
+/*
+ * Starts n calls on c (whose queue is open) against daemon d, stopped first; kills d once
+ * they wait; returns how many failed with GPUCD_ECLOSED, each within 3 s of the kill.
+ */
+static int cut_calls(th_daemon *d, gpucd_client *c, gpucd_region *r, int n)
+{
+    kill(d->pid, SIGSTOP);
+    pthread_t th[CUT_THREADS];
+    cut_call cc[CUT_THREADS];
+    for (int i = 0; i < n; i++) {
+        cc[i] = (cut_call){.c = c, .r = r, .k = i};
+        assert_int_equal(pthread_create(&th[i], NULL, cut_call_main, &cc[i]), 0);
+    }
+    usleep(100000); /* queued, and asleep on their records */
+    const uint64_t killed_at = now_us();
+    th_daemon_kill(d);
+    int cut = 0;
+    for (int i = 0; i < n; i++) {
+        pthread_join(th[i], NULL);
+        if (cc[i].rv != GPUCD_ECLOSED)
+            fail_msg("call %d returned %d (%s), expected GPUCD_ECLOSED", i, cc[i].rv,
+                     gpucd_errmsg(c));
+        /* Not the 20 s timeout: the lost connection ends the wait. */
+        assert_true(cc[i].ended_at - killed_at < 3000000);
+        cut++;
+    }
+    return cut;
 }
 
 static int wake_pages_of(long pid)
@@ -217,93 +234,6 @@ static int wake_pages_of(long pid)
     return n;
 }
 
-static void test_lost_daemon_fails_a_queued_call_at_once(void **state)
-{
-    (void)state;
-    char dir[] = "/tmp/gpucd-sq-XXXXXX", url[128];
-    assert_non_null(mkdtemp(dir));
-    snprintf(url, sizeof url, "ipc://%s/fixed.sock", dir);
-    const char *extra[] = {"--listen", url, NULL};
-    th_daemon first;
-    th_daemon_start(&first, extra);
-    const long first_pid = (long)first.pid;
-    assert_int_equal(wake_pages_of(first_pid), 1);
-    long_call lc = {.c = th_mh_connect(url, 0, 20000)};
-    const size_t bytes = (size_t)(LN + LV) * LD * 4 + LN * 8 + 64;
-    assert_int_equal(gpucd_region_create(lc.c, bytes, &lc.r), 0);
-    gpucd_region *small;
-    assert_int_equal(gpucd_region_create(lc.c, th_mh_slice_bytes(), &small), 0);
-    th_mh_encode_and_check(lc.c, small, 0); /* the queue is open from here */
-    assert_int_equal(th_mh_stat(lc.c, "submit_queues"), 1);
-
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, long_call_main, &lc), 0);
-    usleep(150000); /* well inside a call */
-    atomic_store(&lc.killed, 1);
-    const uint64_t killed_at = now_us();
-    kill(first.pid, SIGKILL);
-    pthread_join(th, NULL);
-    if (lc.rv != GPUCD_ECLOSED)
-        fail_msg("the call in flight returned %d (%s), expected GPUCD_ECLOSED", lc.rv,
-                 gpucd_errmsg(lc.c));
-    /* Not the 20 s timeout: the lost connection ends the wait. */
-    assert_true(lc.failed_at - killed_at < 3000000);
-    assert_int_equal(th_daemon_stop(&first), -SIGKILL);
-    assert_int_equal(wake_pages_of(first_pid), 1); /* nobody removed it */
-
-    th_daemon second;
-    th_daemon_start(&second, extra);
-    assert_int_equal(wake_pages_of(first_pid), 0); /* the new daemon did */
-    int rv = -1;
-    for (int i = 0; i < 200 && rv != 0; i++) { /* the client redials on its own */
-        rv = gpucd_ping(lc.c, NULL);
-        if (rv != 0)
-            usleep(20000);
-    }
-    if (rv != 0)
-        fail_msg("no ping through the restarted daemon: %s", gpucd_errmsg(lc.c));
-    assert_int_equal(gpucd_region_destroy(small), GPUCD_ENOT_FOUND);
-    assert_int_equal(gpucd_region_destroy(lc.r), GPUCD_ENOT_FOUND);
-    assert_int_equal(gpucd_region_create(lc.c, th_mh_slice_bytes(), &small), 0);
-    for (int i = 0; i < 3; i++)
-        th_mh_encode_and_check(lc.c, small, 0);
-    assert_int_equal(th_mh_stat(lc.c, "submit_taken"), 3); /* through the new daemon's queue */
-    assert_int_equal(gpucd_region_destroy(small), 0);
-    gpucd_close(lc.c);
-    assert_int_equal(th_daemon_stop(&second), 0);
-    char sock[200];
-    snprintf(sock, sizeof sock, "%s/fixed.sock", dir);
-    unlink(sock);
-    rmdir(dir);
-}
-
-/*
- * Records given up on are given up in their connection's area only: a client whose calls were
- * cut off by daemon restarts, 16 at a time, still has records (and its queue) on the next
- * daemon, after more cut-off calls than an area has records.
- */
-enum { CUT_THREADS = 16, CUT_ROUNDS_MAX = 12, KN = 256, KD = 128, KV = 16384 };
-
-typedef struct cut_call {
-    gpucd_client *c;
-    gpucd_region *r;
-    int k, rv;
-} cut_call;
-
-static void *cut_call_main(void *arg)
-{
-    cut_call *cc = arg;
-    const uint64_t c_off = (uint64_t)KN * KD * 4, t_off = c_off + (uint64_t)KV * KD * 4,
-                   l_off = t_off + KN * 8 + 64 * (uint64_t)cc->k;
-    gpucd_tensor E = gpucd_tensor_region(cc->r, 0, GPUCD_F32, 2, TH_SHAPE(KN, KD));
-    gpucd_tensor C = gpucd_tensor_region(cc->r, c_off, GPUCD_F32, 2, TH_SHAPE(KV, KD));
-    gpucd_tensor T = gpucd_tensor_region(cc->r, t_off, GPUCD_I64, 1, TH_SHAPE(KN));
-    gpucd_tensor L = gpucd_tensor_region(cc->r, l_off, GPUCD_F32, 0, NULL);
-    cc->rv = gpucd_linear_cross_entropy(cc->c, NULL, &E, &C, NULL, &T, &L, NULL, NULL, NULL,
-                                        NULL, NULL);
-    return NULL;
-}
-
 static void wait_for_reconnect(gpucd_client *c)
 {
     int rv = -1;
@@ -316,71 +246,106 @@ static void wait_for_reconnect(gpucd_client *c)
         fail_msg("no ping through the restarted daemon: %s", gpucd_errmsg(c));
 }
 
+/* A daemon at a fixed URL in a fresh folder, restarted as a supervisor would. */
+typedef struct fixed_url {
+    char dir[32], url[128];
+    const char *extra[3];
+} fixed_url;
+
+static void fixed_url_init(fixed_url *f)
+{
+    snprintf(f->dir, sizeof f->dir, "/tmp/gpucd-sq-XXXXXX");
+    assert_non_null(mkdtemp(f->dir));
+    snprintf(f->url, sizeof f->url, "ipc://%s/fixed.sock", f->dir);
+    f->extra[0] = "--listen";
+    f->extra[1] = f->url;
+    f->extra[2] = NULL;
+}
+
+static void fixed_url_remove(const fixed_url *f)
+{
+    char sock[200];
+    snprintf(sock, sizeof sock, "%s/fixed.sock", f->dir);
+    unlink(sock);
+    rmdir(f->dir);
+}
+
+static void test_lost_daemon_fails_a_queued_call_at_once(void **state)
+{
+    (void)state;
+    fixed_url f;
+    fixed_url_init(&f);
+    th_daemon first;
+    th_daemon_start(&first, f.extra);
+    const long first_pid = (long)first.pid;
+    assert_int_equal(wake_pages_of(first_pid), 1);
+    gpucd_client *c = th_mh_connect(f.url, 0, 20000);
+    gpucd_region *r;
+    assert_int_equal(gpucd_region_create(c, th_mh_slice_bytes(), &r), 0);
+    th_mh_encode_and_check(c, r, 0); /* the queue is open from here */
+    assert_int_equal(th_mh_stat(c, "submit_queues"), 1);
+    assert_int_equal(cut_calls(&first, c, r, 1), 1);
+    assert_int_equal(wake_pages_of(first_pid), 1); /* nobody removed it */
+
+    th_daemon second;
+    th_daemon_start(&second, f.extra);
+    assert_int_equal(wake_pages_of(first_pid), 0); /* the new daemon did */
+    wait_for_reconnect(c);
+    assert_int_equal(gpucd_region_destroy(r), GPUCD_ENOT_FOUND); /* unmapped all the same */
+    assert_int_equal(gpucd_region_create(c, th_mh_slice_bytes(), &r), 0);
+    for (int i = 0; i < 3; i++)
+        th_mh_encode_and_check(c, r, 0);
+    assert_int_equal(th_mh_stat(c, "submit_taken"), 3); /* through the new daemon's queue */
+    assert_int_equal(gpucd_region_destroy(r), 0);
+    gpucd_close(c);
+    assert_int_equal(th_daemon_stop(&second), 0);
+    fixed_url_remove(&f);
+}
+
+/*
+ * Records given up on are given up in their connection's area only: a client whose calls were
+ * cut off by daemon restarts, 16 at a time, still has records (and its queue) on the next
+ * daemon, after more cut-off calls than an area has records.
+ */
 static void test_records_come_back_after_reconnects(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/gpucd-sq-XXXXXX", url[128];
-    assert_non_null(mkdtemp(dir));
-    snprintf(url, sizeof url, "ipc://%s/fixed.sock", dir);
-    const char *extra[] = {"--listen", url, NULL};
+    fixed_url f;
+    fixed_url_init(&f);
     gpucd_client *c = NULL;
     gpucd_region *r = NULL;
-    const size_t bytes = (size_t)(KN + KV) * KD * 4 + KN * 8 + 64 * CUT_THREADS;
-    int cut = 0, rounds = 0;
-    while (cut <= SUBMIT_SLOTS + CUT_THREADS && rounds++ < CUT_ROUNDS_MAX) {
+    int cut = 0;
+    for (int round = 0; round <= CUT_ROUNDS; round++) {
         th_daemon d;
-        th_daemon_start(&d, extra);
+        th_daemon_start(&d, f.extra);
         if (c == NULL) {
-            c = th_mh_connect(url, 0, 20000);
+            c = th_mh_connect(f.url, 0, 20000);
         } else {
             wait_for_reconnect(c);
-            /* Unknown to this daemon (unmapped all the same); asked now, not while no daemon
-             * listens: the request would wait for one. */
             assert_int_equal(gpucd_region_destroy(r), GPUCD_ENOT_FOUND);
         }
-        assert_int_equal(gpucd_region_create(c, bytes, &r), 0);
-        uint8_t *base = gpucd_region_data(r);
-        th_fill_f32((float *)base, (size_t)(KN + KV) * KD);
-        int64_t *t = (int64_t *)(base + (size_t)(KN + KV) * KD * 4);
-        for (int i = 0; i < KN; i++)
-            t[i] = i % KV;
+        assert_int_equal(gpucd_region_create(c, CUT_THREADS * th_mh_slice_bytes(), &r), 0);
+        th_mh_encode_and_check(c, r, 0); /* this connection's queue is open from here */
+        if (round < CUT_ROUNDS) {
+            cut += cut_calls(&d, c, r, CUT_THREADS);
+            continue;
+        }
+        assert_true(cut > SUBMIT_SLOTS);
         pthread_t th[CUT_THREADS];
-        cut_call cc[CUT_THREADS];
+        th_mh_worker w[CUT_THREADS];
         for (int i = 0; i < CUT_THREADS; i++) {
-            cc[i] = (cut_call){.c = c, .r = r, .k = i};
-            assert_int_equal(pthread_create(&th[i], NULL, cut_call_main, &cc[i]), 0);
+            w[i] = (th_mh_worker){.c = c, .r = r, .k = i, .calls = 2};
+            assert_int_equal(pthread_create(&th[i], NULL, th_mh_worker_main, &w[i]), 0);
         }
-        usleep(100000);
-        th_daemon_kill(&d);
-        for (int i = 0; i < CUT_THREADS; i++) {
+        for (int i = 0; i < CUT_THREADS; i++)
             pthread_join(th[i], NULL);
-            cut += cc[i].rv == GPUCD_ECLOSED;
-        }
+        /* every call through the queue (the first call above too) */
+        assert_int_equal(th_mh_stat(c, "submit_taken"), 2 * CUT_THREADS + 1);
+        assert_int_equal(gpucd_region_destroy(r), 0);
+        gpucd_close(c);
+        assert_int_equal(th_daemon_stop(&d), 0);
     }
-    if (cut <= SUBMIT_SLOTS)
-        fail_msg("only %d calls were cut off in %d rounds: the test proves nothing", cut,
-                 rounds - 1);
-    th_daemon last;
-    th_daemon_start(&last, extra);
-    wait_for_reconnect(c);
-    assert_int_equal(gpucd_region_destroy(r), GPUCD_ENOT_FOUND);
-    assert_int_equal(gpucd_region_create(c, CUT_THREADS * th_mh_slice_bytes(), &r), 0);
-    pthread_t th[CUT_THREADS];
-    th_mh_worker w[CUT_THREADS];
-    for (int i = 0; i < CUT_THREADS; i++) {
-        w[i] = (th_mh_worker){.c = c, .r = r, .k = i, .calls = 2};
-        assert_int_equal(pthread_create(&th[i], NULL, th_mh_worker_main, &w[i]), 0);
-    }
-    for (int i = 0; i < CUT_THREADS; i++)
-        pthread_join(th[i], NULL);
-    assert_int_equal(th_mh_stat(c, "submit_taken"), 2 * CUT_THREADS);
-    assert_int_equal(gpucd_region_destroy(r), 0);
-    gpucd_close(c);
-    assert_int_equal(th_daemon_stop(&last), 0);
-    char sock[200];
-    snprintf(sock, sizeof sock, "%s/fixed.sock", dir);
-    unlink(sock);
-    rmdir(dir);
+    fixed_url_remove(&f);
 }
 
 /* ---- by hand, on a bare socket --------------------------------------------------------- */
