@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
@@ -269,9 +270,11 @@ static void *poller_main(void *arg)
 
 /*
  * A daemon that was killed left its wake page behind (no exit ran to remove
- * it): the next one to start removes every page whose lock nobody holds.  A
- * running daemon holds its page's lock (flock, released only when its
- * process ends), which says it is alive whatever pid namespace it runs in.
+ * it): the next one to start removes the pages whose lock nobody holds and
+ * whose maker's pid runs no process here.  A running daemon holds its page's
+ * lock (flock, released only when its process ends), which says it is alive
+ * whatever pid namespace it runs in; the pid keeps the page of a running
+ * daemon that takes no lock (another build) from being taken for stale.
  */
 static void wake_remove_stale(void)
 {
@@ -280,7 +283,10 @@ static void wake_remove_stale(void)
         return;
     struct dirent *e;
     while ((e = readdir(dir)) != NULL) {
-        if (strncmp(e->d_name, "gpucd-wake-", 11) != 0)
+        long pid;
+        int used = 0;
+        if (sscanf(e->d_name, "gpucd-wake-%ld-%n", &pid, &used) != 1 || used == 0 || pid <= 0 ||
+            kill((pid_t)pid, 0) == 0 || errno != ESRCH)
             continue;
         char name[NAME_MAX + 2];
         snprintf(name, sizeof name, "/%s", e->d_name);
