@@ -206,6 +206,21 @@ void th_daemon_kill(th_daemon *d)
     daemon_remove_files(d);
 }
 
+th_daemon th_group_daemon;
+
+int th_group_daemon_setup(void **state)
+{
+    (void)state;
+    th_daemon_start(&th_group_daemon, NULL);
+    return 0;
+}
+
+int th_group_daemon_teardown(void **state)
+{
+    (void)state;
+    return th_daemon_stop_checked(&th_group_daemon);
+}
+
 void th_daemon_dump_log(const th_daemon *d)
 {
     FILE *f = fopen(d->log_path, "r");

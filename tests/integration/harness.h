@@ -40,6 +40,13 @@ int th_daemon_stop(th_daemon *d);
 void th_daemon_kill(th_daemon *d);
 /* th_daemon_stop for a group teardown: 0 when the daemon exited 0, else -1 with a message. */
 int th_daemon_stop_checked(th_daemon *d);
+/*
+ * The daemon of a test group that needs no flags of its own: th_group_daemon_setup starts
+ * it, th_group_daemon_teardown stops it and checks that it exited 0 (th_daemon_stop_checked).
+ */
+extern th_daemon th_group_daemon;
+int th_group_daemon_setup(void **state);
+int th_group_daemon_teardown(void **state);
 /* Prints the daemon's log (for a failing test). */
 void th_daemon_dump_log(const th_daemon *d);
 

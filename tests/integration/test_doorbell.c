@@ -24,7 +24,6 @@
 #include "th_cuda.h"
 #endif
 
-static th_daemon daemon_;
 
 enum { B = TH_MH_B, OBS_BYTES = TH_MH_OBS_BYTES, OUT_FLOATS = TH_MH_OUT_FLOATS };
 
@@ -34,7 +33,7 @@ static uint64_t record_answers(gpucd_client *c) { return th_mh_stat(c, "record_a
 
 static gpucd_client *connect_spinning(int spin_us)
 {
-    return th_mh_connect(daemon_.ipc_url, spin_us, 0);
+    return th_mh_connect(th_group_daemon.ipc_url, spin_us, 0);
 }
 
 static size_t region_bytes(int slices) { return (size_t)slices * th_mh_slice_bytes() + 4096; }
@@ -216,19 +215,6 @@ static void test_records_after_a_daemon_restart(void **state)
     rmdir(dir);
 }
 
-static int group_setup(void **state)
-{
-    (void)state;
-    th_daemon_start(&daemon_, NULL);
-    return 0;
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    return th_daemon_stop_checked(&daemon_);
-}
-
 int main(int argc, char **argv)
 {
 #ifdef TH_BACKEND_CUDA /* test_doorbell_cuda */
@@ -245,5 +231,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_concurrent_calls),
         cmocka_unit_test(test_records_after_a_daemon_restart),
     };
-    return th_run_group_tests(tests, group_setup, group_teardown);
+    return th_run_group_tests(tests, th_group_daemon_setup, th_group_daemon_teardown);
 }

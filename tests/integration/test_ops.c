@@ -18,7 +18,6 @@
 #include "gk.h"
 #include "harness.h"
 
-static th_daemon daemon_;
 
 /* NaN bytes, so that an output the daemon never wrote cannot match. */
 static void poison(void *p, size_t n) { memset(p, 0xff, n); }
@@ -37,7 +36,7 @@ static void assert_same_bytes(const void *got, const void *want, size_t n, const
 /* conv2d forward: x in a region, w resident, b inline, y back into the region. */
 static void test_conv2d_forward_region_resident_inline(void **state)
 {
-    gpucd_client *c = th_connect(daemon_.ipc_url);
+    gpucd_client *c = th_connect(th_group_daemon.ipc_url);
     const int N = 3, C = 59, H = 11, W = 15, OC = 16, K = 5, S = 3, P = 1;
     const int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
     size_t xn = (size_t)N * C * H * W, wn = (size_t)OC * C * K * K, yn = (size_t)N * OC * OH * OW;
@@ -87,7 +86,7 @@ static void test_conv2d_forward_region_resident_inline(void **state)
 /* conv2d backward, all inline, in bf16, over tcp. */
 static void test_conv2d_backward_inline_tcp_bf16(void **state)
 {
-    gpucd_client *c = th_connect(daemon_.tcp_url);
+    gpucd_client *c = th_connect(th_group_daemon.tcp_url);
     const int N = 2, C = 7, H = 9, W = 8, OC = 5, KH = 3, KW = 2, S = 2, P = 2;
     const int OH = (H + 2 * P - KH) / S + 1, OW = (W + 2 * P - KW) / S + 1;
     size_t xn = (size_t)N * C * H * W, wn = (size_t)OC * C * KH * KW;
@@ -478,7 +477,7 @@ static void test_nmmo3_encode(void **state)
 /* hello/info, ping, region list, stats. */
 static void test_control(void **state)
 {
-    gpucd_client *c = th_connect(daemon_.ipc_url);
+    gpucd_client *c = th_connect(th_group_daemon.ipc_url);
     gpucd_info info;
     assert_int_equal(gpucd_info_get(c, &info), 0);
     assert_int_equal(info.protocol_version, GPUCD_PROTOCOL_VERSION);
@@ -495,7 +494,7 @@ static void test_control(void **state)
     /* The socket is private to the daemon's user. */
     char sock[300];
     struct stat st;
-    snprintf(sock, sizeof sock, "%s/gpucd.sock", daemon_.dir);
+    snprintf(sock, sizeof sock, "%s/gpucd.sock", th_group_daemon.dir);
     assert_int_equal(stat(sock, &st), 0);
     assert_int_equal(st.st_mode & 0777, 0600);
     gpucd_region *a, *b;
@@ -520,14 +519,6 @@ static void test_control(void **state)
     gpucd_close(c);
 }
 
-static int group_setup(void **state)
-{
-    th_daemon_start(&daemon_, NULL);
-    return 0;
-}
-
-static int group_teardown(void **state) { return th_daemon_stop_checked(&daemon_); }
-
 int main(int argc, char **argv)
 {
     th_init(argc, argv);
@@ -535,12 +526,12 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_control),
         cmocka_unit_test(test_conv2d_forward_region_resident_inline),
         cmocka_unit_test(test_conv2d_backward_inline_tcp_bf16),
-        cmocka_unit_test_prestate(test_multihot_and_embedding, daemon_.ipc_url),
-        cmocka_unit_test_prestate(test_multihot_and_embedding, daemon_.tcp_url),
-        cmocka_unit_test_prestate(test_linear_cross_entropy, daemon_.ipc_url),
-        cmocka_unit_test_prestate(test_linear_cross_entropy, daemon_.tcp_url),
-        cmocka_unit_test_prestate(test_nmmo3_encode, daemon_.ipc_url),
-        cmocka_unit_test_prestate(test_nmmo3_encode, daemon_.tcp_url),
+        cmocka_unit_test_prestate(test_multihot_and_embedding, th_group_daemon.ipc_url),
+        cmocka_unit_test_prestate(test_multihot_and_embedding, th_group_daemon.tcp_url),
+        cmocka_unit_test_prestate(test_linear_cross_entropy, th_group_daemon.ipc_url),
+        cmocka_unit_test_prestate(test_linear_cross_entropy, th_group_daemon.tcp_url),
+        cmocka_unit_test_prestate(test_nmmo3_encode, th_group_daemon.ipc_url),
+        cmocka_unit_test_prestate(test_nmmo3_encode, th_group_daemon.tcp_url),
     };
-    return th_run_group_tests(tests, group_setup, group_teardown);
+    return th_run_group_tests(tests, th_group_daemon_setup, th_group_daemon_teardown);
 }

@@ -34,7 +34,6 @@
 #include "submit_queue.h"
 #include "wire.h"
 
-static th_daemon daemon_;
 
 enum { B = TH_MH_B, OBS_BYTES = TH_MH_OBS_BYTES };
 
@@ -54,7 +53,7 @@ static void test_calls_go_through_the_queue(void **state)
 {
     (void)state;
     for (int spin = 0; spin <= 100000; spin += 100000) { /* sleeping, then polling callers */
-        gpucd_client *c = th_mh_connect(daemon_.ipc_url, spin, 20000);
+        gpucd_client *c = th_mh_connect(th_group_daemon.ipc_url, spin, 20000);
         gpucd_region *r;
         assert_int_equal(gpucd_region_create(c, THREADS * th_mh_slice_bytes(), &r), 0);
         th_mh_encode_and_check(c, r, 0); /* the first call opens the queue */
@@ -78,7 +77,7 @@ static void test_calls_go_through_the_queue(void **state)
 static void test_failure_comes_back_with_its_message(void **state)
 {
     (void)state;
-    gpucd_client *c = th_mh_connect(daemon_.ipc_url, 0, 20000);
+    gpucd_client *c = th_mh_connect(th_group_daemon.ipc_url, 0, 20000);
     gpucd_region *r;
     assert_int_equal(gpucd_region_create(c, th_mh_slice_bytes(), &r), 0);
     th_mh_encode_and_check(c, r, 0);
@@ -130,7 +129,7 @@ static void *alternate_main(void *arg)
 static void test_failures_and_successes_alternate(void **state)
 {
     (void)state;
-    gpucd_client *c = th_mh_connect(daemon_.ipc_url, 0, 5000);
+    gpucd_client *c = th_mh_connect(th_group_daemon.ipc_url, 0, 5000);
     gpucd_region *r;
     assert_int_equal(gpucd_region_create(c, ALT_THREADS * th_mh_slice_bytes(), &r), 0);
     pthread_t th[ALT_THREADS];
@@ -396,7 +395,7 @@ static uint64_t raw_region(th_raw *raw, size_t size, void **base)
 static void hand_open(hand *h)
 {
     memset(h, 0, sizeof *h);
-    th_raw_open(&h->raw, daemon_.ipc_url);
+    th_raw_open(&h->raw, th_group_daemon.ipc_url);
     h->area_id = raw_region(&h->raw, sizeof(submit_area), (void **)&h->area);
     h->data_id = raw_region(&h->raw, 65536, (void **)&h->data);
     for (uint64_t i = 0; i < SUBMIT_SLOTS; i++)
@@ -560,7 +559,7 @@ static void test_hostile_queue_opens(void **state)
 {
     (void)state;
     th_raw raw;
-    th_raw_open(&raw, daemon_.ipc_url);
+    th_raw_open(&raw, th_group_daemon.ipc_url);
     expect(open_queue(&raw, 987654), GPUCD__V1__STATUS__NOT_FOUND, "no region 987654");
     void *small_base;
     uint64_t small = raw_region(&raw, 4096, &small_base);
@@ -583,12 +582,12 @@ static void test_hostile_queue_opens(void **state)
            "is this connection's submission queue");
     /* Another connection's region is not this one's to open. */
     th_raw other;
-    th_raw_open(&other, daemon_.ipc_url);
+    th_raw_open(&other, th_group_daemon.ipc_url);
     expect(open_queue(&other, id), GPUCD__V1__STATUS__PERMISSION_DENIED,
            "belongs to another client");
     th_raw_close(&other);
     th_raw remote;
-    th_raw_open(&remote, daemon_.tcp_url);
+    th_raw_open(&remote, th_group_daemon.tcp_url);
     expect(open_queue(&remote, id), GPUCD__V1__STATUS__PERMISSION_DENIED,
            "for local (ipc://) clients");
     th_raw_close(&remote);
@@ -728,7 +727,7 @@ static void test_wake_word_lies_delay_nobody(void **state)
     wake_thief t = {.wake = h.wake};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, wake_thief_main, &t), 0);
-    gpucd_client *c = th_mh_connect(daemon_.ipc_url, 0, 20000);
+    gpucd_client *c = th_mh_connect(th_group_daemon.ipc_url, 0, 20000);
     gpucd_region *r;
     assert_int_equal(gpucd_region_create(c, th_mh_slice_bytes(), &r), 0);
     enum { CALLS_N = 15 };
@@ -773,19 +772,6 @@ static void test_client_leaves_with_requests_queued(void **state)
     hand_close(&h);
 }
 
-static int group_setup(void **state)
-{
-    (void)state;
-    th_daemon_start(&daemon_, NULL);
-    return 0;
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    return th_daemon_stop_checked(&daemon_);
-}
-
 int main(int argc, char **argv)
 {
     th_init(argc, argv);
@@ -801,5 +787,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_wake_word_lies_delay_nobody),
         cmocka_unit_test(test_client_leaves_with_requests_queued),
     };
-    return th_run_group_tests(tests, group_setup, group_teardown);
+    return th_run_group_tests(tests, th_group_daemon_setup, th_group_daemon_teardown);
 }
