@@ -8,6 +8,7 @@
 #ifndef TH_MULTIHOT_CALLS_H
 #define TH_MULTIHOT_CALLS_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +97,24 @@ static inline void *th_mh_worker_main(void *arg)
     for (int i = 0; i < w->calls; i++)
         th_mh_encode_and_check(w->c, w->r, w->k);
     return NULL;
+}
+
+enum { TH_MH_MAX_THREADS = 64 };
+
+/* n threads of c, thread k running main (th_mh_worker_main: `calls` encodes) on slice k of r;
+ * returns when every one is done. */
+static inline void th_mh_run_threads(gpucd_client *c, gpucd_region *r, int n, int calls,
+                                     void *(*main)(void *))
+{
+    pthread_t th[TH_MH_MAX_THREADS];
+    th_mh_worker w[TH_MH_MAX_THREADS];
+    assert_true(n <= TH_MH_MAX_THREADS);
+    for (int i = 0; i < n; i++) {
+        w[i] = (th_mh_worker){.c = c, .r = r, .k = i, .calls = calls};
+        assert_int_equal(pthread_create(&th[i], NULL, main, &w[i]), 0);
+    }
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
 }
 
 #endif

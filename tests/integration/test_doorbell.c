@@ -151,14 +151,7 @@ static void test_concurrent_calls(void **state)
     gpucd_region *r;
     assert_int_equal(gpucd_region_create(c, region_bytes(THREADS), &r), 0);
     const uint64_t before = doorbells_rung(c);
-    pthread_t th[THREADS];
-    th_mh_worker w[THREADS];
-    for (int i = 0; i < THREADS; i++) {
-        w[i] = (th_mh_worker){.c = c, .r = r, .k = i, .calls = CALLS};
-        assert_int_equal(pthread_create(&th[i], NULL, th_mh_worker_main, &w[i]), 0);
-    }
-    for (int i = 0; i < THREADS; i++)
-        pthread_join(th[i], NULL);
+    th_mh_run_threads(c, r, THREADS, CALLS, th_mh_worker_main);
     assert_int_equal(doorbells_rung(c) - before, THREADS * CALLS);
     assert_int_equal(gpucd_region_destroy(r), 0);
     /* Closed with replies perhaps still on their way to detached contexts. */

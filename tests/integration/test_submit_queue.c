@@ -59,14 +59,7 @@ static void test_calls_go_through_the_queue(void **state)
         th_mh_encode_and_check(c, r, 0); /* the first call opens the queue */
         const uint64_t taken = th_mh_stat(c, "submit_taken"), answers = th_mh_stat(c, "record_answers");
         assert_true(th_mh_stat(c, "submit_queues") >= 1);
-        pthread_t th[THREADS];
-        th_mh_worker w[THREADS];
-        for (int i = 0; i < THREADS; i++) {
-            w[i] = (th_mh_worker){.c = c, .r = r, .k = i, .calls = CALLS};
-            assert_int_equal(pthread_create(&th[i], NULL, th_mh_worker_main, &w[i]), 0);
-        }
-        for (int i = 0; i < THREADS; i++)
-            pthread_join(th[i], NULL);
+        th_mh_run_threads(c, r, THREADS, CALLS, th_mh_worker_main);
         assert_int_equal(th_mh_stat(c, "submit_taken") - taken, THREADS * CALLS);
         assert_int_equal(th_mh_stat(c, "record_answers") - answers, THREADS * CALLS);
         assert_int_equal(gpucd_region_destroy(r), 0);
@@ -110,7 +103,7 @@ static void *alternate_main(void *arg)
     gpucd_tensor tobs = gpucd_tensor_region(w->r, obs_off, GPUCD_U8, 2, TH_SHAPE(B, 1707));
     gpucd_tensor tout = gpucd_tensor_region(w->r, th_mh_out_offset(w->k), GPUCD_F32, 4,
                                             TH_SHAPE(B, 59, 11, 15));
-    for (int i = 0; i < ALT_ROUNDS; i++) {
+    for (int i = 0; i < w->calls; i++) {
         th_fill_nmmo3_obs(obs, B);
         obs[5] = 200; /* agent 0: a value no feature has */
         int rv = gpucd_multihot_encode(w->c, NULL, &tobs, &tout, NULL);
@@ -132,14 +125,7 @@ static void test_failures_and_successes_alternate(void **state)
     gpucd_client *c = th_mh_connect(th_group_daemon.ipc_url, 0, 5000);
     gpucd_region *r;
     assert_int_equal(gpucd_region_create(c, ALT_THREADS * th_mh_slice_bytes(), &r), 0);
-    pthread_t th[ALT_THREADS];
-    th_mh_worker w[ALT_THREADS];
-    for (int i = 0; i < ALT_THREADS; i++) {
-        w[i] = (th_mh_worker){.c = c, .r = r, .k = i};
-        assert_int_equal(pthread_create(&th[i], NULL, alternate_main, &w[i]), 0);
-    }
-    for (int i = 0; i < ALT_THREADS; i++)
-        pthread_join(th[i], NULL);
+    th_mh_run_threads(c, r, ALT_THREADS, ALT_ROUNDS, alternate_main);
     assert_int_equal(gpucd_region_destroy(r), 0);
     gpucd_close(c);
 }
@@ -331,14 +317,7 @@ static void test_records_come_back_after_reconnects(void **state)
             continue;
         }
         assert_true(cut > SUBMIT_SLOTS);
-        pthread_t th[CUT_THREADS];
-        th_mh_worker w[CUT_THREADS];
-        for (int i = 0; i < CUT_THREADS; i++) {
-            w[i] = (th_mh_worker){.c = c, .r = r, .k = i, .calls = 2};
-            assert_int_equal(pthread_create(&th[i], NULL, th_mh_worker_main, &w[i]), 0);
-        }
-        for (int i = 0; i < CUT_THREADS; i++)
-            pthread_join(th[i], NULL);
+        th_mh_run_threads(c, r, CUT_THREADS, 2, th_mh_worker_main);
         /* every call through the queue (the first call above too) */
         assert_int_equal(th_mh_stat(c, "submit_taken"), 2 * CUT_THREADS + 1);
         assert_int_equal(gpucd_region_destroy(r), 0);
