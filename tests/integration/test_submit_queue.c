@@ -155,7 +155,8 @@ static void test_queues_off_use_the_socket(void **state)
  * Calls queued on a daemon that is stopped (SIGSTOP: it takes nothing), then killed: each
  * one was surely in flight when the connection went, whatever the machine's speed.
  */
-enum { CUT_THREADS = 16, CUT_ROUNDS = 5 };
+/* Two rounds of 40: more cut-off calls than an area has records, in few daemon restarts. */
+enum { CUT_THREADS = 40, CUT_ROUNDS = 2 };
 
 typedef struct cut_call {
     gpucd_client *c;
@@ -290,7 +291,7 @@ static void test_lost_daemon_fails_a_queued_call_at_once(void **state)
 
 /*
  * Records given up on are given up in their connection's area only: a client whose calls were
- * cut off by daemon restarts, 16 at a time, still has records (and its queue) on the next
+ * cut off by daemon restarts, 40 at a time, still has records (and its queue) on the next
  * daemon, after more cut-off calls than an area has records.
  */
 static void test_records_come_back_after_reconnects(void **state)
