@@ -199,37 +199,12 @@ static void slot_wait(const gpucd_client *c, gpucdc_slot *s)
     nng_aio_wait(s->aio);
 }
 
-/*
- * Waits until the record shows request id, or the reply (or its failure)
- * comes first: polls for spin_us, then sleeps on the record, which the
- * daemon wakes when it stores the id and the slot's callback when the reply
- * comes.  Returns 1 when the record shows id finished OK (*rang: a copy),
- * else 0.
- */
-static int bell_wait(const gpucd_client *c, gpucdc_slot *s, doorbell_record *bell, uint64_t id,
-                     doorbell_record *rang)
+/* gpucdc_record_wait's stop for a call whose reply may come first: 1 once it has (its
+ * callback wakes the record). */
+static int reply_came(void *slot)
 {
-    const uint64_t spin_until = gpucdc_now_us() + c->spin_us;
-    for (;;) {
-        if (atomic_load_explicit(&bell->id, memory_order_seq_cst) == id) {
-            memcpy((char *)rang + sizeof rang->id, (const char *)bell + sizeof bell->id,
-                   sizeof *rang - sizeof rang->id);
-            atomic_init(&rang->id, id);
-            return rang->status == GPUCD__V1__STATUS__OK;
-        }
-        if (atomic_load_explicit(&s->state, memory_order_seq_cst) != GPUCDC_SLOT_WAITING)
-            return 0;
-        if (gpucdc_now_us() < spin_until) {
-            sched_yield(); /* a crowded machine's daemon may need this core */
-            continue;
-        }
-        /* Announce the sleep, then look again: either this sees the id (or the reply's
-         * state) or the waker sees the announcement (doorbell_record.h). */
-        atomic_store_explicit(&bell->sleeper, 1, memory_order_seq_cst);
-        if (atomic_load_explicit(&bell->id, memory_order_seq_cst) != id &&
-            atomic_load_explicit(&s->state, memory_order_seq_cst) == GPUCDC_SLOT_WAITING)
-            doorbell_sleep(bell, GPUCDC_BELL_NAP_MS);
-    }
+    const gpucdc_slot *s = slot;
+    return atomic_load_explicit(&s->state, memory_order_seq_cst) != GPUCDC_SLOT_WAITING;
 }
 
 int gpucdc_slot_acquire(gpucd_client *c, gpucdc_slot **out)
@@ -309,7 +284,8 @@ int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint6
     nng_aio_set_timeout(s->aio, remaining_ms(c->timeout_ms, start));
     atomic_store_explicit(&s->state, GPUCDC_SLOT_WAITING, memory_order_relaxed);
     nng_ctx_recv(s->ctx, s->aio);
-    if (bell != NULL && bell_wait(c, s, bell, id, rang)) {
+    if (bell != NULL && gpucdc_record_wait(c, bell, id, UINT64_MAX, reply_came, s, rang) == 0 &&
+        rang->status == GPUCD__V1__STATUS__OK) {
         /*
          * The record is the answer, and a record-only request that succeeded
          * gets no reply: end the receive (an older daemon's reply is then

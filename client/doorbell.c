@@ -9,6 +9,7 @@
  * area, and the area's buffer of the same number, for as long as the area
  * serves, so two calls in flight never share one.
  */
+#include <sched.h>
 #include <string.h>
 
 #include "internal.h"
@@ -99,6 +100,37 @@ doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s, gpucdc_
     req->msg.record_only = 1; /* the caller ends on the record: a success needs no reply */
     s->bell_rec = (doorbell_record *)((char *)r->data + (size_t)s->bell * DOORBELL_BYTES);
     return s->bell_rec;
+}
+
+int gpucdc_record_wait(const gpucd_client *c, doorbell_record *bell, uint64_t id,
+                       uint64_t deadline, int (*stop)(void *arg), void *arg,
+                       doorbell_record *rang)
+{
+    const uint64_t spin_until = gpucdc_now_us() + c->spin_us;
+    for (;;) {
+        if (atomic_load_explicit(&bell->id, memory_order_seq_cst) == id) {
+            memcpy((char *)rang + sizeof rang->id, (const char *)bell + sizeof bell->id,
+                   sizeof *rang - sizeof rang->id);
+            atomic_init(&rang->id, id);
+            return 0;
+        }
+        int rv = stop(arg);
+        if (rv != 0)
+            return rv;
+        const uint64_t now = gpucdc_now_us();
+        if (now < spin_until) {
+            sched_yield(); /* a crowded machine's daemon may need this core */
+            continue;
+        }
+        /* Announce the sleep, then look again: either this sees the id (or what stop
+         * watches) or the waker sees the announcement (doorbell_record.h). */
+        atomic_store_explicit(&bell->sleeper, 1, memory_order_seq_cst);
+        if (atomic_load_explicit(&bell->id, memory_order_seq_cst) == id || stop(arg) != 0)
+            continue;
+        const uint64_t left_ms =
+            deadline == UINT64_MAX ? GPUCDC_BELL_NAP_MS : (deadline - now + 999) / 1000;
+        doorbell_sleep(bell, left_ms < GPUCDC_BELL_NAP_MS ? (int)left_ms : GPUCDC_BELL_NAP_MS);
+    }
 }
 
 uint64_t gpucdc_doorbell_region_id(gpucd_client *c)

@@ -211,6 +211,17 @@ int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint6
  */
 struct doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s,
                                                gpucdc_request *req);
+/*
+ * Waits until record bell shows request id, then copies it into *rang and
+ * returns 0: polls for the client's spin_us, then sleeps on the record
+ * (doorbell_record.h), a nap at most and not past deadline (us; UINT64_MAX:
+ * none).  Before each look and each sleep, stop(arg) may end the wait: its
+ * nonzero value is returned.  Whoever changes what stop watches wakes the
+ * record.
+ */
+int gpucdc_record_wait(const gpucd_client *c, struct doorbell_record *bell, uint64_t id,
+                       uint64_t deadline, int (*stop)(void *arg), void *arg,
+                       struct doorbell_record *rang);
 /* The id of the client's doorbell region, 0 if it has none (hidden from regions_list). */
 uint64_t gpucdc_doorbell_region_id(gpucd_client *c);
 /* Unmaps every region of records (the socket is closed: the daemon dropped them). */

@@ -66,52 +66,34 @@ void gpucdc_submit_disconnected(gpucd_client *c)
         doorbell_wake(&a->records[i]);
 }
 
-/* 0 when the call may go on; else the failure (the connection lost, the time up). */
-static int still_waiting(gpucd_client *c, const char *op, unsigned drops, uint64_t deadline)
+/* Where a queued call stands: what ends its wait besides its record. */
+typedef struct queued_call {
+    gpucd_client *c;
+    const char *op;
+    unsigned drops; /* the client's lost connections when it was queued */
+    uint64_t deadline;
+} queued_call;
+
+/* 0 while the call may go on waiting; else its failure (the connection lost, the time up). */
+static int queued_call_ended(void *arg)
 {
-    if (atomic_load_explicit(&c->disconnections, memory_order_seq_cst) != drops)
-        return gpucdc_fail_nng(NNG_ECONNRESET, op, "waiting for the completion record");
-    if (gpucdc_now_us() >= deadline)
-        return gpucdc_fail_nng(NNG_ETIMEDOUT, op, "waiting for the completion record");
+    const queued_call *q = arg;
+    if (atomic_load_explicit(&q->c->disconnections, memory_order_seq_cst) != q->drops)
+        return gpucdc_fail_nng(NNG_ECONNRESET, q->op, "waiting for the completion record");
+    if (gpucdc_now_us() >= q->deadline)
+        return gpucdc_fail_nng(NNG_ETIMEDOUT, q->op, "waiting for the completion record");
     return 0;
 }
 
 /*
- * Waits until the record shows id: polls for spin_us, then sleeps on it
- * (doorbell_record.h), woken by the daemon or by a lost connection.
+ * After a failed record: the reply's bytes, whose reply_id the daemon stores
+ * last (the record may come first, from the request's own path).
  */
-static int record_wait(gpucd_client *c, const char *op, doorbell_record *bell, uint64_t id,
-                       unsigned drops, uint64_t deadline)
-{
-    const uint64_t spin_until = gpucdc_now_us() + c->spin_us;
-    for (;;) {
-        if (atomic_load_explicit(&bell->id, memory_order_seq_cst) == id)
-            return 0;
-        int rv = still_waiting(c, op, drops, deadline);
-        if (rv < 0)
-            return rv;
-        const uint64_t now = gpucdc_now_us();
-        if (now < spin_until) {
-            sched_yield(); /* a crowded machine's daemon may need this core */
-            continue;
-        }
-        atomic_store_explicit(&bell->sleeper, 1, memory_order_seq_cst);
-        if (atomic_load_explicit(&bell->id, memory_order_seq_cst) != id &&
-            atomic_load_explicit(&c->disconnections, memory_order_seq_cst) == drops) {
-            uint64_t left_ms = deadline == UINT64_MAX ? GPUCDC_BELL_NAP_MS
-                                                      : (deadline - now + 999) / 1000;
-            doorbell_sleep(bell, left_ms < GPUCDC_BELL_NAP_MS ? (int)left_ms
-                                                              : GPUCDC_BELL_NAP_MS);
-        }
-    }
-}
-
-/* After a failed record: the reply's bytes, which the daemon stores before its own record. */
-static int reply_take(gpucd_client *c, const char *op, submit_buffer *b, uint64_t id,
-                      uint32_t status, unsigned drops, uint64_t deadline, nng_msg **reply)
+static int reply_take(queued_call *q, submit_buffer *b, uint64_t id, uint32_t status,
+                      nng_msg **reply)
 {
     while (atomic_load_explicit(&b->reply_id, memory_order_acquire) != id) {
-        int rv = still_waiting(c, op, drops, deadline);
+        int rv = queued_call_ended(q);
         if (rv < 0)
             return rv;
         nanosleep(&(struct timespec){0, REPLY_POLL_NS}, NULL);
@@ -119,10 +101,10 @@ static int reply_take(gpucd_client *c, const char *op, submit_buffer *b, uint64_
     const uint32_t len = b->reply_len;
     if (len == 0 || len > SUBMIT_MESSAGE_MAX) {
         int code = gpucdc_status_code((int)status);
-        return gpucdc_fail(code, "%s: %s", op, gpucd_strerror(code));
+        return gpucdc_fail(code, "%s: %s", q->op, gpucd_strerror(code));
     }
     if (nng_msg_alloc(reply, len) != 0)
-        return gpucdc_fail(GPUCD_ENOMEM, "%s: out of memory for the reply", op);
+        return gpucdc_fail(GPUCD_ENOMEM, "%s: out of memory for the reply", q->op);
     memcpy(nng_msg_body(*reply), b->bytes, len);
     return 0;
 }
@@ -145,9 +127,14 @@ int gpucdc_submit_exchange(gpucdc_slot *s, const char *op, nng_msg *msg, uint64_
     if (wake == NULL || len > SUBMIT_MESSAGE_MAX || s->bell < 0 ||
         s->bell_rec != &a->records[s->bell])
         return 2;
-    const uint64_t deadline = c->timeout_ms == NNG_DURATION_INFINITE
-                                  ? UINT64_MAX
-                                  : gpucdc_now_us() + (uint64_t)c->timeout_ms * 1000u;
+    queued_call q = {
+        .c = c,
+        .op = op,
+        .drops = drops,
+        .deadline = c->timeout_ms == NNG_DURATION_INFINITE
+                        ? UINT64_MAX
+                        : gpucdc_now_us() + (uint64_t)c->timeout_ms * 1000u,
+    };
     const uint32_t slot = (uint32_t)s->bell;
     memcpy(a->buffers[slot].bytes, nng_msg_body(msg), len);
     nng_msg_free(msg);
@@ -158,7 +145,7 @@ int gpucdc_submit_exchange(gpucdc_slot *s, const char *op, nng_msg *msg, uint64_
     submit_cell *cell = &a->cells[pos % SUBMIT_SLOTS];
     int rv = 0;
     while (atomic_load_explicit(&cell->seq, memory_order_acquire) != pos && rv == 0)
-        if ((rv = still_waiting(c, op, drops, deadline)) == 0)
+        if ((rv = queued_call_ended(&q)) == 0)
             sched_yield();
     if (rv == 0) {
         cell->id = id;
@@ -166,16 +153,11 @@ int gpucdc_submit_exchange(gpucdc_slot *s, const char *op, nng_msg *msg, uint64_
         cell->len = (uint32_t)len;
         atomic_store_explicit(&cell->seq, pos + 1, memory_order_seq_cst);
         submit_wake_poller(wake);
-        rv = record_wait(c, op, s->bell_rec, id, drops, deadline);
+        /* A lost connection wakes the record (gpucdc_submit_disconnected). */
+        rv = gpucdc_record_wait(c, s->bell_rec, id, q.deadline, queued_call_ended, &q, rang);
     }
-    if (rv == 0) {
-        const doorbell_record *bell = s->bell_rec;
-        memcpy((char *)rang + sizeof rang->id, (const char *)bell + sizeof bell->id,
-               sizeof *rang - sizeof rang->id);
-        atomic_init(&rang->id, id);
-        if (rang->status != GPUCD__V1__STATUS__OK)
-            rv = reply_take(c, op, &a->buffers[slot], id, rang->status, drops, deadline, reply);
-    }
+    if (rv == 0 && rang->status != GPUCD__V1__STATUS__OK)
+        rv = reply_take(&q, &a->buffers[slot], id, rang->status, reply);
     if (rv == GPUCD_ETIMEDOUT || rv == GPUCD_ECLOSED) {
         /* Given up on, the request may still run and answer into this slot's record and
          * buffer later: the slot takes others, these are left alone for good. */
