@@ -387,21 +387,30 @@ int gcd_submitq_start(gcd_submitq **out, gcd_daemon *d, gcd_workers *workers, at
     return 0;
 }
 
-/* Takes q off the list and drops the list's reference, unless another thread did first. */
-static void queue_remove(gcd_submitq *sq, queue *q)
+/* A queue taken off the list (NULL: none was): no longer open, the list's reference dropped. */
+static void queue_dropped(gcd_submitq *sq, queue *q)
+{
+    if (q == NULL)
+        return;
+    atomic_fetch_sub_explicit(&sq->d->stats.submit_queues, 1, memory_order_relaxed);
+    queue_unref(q);
+}
+
+/*
+ * Takes off the list the queue q, or (q NULL) the queue of connection owner;
+ * returns it, or NULL when it is not there (another thread took it first).
+ */
+static queue *queue_unlink(gcd_submitq *sq, const queue *q, uint32_t owner)
 {
     pthread_mutex_lock(&sq->lock);
     queue **pp = &sq->queues;
-    while (*pp != NULL && *pp != q)
+    while (*pp != NULL && (q != NULL ? *pp != q : (*pp)->owner != owner))
         pp = &(*pp)->next;
-    const int found = *pp != NULL;
-    if (found)
-        *pp = q->next;
+    queue *found = *pp;
+    if (found != NULL)
+        *pp = found->next;
     pthread_mutex_unlock(&sq->lock);
-    if (found) {
-        atomic_fetch_sub_explicit(&sq->d->stats.submit_queues, 1, memory_order_relaxed);
-        queue_unref(q);
-    }
+    return found;
 }
 
 gcd_status gcd_submitq_open(gcd_submitq *sq, uint32_t owner, uint64_t region_id,
@@ -448,7 +457,7 @@ gcd_status gcd_submitq_open(gcd_submitq *sq, uint32_t owner, uint64_t region_id,
      * its queue) or the region been unregistered meanwhile, nothing would ever drop it.
      */
     if (!gcd_regions_mark_queue(sq->d->regions, r)) {
-        queue_remove(sq, q);
+        queue_dropped(sq, queue_unlink(sq, q, 0));
         snprintf(why, whylen, "submit_queue_open: region %llu was unregistered, or its "
                               "connection closed",
                  (unsigned long long)region_id);
@@ -460,19 +469,7 @@ gcd_status gcd_submitq_open(gcd_submitq *sq, uint32_t owner, uint64_t region_id,
 
 void gcd_submitq_drop_owner(gcd_submitq *sq, uint32_t owner)
 {
-    pthread_mutex_lock(&sq->lock);
-    queue **pp = &sq->queues, *q = NULL;
-    while (*pp != NULL && (*pp)->owner != owner)
-        pp = &(*pp)->next;
-    if (*pp != NULL) {
-        q = *pp;
-        *pp = q->next;
-    }
-    pthread_mutex_unlock(&sq->lock);
-    if (q != NULL) {
-        atomic_fetch_sub_explicit(&sq->d->stats.submit_queues, 1, memory_order_relaxed);
-        queue_unref(q);
-    }
+    queue_dropped(sq, queue_unlink(sq, NULL, owner));
 }
 
 void gcd_submitq_stop(gcd_submitq *sq)
@@ -489,12 +486,8 @@ void gcd_submitq_stop(gcd_submitq *sq)
 void gcd_submitq_free(gcd_submitq *sq)
 {
     gcd_submitq_stop(sq);
-    while (sq->queues != NULL) {
-        queue *q = sq->queues;
-        sq->queues = q->next;
-        atomic_fetch_sub_explicit(&sq->d->stats.submit_queues, 1, memory_order_relaxed);
-        queue_unref(q);
-    }
+    while (sq->queues != NULL)
+        queue_dropped(sq, queue_unlink(sq, sq->queues, 0));
     if (sq->wake != NULL) {
         munmap(sq->wake, SUBMIT_WAKE_BYTES);
         shm_unlink(sq->wake_name);
