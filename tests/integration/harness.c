@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -19,6 +20,7 @@
 #include "gk_bf16.h"
 
 const char *th_daemon_exe;
+unsigned th_daemon_nofile;
 static uint64_t th_state;
 
 static void th_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -110,6 +112,9 @@ void th_daemon_start(th_daemon *d, const char *const *extra)
             dup2(fd, STDERR_FILENO);
             dup2(fd, STDOUT_FILENO);
         }
+        struct rlimit nofile = {th_daemon_nofile, th_daemon_nofile};
+        if (th_daemon_nofile != 0 && setrlimit(RLIMIT_NOFILE, &nofile) != 0)
+            _exit(126);
         /* GPUCD_TEST_WRAPPER runs the daemon under a tool, e.g. valgrind. */
         const char *wrapper = getenv("GPUCD_TEST_WRAPPER");
         if (wrapper != NULL && *wrapper != '\0') {

@@ -32,6 +32,8 @@ void th_init(int argc, char **argv);
 /* Only seeds the random generator (printed), for tests that start no daemon. */
 void th_seed(void);
 
+/* The descriptor limit (soft and hard) of the daemons started next; 0: this process's own. */
+extern unsigned th_daemon_nofile;
 /* Starts a daemon with extra flags (NULL-terminated, may be NULL); waits until it answers. */
 void th_daemon_start(th_daemon *d, const char *const *extra);
 /* SIGTERM; waits; returns the exit status (or -signal). */
