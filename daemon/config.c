@@ -155,6 +155,38 @@ static const config_option config_options[] = {
      "while running, ask the kernel (/dev/cpu_dma_latency) to keep every CPU's wake-up latency "
      "at most US: lower request latency for the whole machine's idle power (default: off)",
      CONFIG_NUMBER(cpu_latency_us, 0, 1000000)},
+    {"peer-resident-mb", "MB",
+     "most resident tensor memory one peer (a uid over ipc://, an address over tcp://) may "
+     "hold over all its connections (default: half of --resident-mb)",
+     CONFIG_NUMBER(peer_resident_mb, 1, 1u << 24)},
+    {"conn-resident-mb", "MB",
+     "most resident tensor memory one connection may hold (default: half of --resident-mb)",
+     CONFIG_NUMBER(conn_resident_mb, 1, 1u << 24)},
+    {"peer-regions", "N", "most shared-memory regions one peer may register (default 4096)",
+     CONFIG_NUMBER(peer_regions, 1, 1u << 20)},
+    {"conn-regions", "N",
+     "most shared-memory regions one connection may register (default 1024)",
+     CONFIG_NUMBER(conn_regions, 1, 1u << 20)},
+    {"peer-region-mb", "MB", "most bytes of regions one peer may register (default 65536)",
+     CONFIG_NUMBER(peer_region_mb, 1, 1u << 30)},
+    {"conn-region-mb", "MB", "most bytes of regions one connection may register "
+                             "(default 65536)",
+     CONFIG_NUMBER(conn_region_mb, 1, 1u << 30)},
+    {"peer-inflight-mb", "MB",
+     "most request bytes of one peer received and not yet answered (default: 4 messages of "
+     "--max-message-mb)",
+     CONFIG_NUMBER(peer_inflight_mb, 1, 1u << 20)},
+    {"conn-inflight-mb", "MB",
+     "most request bytes of one connection received and not yet answered (default: 2 "
+     "messages of --max-message-mb)",
+     CONFIG_NUMBER(conn_inflight_mb, 1, 1u << 20)},
+    {"max-connections", "N",
+     "most connections open at once; more are closed as they come (default: the descriptor "
+     "limit, raised to its hard limit at start, less a reserve for the daemon's other work)",
+     CONFIG_NUMBER(max_connections, 1, 1u << 24)},
+    {"peer-connections", "N",
+     "most connections one peer may have open (default: half of --max-connections)",
+     CONFIG_NUMBER(peer_connections, 1, 1u << 24)},
     {"log-level", "LEVEL", "error, warn, info or debug (default info)",
      CONFIG_SETTER(set_log_level)},
     {"stats-listen", "URL",
@@ -265,6 +297,12 @@ void gcd_config_defaults(gcd_config *cfg)
     cfg->max_batch = 32768;
     cfg->spin_us = GCD_SPIN_AUTO;
     cfg->cpu_latency_us = GCD_CPU_LATENCY_OFF;
+    cfg->peer_resident_mb = cfg->conn_resident_mb = GCD_QUOTA_AUTO;
+    cfg->peer_regions = 4096;
+    cfg->conn_regions = 1024;
+    cfg->peer_region_mb = cfg->conn_region_mb = 65536;
+    cfg->peer_inflight_mb = cfg->conn_inflight_mb = GCD_QUOTA_AUTO;
+    cfg->max_connections = cfg->peer_connections = GCD_QUOTA_AUTO;
     cfg->log_level = GCD_LOG_INFO;
     snprintf(cfg->stats_listen, sizeof cfg->stats_listen, "http://127.0.0.1:9464");
 }

@@ -32,6 +32,12 @@ typedef struct gcd_config {
                                  GCD_SPIN_AUTO until main sets it (gcd_config_spin_auto) */
     uint64_t cpu_latency_us;  /* PM QoS wake-up latency held while running (cpu_latency.h);
                                  GCD_CPU_LATENCY_OFF: none */
+    /* Quotas (quota.h): per connection and per peer; GCD_QUOTA_AUTO: derived at start */
+    uint64_t peer_resident_mb, conn_resident_mb;
+    uint64_t peer_regions, conn_regions;
+    uint64_t peer_region_mb, conn_region_mb;
+    uint64_t peer_inflight_mb, conn_inflight_mb;
+    uint64_t max_connections, peer_connections;
     gcd_log_level log_level;
     char stats_listen[GCD_URL_MAX]; /* "none" disables the HTTP stats endpoint */
 } gcd_config;
@@ -58,6 +64,8 @@ void gcd_config_usage(FILE *out);
 #define GCD_SPIN_AUTO UINT64_MAX
 /* cpu_latency_us unset: the machine's power management is left alone. */
 #define GCD_CPU_LATENCY_OFF UINT64_MAX
+/* A quota or connection limit unset: derived from the others (gcd_quota_limits_from_config). */
+#define GCD_QUOTA_AUTO UINT64_MAX
 /* workspace_mb unset: the backend sizes it from the device's memory (backend_cuda.c). */
 #define GCD_WORKSPACE_AUTO UINT64_MAX
 

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -16,6 +17,7 @@
 #include "daemon.h"
 #include "http_stats.h"
 #include "log.h"
+#include "quota.h"
 #include "server.h"
 
 typedef struct gcd_main {
@@ -65,6 +67,25 @@ static void on_device_watch(uv_timer_t *h)
     atomic_store(&m->d.ready, 0);
     if (atomic_exchange(&m->d.draining, 1) == 0)
         gcd_server_drain(m->server, drained, m);
+}
+
+/*
+ * The soft descriptor limit raised to the hard one: each connection holds a descriptor,
+ * and --max-connections, derived from this limit, keeps the daemon below it (at the
+ * limit nng's accept fails and retries for as long as connections wait).  Returns it.
+ */
+static uint64_t nofile_raise(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return 1024;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t was = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            rl.rlim_cur = was;
+    }
+    return rl.rlim_cur == RLIM_INFINITY ? UINT32_MAX : (uint64_t)rl.rlim_cur;
 }
 
 static const gcd_backend_ops *backend_choose(const gcd_config *cfg, char *err, size_t errlen)
@@ -134,6 +155,17 @@ int main(int argc, char **argv)
         gcd_log_error("out of memory");
         return 1;
     }
+    gcd_quota_limits limits;
+    const uint64_t nofile = nofile_raise();
+    gcd_quota_limits_from_config(&d->cfg, nofile, &limits);
+    if (gcd_quota_init(&d->quota, &limits) != 0) {
+        gcd_log_error("out of memory");
+        return 1;
+    }
+    gcd_regions_set_quota(d->regions, d->quota);
+    gcd_residents_set_quota(d->residents, d->quota);
+    gcd_log_info("at most %u connections (%u per peer) at %" PRIu64 " descriptors",
+                 limits.max_connections, limits.peer_connections, nofile);
     if (d->cfg.batch_window_us > 0 &&
         gcd_batcher_init(&d->batcher, d, d->cfg.batch_window_us, (int64_t)d->cfg.max_batch) != 0) {
         gcd_log_error("out of memory");
@@ -170,6 +202,7 @@ int main(int argc, char **argv)
         gcd_batcher_fini(d->batcher);
     gcd_residents_fini(d->residents);
     gcd_regions_fini(d->regions);
+    gcd_quota_fini(d->quota); /* after the registries, which give their holds back */
     d->ops->close(d->backend);
     gcd_cpu_latency_release(&d->cpu_latency);
     gcd_log_info("stopped");

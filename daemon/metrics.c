@@ -12,6 +12,7 @@
 
 #include "clock.h"
 #include "device_usage.h"
+#include "quota.h"
 #include "strbuf.h"
 
 #ifndef GPUCD_VERSION_STRING
@@ -195,6 +196,17 @@ static void memory(strbuf *b, gcd_daemon *d)
     single_u(b, "gpucd_resident_tensor_bytes", "gauge", "Bytes of the resident tensors held.", tb);
     single_u(b, "gpucd_resident_limit_bytes", "gauge",
              "Most bytes resident tensors may hold (--resident-mb).", d->cfg.resident_mb << 20);
+    uint64_t refused[GCD_QUOTA_KINDS][2], refused_connections;
+    gcd_quota_refusals(d->quota, refused, &refused_connections);
+    family(b, "gpucd_quota_refusals_total", "counter",
+           "Requests refused RESOURCE_EXHAUSTED by a quota of their connection or peer.");
+    for (int k = 0; k < GCD_QUOTA_KINDS; k++)
+        for (int scope = 0; scope < 2; scope++)
+            strbuf_printf(b, "gpucd_quota_refusals_total{quota=\"%s\",per=\"%s\"} %" PRIu64 "\n",
+                          gcd_quota_kind_name((gcd_quota_kind)k), scope ? "peer" : "connection", refused[k][scope]);
+    single_u(b, "gpucd_connections_refused_total", "counter",
+             "Connections closed as they came: past --max-connections or --peer-connections.",
+             refused_connections);
     single_u(b, "gpucd_workspace_bytes", "gauge",
              "Device workspace the backend preallocated at start.", d->device.workspace_bytes);
     single_u(b, "gpucd_device_allocations_total", "counter",

@@ -22,6 +22,7 @@ struct gcd_regions {
     uint64_t mapped_count, mapped_bytes; /* including unlisted ones still in use */
     gcd_backend *backend;
     const gcd_backend_ops *ops;
+    gcd_quota *quota;
 };
 
 int gcd_regions_init(gcd_regions **out, gcd_backend *backend, const gcd_backend_ops *ops)
@@ -38,8 +39,20 @@ int gcd_regions_init(gcd_regions **out, gcd_backend *backend, const gcd_backend_
     return 0;
 }
 
+void gcd_regions_set_quota(gcd_regions *rs, gcd_quota *q)
+{
+    rs->quota = q;
+}
+
+static gcd_charge region_charge(const gcd_region *r)
+{
+    return (gcd_charge){.n = {[GCD_QUOTA_REGIONS] = 1, [GCD_QUOTA_REGION_BYTES] = r->size}};
+}
+
 static void region_unmap(gcd_regions *rs, gcd_region *r)
 {
+    const gcd_charge c = region_charge(r);
+    gcd_quota_give(rs->quota, r->held, &c);
     if (rs->ops->host_unregister != NULL)
         rs->ops->host_unregister(rs->backend, r->base);
     munmap(r->base, r->size);
@@ -140,13 +153,9 @@ gcd_status gcd_regions_register(gcd_regions *rs, uint32_t owner, uid_t uid, cons
     r->listed = 1;
 
     pthread_mutex_lock(&rs->lock);
-    size_t mine = 0;
-    for (size_t i = 0; i < rs->count; i++)
-        mine += rs->items[i]->owner == owner;
-    if (mine >= GCD_REGIONS_PER_CLIENT) {
-        status = GCD_RESOURCE_EXHAUSTED;
-        snprintf(why, whylen, "at most %d regions per client", GCD_REGIONS_PER_CLIENT);
-    } else if (rs->count == rs->cap) {
+    const gcd_charge charge = region_charge(r);
+    status = gcd_quota_take(rs->quota, owner, &charge, &r->held, why, whylen);
+    if (status == GCD_OK && rs->count == rs->cap) {
         size_t cap = rs->cap ? rs->cap * 2 : 16;
         gcd_region **items = realloc(rs->items, cap * sizeof *items);
         if (items == NULL) {

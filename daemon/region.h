@@ -15,9 +15,10 @@
 #include <sys/types.h>
 
 #include "backend.h"
+#include "quota.h"
 #include "status.h"
 
-enum { GCD_REGION_NAME_MAX = 200, GCD_REGIONS_PER_CLIENT = 4096 };
+enum { GCD_REGION_NAME_MAX = 200 };
 
 typedef struct gcd_region {
     uint64_t id;
@@ -28,12 +29,15 @@ typedef struct gcd_region {
     int refs;      /* the table's own reference plus one per request using it */
     int listed;    /* still in the table (not unregistered or dropped) */
     int queue;     /* its connection's submission queue (submitq.h): goes with the connection */
+    gcd_quota_conn *held; /* its charge (one region, size bytes), given back when it goes */
 } gcd_region;
 
 typedef struct gcd_regions gcd_regions;
 
 int gcd_regions_init(gcd_regions **out, gcd_backend *backend, const gcd_backend_ops *ops);
 void gcd_regions_fini(gcd_regions *rs);
+/* Charges every region from now on to its connection's quota (NULL: none). */
+void gcd_regions_set_quota(gcd_regions *rs, gcd_quota *q);
 
 /*
  * Opens and maps the named object for the connection `owner` whose peer uid is

@@ -17,6 +17,7 @@
 #include "decode.h"
 #include "doorbell.h"
 #include "log.h"
+#include "quota.h"
 #include "submitq.h"
 #include "wire.h"
 
@@ -479,10 +480,16 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
     Gpucd__V1__Request *req = NULL;
     gcd_status st;
     uint64_t limit = d->cfg.max_message_mb << 20;
+    /* The request's bytes are its connection's and peer's until it is answered. */
+    const gcd_charge inflight = {.n = {[GCD_QUOTA_INFLIGHT_BYTES] = nng_msg_len(msg)}};
+    gcd_quota_conn *held = NULL;
     if (nng_msg_len(msg) > limit) {
         st = fail(rs, GCD_RESOURCE_EXHAUSTED, "a message of %zu bytes exceeds the daemon's "
                                               "--max-message-mb %" PRIu64,
                   nng_msg_len(msg), d->cfg.max_message_mb);
+    } else if (gcd_quota_take(d->quota, ctx.pipe, &inflight, &held, rs->why, sizeof rs->why) !=
+               GCD_OK) {
+        st = GCD_RESOURCE_EXHAUSTED; /* the message names the quota */
     } else if (wire_split(nng_msg_body(msg), nng_msg_len(msg), &header, &header_len, &payload,
                           &payload_len, &why) != 0) {
         st = fail(rs, GCD_BAD_MESSAGE, "%s", why);
@@ -551,6 +558,7 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
         gpucd__v1__request__free_unpacked(req, NULL);
     free(aligned_payload);
     nng_msg_free(msg);
+    gcd_quota_give(d->quota, held, &inflight);
 
     gcd_stats *s = &d->stats;
     gcd_stats_count(s, rs->kind, st);

@@ -14,6 +14,7 @@ struct gcd_residents {
     uint64_t limit_bytes;
     gcd_backend *backend;
     const gcd_backend_ops *ops;
+    gcd_quota *quota;
 };
 
 int gcd_residents_init(gcd_residents **out, gcd_backend *backend, const gcd_backend_ops *ops,
@@ -31,8 +32,20 @@ int gcd_residents_init(gcd_residents **out, gcd_backend *backend, const gcd_back
     return 0;
 }
 
+void gcd_residents_set_quota(gcd_residents *rs, gcd_quota *q)
+{
+    rs->quota = q;
+}
+
+static gcd_charge resident_charge(uint64_t bytes)
+{
+    return (gcd_charge){.n = {[GCD_QUOTA_RESIDENT_BYTES] = bytes}};
+}
+
 static void resident_destroy(gcd_residents *rs, gcd_resident *r)
 {
+    const gcd_charge c = resident_charge(r->bytes);
+    gcd_quota_give(rs->quota, r->held, &c);
     rs->ops->tensor_free(rs->backend, r->t.data);
     pthread_rwlock_destroy(&r->use);
     free(r);
@@ -56,12 +69,18 @@ gcd_status gcd_residents_create(gcd_residents *rs, uint32_t owner, uint32_t uid,
         snprintf(why, whylen, "resident tensor size overflows");
         return GCD_INVALID_ARGUMENT;
     }
+    const gcd_charge charge = resident_charge((uint64_t)bytes);
+    gcd_quota_conn *held;
+    gcd_status quota = gcd_quota_take(rs->quota, owner, &charge, &held, why, whylen);
+    if (quota != GCD_OK)
+        return quota;
     pthread_mutex_lock(&rs->lock);
     int room = rs->live_bytes + (uint64_t)bytes <= rs->limit_bytes;
     if (room)
         rs->live_bytes += (uint64_t)bytes; /* reserved now so that racing creates can't overshoot */
     pthread_mutex_unlock(&rs->lock);
     if (!room) {
+        gcd_quota_give(rs->quota, held, &charge);
         snprintf(why, whylen, "resident tensors would exceed the limit of %llu bytes",
                  (unsigned long long)rs->limit_bytes);
         return GCD_RESOURCE_EXHAUSTED;
@@ -90,6 +109,7 @@ gcd_status gcd_residents_create(gcd_residents *rs, uint32_t owner, uint32_t uid,
         r->bytes = (size_t)bytes;
         r->owner = owner;
         r->owner_uid = uid;
+        r->held = held;
         r->refs = 2; /* the table's and the caller's */
         r->listed = 1;
         pthread_rwlock_init(&r->use, NULL);
@@ -100,6 +120,7 @@ gcd_status gcd_residents_create(gcd_residents *rs, uint32_t owner, uint32_t uid,
     }
     pthread_mutex_unlock(&rs->lock);
     if (status != GCD_OK) {
+        gcd_quota_give(rs->quota, held, &charge);
         if (storage != NULL)
             rs->ops->tensor_free(rs->backend, storage);
         free(r);

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "quota.h"
 #include "status.h"
 
 enum { GCD_UID_REMOTE = UINT32_MAX };
@@ -29,6 +30,7 @@ typedef struct gcd_resident {
     int refs;
     int listed;
     pthread_rwlock_t use;
+    gcd_quota_conn *held; /* its charge (bytes), given back when the storage goes */
 } gcd_resident;
 
 typedef struct gcd_residents gcd_residents;
@@ -36,6 +38,8 @@ typedef struct gcd_residents gcd_residents;
 int gcd_residents_init(gcd_residents **out, gcd_backend *backend, const gcd_backend_ops *ops,
                        uint64_t limit_bytes);
 void gcd_residents_fini(gcd_residents *rs);
+/* Charges every tensor from now on to its connection's quota (NULL: none). */
+void gcd_residents_set_quota(gcd_residents *rs, gcd_quota *q);
 
 /* Allocates storage for a new tensor of t's dtype and shape; returns it unlocked with a reference. */
 gcd_status gcd_residents_create(gcd_residents *rs, uint32_t owner, uint32_t uid,

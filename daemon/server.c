@@ -10,6 +10,8 @@
 
 #include "clock.h"
 #include "log.h"
+#include "peer.h"
+#include "quota.h"
 #include "request.h"
 #include "submitq.h"
 #include "workers.h"
@@ -132,13 +134,24 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
     uint32_t id = (uint32_t)nng_pipe_id(p);
     if (ev == NNG_PIPE_EV_ADD_PRE) {
         /* Draining: refuse new connections (closing the listeners would also
-         * close the connections whose replies are still on their way). */
-        if (atomic_load(&d->draining))
+         * close the connections whose replies are still on their way).  Past
+         * a connection limit: closed here, its descriptor freed at once. */
+        char peer[GCD_PEER_NAME_MAX], why[256];
+        gcd_peer_name(p, peer, sizeof peer);
+        if (atomic_load(&d->draining)) {
             nng_pipe_close(p);
-    } else if (ev == NNG_PIPE_EV_ADD_POST) {
-        atomic_fetch_add(&d->stats.clients, 1);
-        gcd_log_debug("client %u connected", id);
+        } else if (gcd_quota_connect(d->quota, id, peer, why, sizeof why) != 0) {
+            gcd_log_debug("client %u (%s) refused: %s", id, peer, why);
+            nng_pipe_close(p);
+        } else {
+            atomic_fetch_add(&d->stats.clients, 1);
+            gcd_log_debug("client %u (%s) connected", id, peer);
+        }
     } else if (ev == NNG_PIPE_EV_REM_POST) {
+        /* nng reports the end of a pipe closed at ADD_PRE too: it was never counted. Once
+         * disconnected, nothing more is charged to it, so nothing can come after the drops. */
+        if (!gcd_quota_disconnect(d->quota, id))
+            return;
         atomic_fetch_sub(&d->stats.clients, 1);
         /* Regions first: a queue opened on one of them meanwhile sees it gone (submitq.c). */
         gcd_regions_drop_owner(d->regions, id);
@@ -202,7 +215,6 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
         return -1;
     }
     nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_PRE, pipe_event, d);
-    nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_POST, pipe_event, d);
     nng_pipe_notify(srv->sock, NNG_PIPE_EV_REM_POST, pipe_event, d);
     uv_timer_init(loop, &srv->drain_timer);
     srv->drain_timer.data = srv;

@@ -9,6 +9,7 @@
 
 #include "clock.h"
 #include "metrics.h"
+#include "quota.h"
 #include "request.h"
 #include "strbuf.h"
 
@@ -23,7 +24,7 @@ static int64_t load_i(atomic_int_fast64_t *v)
     return atomic_load_explicit(v, memory_order_relaxed);
 }
 
-/* What exists only once the backend is open: the device, regions and resident tensors. */
+/* What exists only once the backend is open: the device, regions, resident tensors, quotas. */
 static void json_backend(strbuf *b, gcd_daemon *d)
 {
     uint64_t rc, rb, tc, tb;
@@ -54,6 +55,7 @@ static void json_backend(strbuf *b, gcd_daemon *d)
     strbuf_printf(b, "\"resident_tensors\":{\"count\":%" PRIu64 ",\"bytes\":%" PRIu64
                      ",\"limit_bytes\":%" PRIu64 "},",
                   tc, tb, d->cfg.resident_mb << 20);
+    gcd_quota_json(d->quota, b);
 }
 
 static void json_requests(strbuf *b, gcd_stats *s)
