@@ -9,7 +9,7 @@
 
 #include "peer.h"
 
-enum { CONN_BUCKETS = 256 };
+enum { CONN_BUCKETS = 256, MIN_CONNECTIONS = 8 };
 
 typedef struct quota_peer {
     char name[GCD_PEER_NAME_MAX];
@@ -64,7 +64,8 @@ static uint64_t mb_or(uint64_t mb, uint64_t dflt_bytes)
 
 uint64_t gcd_quota_fd_reserve(const gcd_config *cfg)
 {
-    /* 64 for the daemon's own (loop, threads' wake-ups, log, listeners), 16 stats clients. */
+    /* 64 for the daemon's own (17 on the cpu backend, idle: loop, wake-ups, log,
+     * listeners, wake page; a device's more), 16 stats clients. */
     return 64 + (uint64_t)cfg->max_inflight + 16;
 }
 
@@ -83,12 +84,10 @@ void gcd_quota_limits_from_config(const gcd_config *cfg, uint64_t nofile, gcd_qu
     out->conn[GCD_QUOTA_INFLIGHT_BYTES] = mb_or(cfg->conn_inflight_mb, 2 * message + (2 << 20));
     uint64_t reserve = gcd_quota_fd_reserve(cfg);
     uint64_t conns = cfg->max_connections;
-    if (conns == GCD_QUOTA_AUTO)
-        conns = nofile > 2 * reserve ? nofile - reserve : nofile / 2;
+    if (conns == GCD_QUOTA_AUTO) /* a few even where the reserve takes it all */
+        conns = nofile > reserve + MIN_CONNECTIONS ? nofile - reserve : MIN_CONNECTIONS;
     if (conns > UINT32_MAX)
         conns = UINT32_MAX;
-    if (conns == 0)
-        conns = 1;
     out->max_connections = (uint32_t)conns;
     uint64_t per_peer = cfg->peer_connections == GCD_QUOTA_AUTO ? (conns + 1) / 2
                                                                 : cfg->peer_connections;

@@ -100,6 +100,35 @@ static void test_bad_flags(void **state)
     expect_error(19, many, "at most 8");
 }
 
+static void test_quota_flags(void **state)
+{
+    (void)state;
+    gcd_config cfg;
+    char err[512];
+    const char *none[] = {"gpucd"};
+    assert_int_equal(parse(&cfg, err, sizeof err, 1, none), 0);
+    /* Unset: derived at start from --resident-mb, --max-message-mb and the descriptor limit. */
+    assert_true(cfg.peer_resident_mb == GCD_QUOTA_AUTO && cfg.conn_resident_mb == GCD_QUOTA_AUTO);
+    assert_true(cfg.peer_inflight_mb == GCD_QUOTA_AUTO && cfg.conn_inflight_mb == GCD_QUOTA_AUTO);
+    assert_true(cfg.max_connections == GCD_QUOTA_AUTO && cfg.peer_connections == GCD_QUOTA_AUTO);
+    assert_int_equal(cfg.peer_regions, 4096);
+    assert_int_equal(cfg.conn_regions, 1024);
+    const char *argv[] = {"gpucd", "--peer-resident-mb", "1", "--conn-resident-mb", "2",
+                          "--peer-regions", "3", "--conn-regions", "4", "--peer-region-mb", "5",
+                          "--conn-region-mb", "6", "--peer-inflight-mb", "7",
+                          "--conn-inflight-mb", "8", "--max-connections", "9",
+                          "--peer-connections", "10"};
+    assert_int_equal(parse(&cfg, err, sizeof err, 21, argv), 0);
+    const uint64_t got[] = {cfg.peer_resident_mb, cfg.conn_resident_mb, cfg.peer_regions,
+                            cfg.conn_regions,     cfg.peer_region_mb,   cfg.conn_region_mb,
+                            cfg.peer_inflight_mb, cfg.conn_inflight_mb, cfg.max_connections,
+                            cfg.peer_connections};
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(got[i], i + 1);
+    expect_error(3, (const char *[]){"gpucd", "--peer-regions", "0"}, "--peer-regions 0");
+    expect_error(3, (const char *[]){"gpucd", "--max-connections", "0"}, "--max-connections 0");
+}
+
 static void write_file(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
@@ -141,6 +170,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_and_flags),
         cmocka_unit_test(test_bad_flags),
+        cmocka_unit_test(test_quota_flags),
         cmocka_unit_test(test_config_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
