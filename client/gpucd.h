@@ -79,7 +79,7 @@ typedef enum gpucd_code {
     GPUCD_EOUT_OF_RANGE = -105,       /* a byte range or a data value out of range */
     GPUCD_ENOT_FOUND = -106,          /* unknown region or resident tensor */
     GPUCD_EPERMISSION_DENIED = -107,  /* region of another uid, or regions over tcp:// */
-    GPUCD_ERESOURCE_EXHAUSTED = -108, /* workspace, message size, in-flight or memory limit */
+    GPUCD_ERESOURCE_EXHAUSTED = -108, /* workspace, message size, in-flight, memory or a quota */
     GPUCD_EUNAVAILABLE = -109,        /* the daemon is draining or not ready */
     GPUCD_EDEVICE = -110,             /* the device failed while running the request */
     GPUCD_EINTERNAL = -111,           /* a daemon bug */

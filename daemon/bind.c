@@ -291,11 +291,15 @@ gcd_status gcd_bind(const gcd_bind_ctx *ctx, gcd_op *op, const gcd_ref *const re
                      total, (unsigned long long)limit);
             st = GCD_MESSAGE_TOO_LARGE;
         } else if (total > 0) {
-            bound->out_payload = aligned_alloc(WIRE_ALIGN, total);
-            if (bound->out_payload == NULL) {
+            const gcd_charge c = {.n = {[GCD_QUOTA_INFLIGHT_BYTES] = total}};
+            st = gcd_quota_take(ctx->daemon->quota, ctx->pipe, &c, &bound->out_payload_held, why,
+                                whylen);
+            if (st == GCD_OK && (bound->out_payload = aligned_alloc(WIRE_ALIGN, total)) == NULL) {
+                gcd_quota_give(ctx->daemon->quota, bound->out_payload_held, &c);
+                bound->out_payload_held = NULL;
                 snprintf(why, whylen, "out of memory for %zu bytes of inline outputs", total);
                 st = GCD_RESOURCE_EXHAUSTED;
-            } else {
+            } else if (st == GCD_OK) {
                 /* Zeroed: the padding between outputs must never carry stale heap bytes
                  * (another client's data) to this client. */
                 memset(bound->out_payload, 0, total);
@@ -333,6 +337,9 @@ void gcd_unbind(const gcd_bind_ctx *ctx, gcd_bound *bound, int success)
     if (bound->doorbell.region != NULL)
         gcd_regions_release(d->regions, bound->doorbell.region);
     memset(&bound->doorbell, 0, sizeof bound->doorbell);
+    const gcd_charge c = {.n = {[GCD_QUOTA_INFLIGHT_BYTES] = bound->out_payload_len}};
+    gcd_quota_give(d->quota, bound->out_payload_held, &c);
+    bound->out_payload_held = NULL;
     free(bound->out_payload);
     bound->out_payload = NULL;
     bound->out_payload_len = 0;

@@ -43,6 +43,7 @@ typedef struct gcd_bound {
     gcd_binding doorbell; /* the completion record's 64 bytes, if asked for (doorbell_record.h) */
     uint8_t *out_payload; /* the reply payload, 64-byte aligned */
     size_t out_payload_len;
+    gcd_quota_conn *out_payload_held; /* its bytes in flight, charged to the caller */
 } gcd_bound;
 
 /*

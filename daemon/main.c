@@ -71,8 +71,10 @@ static void on_device_watch(uv_timer_t *h)
 
 /*
  * The soft descriptor limit raised to the hard one: each connection holds a descriptor,
- * and --max-connections, derived from this limit, keeps the daemon below it (at the
- * limit nng's accept fails and retries for as long as connections wait).  Returns it.
+ * and --max-connections, derived from this limit, keeps the daemon below it.  At the
+ * limit nng 1.5.2's HTTP server (the stats endpoint) retries a failed accept at once,
+ * a core's worth for as long as a client waits in its backlog, and /health stops
+ * answering.  Returns the limit.
  */
 static uint64_t nofile_raise(void)
 {

@@ -226,6 +226,44 @@ static void test_resident_flood(void **state)
     assert_int_equal(th_daemon_stop(&d), 0);
 }
 
+/* Request and reply payloads count as bytes in flight while the request is worked on. */
+static void test_inflight_quota(void **state)
+{
+    (void)state;
+    enum { MB = 1 << 20, N = 65536, D = 8, V = 16 };
+    th_daemon d;
+    th_daemon_start(&d, (const char *const[]){"--conn-inflight-mb", "1", NULL});
+    gpucd_client *c = th_connect(d.tcp_url);
+    float *x = th_xmalloc(2 * MB);
+    memset(x, 0, 2 * MB);
+    gpucd_tensor big = gpucd_tensor_host(x, GPUCD_F32, 1, TH_SHAPE(2 * MB / 4));
+    uint64_t id;
+    assert_int_equal(gpucd_tensor_put(c, &big, &id), GPUCD_ERESOURCE_EXHAUSTED);
+    assert_non_null(strstr(gpucd_errmsg(c), "bytes in flight per connection"));
+    /* A small request whose inline reply (2 MiB) passes the limit is refused too. */
+    int32_t *idx = th_xmalloc(N * sizeof *idx);
+    float table[V * D];
+    for (int i = 0; i < N; i++)
+        idx[i] = i % V;
+    th_fill_f32(table, V * D);
+    gpucd_tensor ti = gpucd_tensor_host(idx, GPUCD_I32, 1, TH_SHAPE(N));
+    gpucd_tensor tt = gpucd_tensor_host(table, GPUCD_F32, 2, TH_SHAPE(V, D));
+    gpucd_tensor to = gpucd_tensor_host(x, GPUCD_F32, 2, TH_SHAPE(N, D));
+    assert_int_equal(gpucd_embedding_forward(c, &ti, &tt, &to, NULL), GPUCD_ERESOURCE_EXHAUSTED);
+    printf("a 2 MiB inline reply at --conn-inflight-mb 1: %s\n", gpucd_errmsg(c));
+    assert_non_null(strstr(gpucd_errmsg(c), "bytes in flight per connection"));
+    assert_non_null(strstr(gpucd_errmsg(c), "2 MiB asked"));
+    /* Within the limit all is as before. */
+    gpucd_tensor half = gpucd_tensor_host(x, GPUCD_F32, 1, TH_SHAPE(MB / 8));
+    assert_int_equal(gpucd_tensor_put(c, &half, &id), 0);
+    assert_int_equal(gpucd_tensor_free(c, id), 0);
+    gpucd_close(c);
+    free(idx);
+    free(x);
+    expect_holdings_zero(d.ipc_url);
+    assert_int_equal(th_daemon_stop(&d), 0);
+}
+
 /* ---- (b) many connections of one uid registering many regions ----------------------- */
 
 enum { FLOOD_CONNS = 6, REGION_BYTES = 4096 };
@@ -435,6 +473,7 @@ int main(int argc, char **argv)
         return region_flood_main(argv[3]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resident_flood),
+        cmocka_unit_test(test_inflight_quota),
         cmocka_unit_test(test_region_flood),
         cmocka_unit_test(test_connection_flood),
     };
