@@ -11,6 +11,7 @@
 
 #include "clock.h"
 #include "daemon.h"
+#include "quota.h"
 #include "request.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -32,6 +33,15 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         gcd_regions_init(&d->regions, d->backend, d->ops) != 0 ||
         gcd_residents_init(&d->residents, d->backend, d->ops, d->cfg.resident_mb << 20) != 0)
         abort();
+    /* Every input comes from pipe 0, one connection that lasts, charged as the daemon's are. */
+    gcd_quota_limits limits;
+    gcd_quota_limits_from_config(&d->cfg, 1024, &limits);
+    char why[256];
+    if (gcd_quota_init(&d->quota, &limits) != 0 ||
+        gcd_quota_connect(d->quota, 0, "uid 0", why, sizeof why) != 0)
+        abort();
+    gcd_regions_set_quota(d->regions, d->quota);
+    gcd_residents_set_quota(d->residents, d->quota);
     d->ops->describe(d->backend, &d->device);
     atomic_store(&d->ready, 1);
     return 0;
