@@ -148,8 +148,9 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
             gcd_log_debug("client %u (%s) connected", id, peer);
         }
     } else if (ev == NNG_PIPE_EV_REM_POST) {
-        /* nng reports the end of a pipe closed at ADD_PRE too: it was never counted. Once
-         * disconnected, nothing more is charged to it, so nothing can come after the drops. */
+        /* nng reports the end of a pipe closed at ADD_PRE too: it was never counted.  Once
+         * disconnected, nothing more can be charged to it (a region registered meanwhile is
+         * refused). */
         if (!gcd_quota_disconnect(d->quota, id))
             return;
         atomic_fetch_sub(&d->stats.clients, 1);
