@@ -168,6 +168,10 @@ int main(int argc, char **argv)
     gcd_residents_set_quota(d->residents, d->quota);
     gcd_log_info("at most %u connections (%u per peer) at %" PRIu64 " descriptors",
                  limits.max_connections, limits.peer_connections, nofile);
+    if (limits.max_connections + gcd_quota_fd_reserve(&d->cfg) > nofile)
+        gcd_log_warn("%u connections leave fewer than the %" PRIu64 " descriptors the rest "
+                     "needs: raise the descriptor limit or lower --max-connections",
+                     limits.max_connections, gcd_quota_fd_reserve(&d->cfg));
     if (d->cfg.batch_window_us > 0 &&
         gcd_batcher_init(&d->batcher, d, d->cfg.batch_window_us, (int64_t)d->cfg.max_batch) != 0) {
         gcd_log_error("out of memory");

@@ -1,7 +1,7 @@
 /*
  * quota.h - what each connection, and each peer (peer.h) over all its
  * connections, may hold at once: resident bytes, regions, region bytes and
- * request bytes in flight; and how many connections there may be, in all and
+ * inline bytes in flight; and how many connections there may be, in all and
  * per peer.
  *
  * The registries take a charge when they create an object and give it back
@@ -24,7 +24,7 @@ typedef enum gcd_quota_kind {
     GCD_QUOTA_RESIDENT_BYTES,
     GCD_QUOTA_REGIONS,
     GCD_QUOTA_REGION_BYTES,
-    GCD_QUOTA_INFLIGHT_BYTES, /* request messages received and not yet answered */
+    GCD_QUOTA_INFLIGHT_BYTES, /* request messages and inline reply payloads being worked on */
     GCD_QUOTA_KINDS,
 } gcd_quota_kind;
 
