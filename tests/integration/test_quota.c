@@ -439,6 +439,22 @@ static void test_connection_flood(void **state)
     }
     sleep(2); /* the dials are made and answered (or refused) */
 
+    /* The flood's peer holds its share of the connections, the rest were closed at once. */
+    gpucd_client *sc = th_connect(d.tcp_url);
+    char *json;
+    assert_int_equal(gpucd_stats_json(sc, &json), 0);
+    gpucd_close(sc);
+    const uint64_t open = json_sum(json, "\"quota\":{\"connections\":"),
+                   most = json_sum(json, "\"max_connections\":"),
+                   per_peer = json_sum(json, "\"peer_connections\":"),
+                   refused = json_sum(json, "\"refused\":{\"connections\":");
+    free(json);
+    printf("%llu connections open (at most %llu, %llu per peer), %llu refused\n",
+           (unsigned long long)open, (unsigned long long)most, (unsigned long long)per_peer,
+           (unsigned long long)refused);
+    assert_true(most + 100 < NOFILE && open <= most);
+    assert_true(refused >= FLOOD_SOCKETS - per_peer);
+
     good_client *g = good_start(d.tcp_url, "connection flood, good tcp client");
     double cpu0 = process_cpu_s(d.pid), t0 = now_s();
     int health_fails = 0, health_rounds = 0;
