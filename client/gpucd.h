@@ -1,8 +1,8 @@
 /*
  * gpucd.h - the client library of gpucd, the persistent GPU compute daemon.
  *
- * One connection (gpucd_client) talks to one daemon over nng (ipc:// or
- * tcp://).  Every operation is a blocking call with the connection's timeout;
+ * One connection (gpucd_client) talks to one daemon over nng (ipc://,
+ * tls+tcp:// or tcp://).  Every operation is a blocking call with the connection's timeout;
  * any number of threads may call at once on the same client (each call uses
  * its own nng context, and no lock is held while waiting for a reply).
  *
@@ -165,6 +165,15 @@ typedef struct gpucd_options {
                                  socket is not used at all).  Polling saves the wake-up for
                                  up to that much of a core a call (it yields to other
                                  threads): for callers that have nothing else to do */
+    /* tls+tcp:// only (ignored otherwise): PEM files; NULL takes the environment's
+     * GPUCD_TLS_CA, GPUCD_TLS_CERT, GPUCD_TLS_KEY.  The daemon's certificate must be
+     * signed by tls_ca (required) and name the URL's host; tls_cert and its unencrypted
+     * tls_key are this client's own, which a daemon requiring client certificates (its
+     * default) checks against its CA.  A refused handshake fails gpucd_connect with
+     * GPUCD_ETRANSPORT, or GPUCD_ECLOSED when the daemon hangs up instead. */
+    const char *tls_ca;
+    const char *tls_cert;
+    const char *tls_key;
 } gpucd_options;
 
 /* Fills the defaults (30 s timeout, unlimited replies, no client name, no polling). */
@@ -179,7 +188,7 @@ GPUCD_EXPORT void gpucd_options_init(gpucd_options *opts);
 GPUCD_EXPORT int gpucd_default_url(char *buf, size_t len);
 
 /*
- * Connects to the daemon at url (NULL: gpucd_default_url; ipc:// or tcp://,
+ * Connects to the daemon at url (NULL: gpucd_default_url; ipc://, tls+tcp:// or tcp://,
  * and inproc:// for a server in the same process) and stores the client in *out.  opts may be NULL for the defaults.  Fails with
  * GPUCD_ECONNREFUSED when nothing listens at the URL.  Should the connection
  * drop later, calls in flight fail with GPUCD_ECLOSED and the client
