@@ -162,7 +162,8 @@ fail:;
     if (tls && what == url && (rv == NNG_ECRYPTO || rv == NNG_EPEERAUTH || rv == NNG_ECONNSHUT)) {
         snprintf(tls_what, sizeof tls_what,
                  "%s: the TLS handshake failed (is the daemon's certificate signed by the CA "
-                 "given, and this client's by the daemon's CA, both in date?)",
+                 "given and made out to the URL's host, this client's signed by the daemon's "
+                 "CA, both in date?)",
                  url);
         what = tls_what;
     }

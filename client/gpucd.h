@@ -257,7 +257,7 @@ GPUCD_EXPORT int gpucd_stats_json(gpucd_client *client, char **json);
  * Creates a shared-memory region of size bytes (> 0), maps it read-write and
  * registers it with the daemon.  The name is unlinked once the daemon holds
  * its own mapping, so nothing is left behind if either process dies.
- * Daemons reached over tcp:// refuse with GPUCD_EPERMISSION_DENIED.
+ * Daemons reached over tcp:// or tls+tcp:// refuse with GPUCD_EPERMISSION_DENIED.
  */
 GPUCD_EXPORT int gpucd_region_create(gpucd_client *client, size_t size, gpucd_region **out);
 /* Unregisters the region (waiting for requests that use it) and unmaps it.
