@@ -167,6 +167,7 @@ static void test_listeners_checked(void **state)
     assert_int_equal(parse(&cfg, err, sizeof err, 1, (const char *[]){"gpucd"}), 0);
     assert_int_equal(cfg.tls_client_auth, GCD_TLS_AUTH_REQUIRED); /* the default */
     assert_int_equal(cfg.insecure_tcp, 0);
+    assert_string_equal(cfg.stats_listen, "http://127.0.0.1:9464"); /* no auth: loopback */
     expect_error(3, (const char *[]){"gpucd", "--tls-client-auth", "maybe"},
                  "required, optional or none");
     expect_error(3, (const char *[]){"gpucd", "--tls-ca", ""}, "--tls-ca");

@@ -284,6 +284,41 @@ static void test_client_refuses_an_untrusted_daemon(void **state)
                    "client.key");
 }
 
+/* Options left NULL are taken from GPUCD_TLS_CA, GPUCD_TLS_CERT and GPUCD_TLS_KEY. */
+static void test_environment_names_the_files(void **state)
+{
+    (void)state;
+    char ca[128], cert[128], key[128];
+    cert_path(ca, sizeof ca, "ca.crt");
+    cert_path(cert, sizeof cert, "client.crt");
+    cert_path(key, sizeof key, "client.key");
+    gpucd_options o;
+    gpucd_options_init(&o);
+    o.timeout_ms = CONNECT_TIMEOUT_MS;
+    gpucd_client *c = NULL;
+    assert_int_equal(gpucd_connect(tls_url, &o, &c), GPUCD_EINVAL);
+    assert_non_null(strstr(gpucd_errmsg(NULL), "GPUCD_TLS_CA"));
+    assert_null(c);
+    setenv("GPUCD_TLS_CA", ca, 1);
+    setenv("GPUCD_TLS_CERT", cert, 1);
+    assert_int_equal(gpucd_connect(tls_url, &o, &c), GPUCD_EINVAL); /* a certificate, no key */
+    assert_non_null(strstr(gpucd_errmsg(NULL), "needs its key"));
+    setenv("GPUCD_TLS_KEY", key, 1);
+    int rv = gpucd_connect(tls_url, &o, &c);
+    if (rv != 0)
+        fail_msg("connect with the files from the environment: %s", gpucd_errmsg(NULL));
+    assert_int_equal(gpucd_ping(c, NULL), 0);
+    gpucd_close(c);
+    /* An option wins over its variable. */
+    char other[128];
+    cert_path(other, sizeof other, "other-ca.crt");
+    o.tls_ca = other;
+    assert_int_not_equal(gpucd_connect(tls_url, &o, &c), 0);
+    unsetenv("GPUCD_TLS_CA");
+    unsetenv("GPUCD_TLS_CERT");
+    unsetenv("GPUCD_TLS_KEY");
+}
+
 typedef struct bad_clients {
     atomic_int stop;
     int attempts, served;
@@ -480,6 +515,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tls[] = {
         cmocka_unit_test(test_good_client_is_served),
         cmocka_unit_test(test_tls_client_is_remote),
+        cmocka_unit_test(test_environment_names_the_files),
         cmocka_unit_test(test_client_without_certificate_is_refused),
         cmocka_unit_test(test_client_of_another_ca_is_refused),
         cmocka_unit_test(test_expired_client_certificate_is_refused),
