@@ -3,6 +3,7 @@
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,7 +139,12 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
             nng_pipe_close(p);
     } else if (ev == NNG_PIPE_EV_ADD_POST) {
         atomic_fetch_add(&d->stats.clients, 1);
-        gcd_log_debug("client %u connected", id);
+        bool verified; /* a TLS pipe's: with --tls-client-auth optional it may be false */
+        if (nng_pipe_get_bool(p, NNG_OPT_TLS_VERIFIED, &verified) == 0)
+            gcd_log_debug("client %u connected over TLS, certificate %s", id,
+                          verified ? "verified" : "none or not verified");
+        else
+            gcd_log_debug("client %u connected", id);
     } else if (ev == NNG_PIPE_EV_REM_POST) {
         atomic_fetch_sub(&d->stats.clients, 1);
         /* Regions first: a queue opened on one of them meanwhile sees it gone (submitq.c). */
