@@ -16,7 +16,8 @@
  * Tensors: a gpucd_tensor is a dtype, a shape and where its bytes are:
  *   GPUCD_HOST          caller memory; input bytes travel in the request,
  *                       output bytes come back in the reply and are copied to
- *                       the caller's pointer (the only choice over tcp://);
+ *                       the caller's pointer (the only choice over tcp://
+ *                       and tls+tcp://);
  *   GPUCD_REGION        a byte offset in a shared-memory region created with
  *                       gpucd_region_create (local daemons only; no copies);
  *   GPUCD_RESIDENT      a tensor that lives on the daemon's device across
@@ -78,7 +79,7 @@ typedef enum gpucd_code {
     GPUCD_EINVALID_ARGUMENT = -104,   /* shapes, dtypes, options or their combination */
     GPUCD_EOUT_OF_RANGE = -105,       /* a byte range or a data value out of range */
     GPUCD_ENOT_FOUND = -106,          /* unknown region or resident tensor */
-    GPUCD_EPERMISSION_DENIED = -107,  /* region of another uid, or regions over tcp:// */
+    GPUCD_EPERMISSION_DENIED = -107,  /* region of another uid, or regions remotely */
     GPUCD_ERESOURCE_EXHAUSTED = -108, /* workspace, message size, in-flight or memory limit */
     GPUCD_EUNAVAILABLE = -109,        /* the daemon is draining or not ready */
     GPUCD_EDEVICE = -110,             /* the device failed while running the request */

@@ -6,8 +6,10 @@
  * --insecure-tcp).  The certificates are made at test time with the openssl command
  * (the test is skipped, 77, without it).
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -18,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -324,6 +327,22 @@ typedef struct bad_clients {
     int attempts, served;
 } bad_clients;
 
+/* Not TLS at all: a connection closed at once, the start of a TLS record then garbage, HTTP. */
+static void raw_garbage(int kind)
+{
+    static const char *const bytes[] = {"", "\x16\x03\x01\x01\x50" "garbage",
+                                        "GET / HTTP/1.0\r\n\r\n"};
+    int port = atoi(strrchr(tls_url, ':') + 1);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+        write(fd, bytes[kind], strlen(bytes[kind])) < 0)
+        fprintf(stderr, "raw write: %s\n", strerror(errno));
+    if (fd >= 0)
+        close(fd);
+}
+
 static void *bad_clients_run(void *arg)
 {
     bad_clients *b = arg;
@@ -334,6 +353,7 @@ static void *bad_clients_run(void *arg)
     };
     while (!atomic_load(&b->stop) && b->attempts < 30) {
         const char *const *w = who[b->attempts % 3];
+        raw_garbage(b->attempts % 3);
         gpucd_client *c;
         if (tls_connect(w[0], w[1], w[2], &c) == 0) {
             if (gpucd_ping(c, NULL) == 0)
@@ -345,7 +365,8 @@ static void *bad_clients_run(void *arg)
     return NULL;
 }
 
-/* Refused handshakes, one after another, delay no connected client and turn no new one away. */
+/* Refused handshakes and connections that are no TLS at all, one after another, delay no
+ * connected client and turn no new one away. */
 static void test_bad_handshakes_leave_good_clients_served(void **state)
 {
     (void)state;
