@@ -170,32 +170,39 @@ static void *attempt_run(void *arg)
  */
 static void expect_refused(const char *what, const char *ca, const char *cert, const char *key)
 {
-    attempt a = {.ca = ca, .cert = cert, .key = key};
-    pthread_mutex_init(&a.lock, NULL);
-    pthread_cond_init(&a.cond, NULL);
+    /* On the heap: an attempt that outlives the wait keeps it (and the test fails). */
+    attempt *a = calloc(1, sizeof *a);
+    assert_non_null(a);
+    *a = (attempt){.ca = ca, .cert = cert, .key = key};
+    pthread_mutex_init(&a->lock, NULL);
+    pthread_cond_init(&a->cond, NULL);
     pthread_t t;
-    assert_int_equal(pthread_create(&t, NULL, attempt_run, &a), 0);
+    assert_int_equal(pthread_create(&t, NULL, attempt_run, a), 0);
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += ATTEMPT_LIMIT_S;
-    pthread_mutex_lock(&a.lock);
-    while (!a.done && pthread_cond_timedwait(&a.cond, &a.lock, &until) != ETIMEDOUT)
+    pthread_mutex_lock(&a->lock);
+    while (!a->done && pthread_cond_timedwait(&a->cond, &a->lock, &until) != ETIMEDOUT)
         ;
-    int done = a.done;
-    pthread_mutex_unlock(&a.lock);
+    int done = a->done;
+    pthread_mutex_unlock(&a->lock);
     if (!done)
         fail_msg("%s: the connection attempt did not end within %d s", what, ATTEMPT_LIMIT_S);
     pthread_join(t, NULL);
-    fprintf(stderr, "%s: connect %s, ping %s: %s\n", what, gpucd_strerror(a.connect_rv),
-            gpucd_strerror(a.ping_rv), a.msg);
-    if (a.connect_rv == 0 && a.ping_rv == 0)
+    int connect_rv = a->connect_rv, ping_rv = a->ping_rv;
+    char msg[sizeof a->msg];
+    memcpy(msg, a->msg, sizeof msg);
+    pthread_mutex_destroy(&a->lock);
+    pthread_cond_destroy(&a->cond);
+    free(a);
+    fprintf(stderr, "%s: connect %s, ping %s: %s\n", what, gpucd_strerror(connect_rv),
+            gpucd_strerror(ping_rv), msg);
+    if (connect_rv == 0 && ping_rv == 0)
         fail_msg("%s: was served", what);
-    int rv = a.connect_rv != 0 ? a.connect_rv : a.ping_rv;
+    int rv = connect_rv != 0 ? connect_rv : ping_rv;
     if (rv != GPUCD_ETRANSPORT && rv != GPUCD_ECLOSED && rv != GPUCD_ETIMEDOUT)
         fail_msg("%s: failed with %s (%s), not a connection error", what, gpucd_strerror(rv),
-                 a.msg);
-    pthread_mutex_destroy(&a.lock);
-    pthread_cond_destroy(&a.cond);
+                 msg);
 }
 
 /* ---- the group daemon: tls+tcp:// with client certificates required ------------- */
