@@ -55,7 +55,8 @@ static int certs_run(const char *cmd)
 #define EC_KEY "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
 
 /*
- * ca.crt signs the daemon's server.crt (for 127.0.0.1) and the good client.crt;
+ * ca.crt signs the daemon's server.crt (for 127.0.0.1), elsewhere.crt (a server certificate
+ * for another host) and the good client.crt;
  * other-ca.crt signs other.crt, a client the daemon must not know; old.crt, of ca.crt,
  * expired in 2020 (openssl ca takes dates in the past, openssl 3.0's x509 -days does not).
  */
@@ -69,6 +70,10 @@ static const char *const cert_commands[] = {
     "openssl req " EC_KEY " -keyout server.key -out server.csr -subj '/CN=127.0.0.1'",
     "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 "
     "-extfile server.ext -out server.crt",
+    "openssl req " EC_KEY " -keyout elsewhere.key -out elsewhere.csr -subj '/CN=elsewhere'",
+    "printf 'subjectAltName=DNS:elsewhere\\nextendedKeyUsage=serverAuth\\n' >elsewhere.ext",
+    "openssl x509 -req -in elsewhere.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 "
+    "-extfile elsewhere.ext -out elsewhere.crt",
     "openssl req " EC_KEY " -keyout client.key -out client.csr -subj '/CN=trainer-1'",
     "openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 "
     "-extfile client.ext -out client.crt",
@@ -440,6 +445,26 @@ static void test_client_auth_optional_and_none_admit_anyone(void **state)
     snprintf(tls_url, sizeof tls_url, "%s", saved);
 }
 
+/* The client expects the URL's host in the daemon's certificate, whoever signed it. */
+static void test_client_refuses_a_certificate_for_another_host(void **state)
+{
+    (void)state;
+    char saved[sizeof tls_url];
+    snprintf(saved, sizeof saved, "%s", tls_url);
+    char cert[128], key[128], ca[128];
+    cert_path(cert, sizeof cert, "elsewhere.crt");
+    cert_path(key, sizeof key, "elsewhere.key");
+    cert_path(ca, sizeof ca, "ca.crt");
+    snprintf(tls_url, sizeof tls_url, "tls+tcp://127.0.0.1:%d", th_free_tcp_port());
+    const char *extra[] = {"--listen", tls_url, "--tls-cert", cert, "--tls-key", key,
+                           "--tls-ca", ca, NULL};
+    th_daemon d;
+    th_daemon_start(&d, extra);
+    expect_refused("a daemon certified for another host", "ca.crt", "client.crt", "client.key");
+    assert_int_equal(th_daemon_stop(&d), 0);
+    snprintf(tls_url, sizeof tls_url, "%s", saved);
+}
+
 /* ---- which listeners a daemon starts with --------------------------------------- */
 
 /*
@@ -582,6 +607,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_client_of_another_ca_is_refused),
         cmocka_unit_test(test_expired_client_certificate_is_refused),
         cmocka_unit_test(test_client_refuses_an_untrusted_daemon),
+        cmocka_unit_test(test_client_refuses_a_certificate_for_another_host),
         cmocka_unit_test(test_bad_handshakes_leave_good_clients_served),
         cmocka_unit_test(test_client_auth_optional_and_none_admit_anyone),
     };
