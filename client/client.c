@@ -92,9 +92,12 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
             return rv;
         url = default_url;
     }
-    if (strncmp(url, "ipc://", 6) != 0 && strncmp(url, "tcp://", 6) != 0 &&
+    int tls = strncmp(url, "tls+tcp://", 10) == 0;
+    if (strncmp(url, "ipc://", 6) != 0 && strncmp(url, "tcp://", 6) != 0 && !tls &&
         strncmp(url, "inproc://", 9) != 0)
-        return gpucdc_fail(GPUCD_EADDRESS, "gpucd_connect: '%s': the URL must start with ipc:// or tcp://",
+        return gpucdc_fail(GPUCD_EADDRESS,
+                           "gpucd_connect: '%s': the URL must start with ipc://, tls+tcp:// or "
+                           "tcp://",
                            url);
 
     if (opts->spin_us < 0 || opts->spin_us > GPUCDC_MAX_SPIN_US)
@@ -143,6 +146,10 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
     what = url;
     if ((rv = nng_dialer_create(&c->dialer, c->sock, url)) != 0)
         goto fail;
+    if (tls && (rv = gpucdc_tls_dialer(c->dialer, url, opts)) != 0) {
+        gpucd_close(c);
+        return rv;
+    }
     /* Synchronous: a missing daemon is reported now, not at the first call. */
     if ((rv = nng_dialer_start(c->dialer, 0)) != 0)
         goto fail;
@@ -150,6 +157,16 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
     return 0;
 
 fail:;
+    /* A refused handshake reads "Cryptographic error" or "Connection shutdown" alone. */
+    char tls_what[768];
+    if (tls && what == url && (rv == NNG_ECRYPTO || rv == NNG_EPEERAUTH || rv == NNG_ECONNSHUT)) {
+        snprintf(tls_what, sizeof tls_what,
+                 "%s: the TLS handshake failed (is the daemon's certificate signed by the CA "
+                 "given and made out to the URL's host, this client's signed by the daemon's "
+                 "CA, both in date?)",
+                 url);
+        what = tls_what;
+    }
     int code = gpucdc_fail_nng(rv, "gpucd_connect", what);
     gpucd_close(c);
     return code;

@@ -1,8 +1,8 @@
 /*
  * gpucd.h - the client library of gpucd, the persistent GPU compute daemon.
  *
- * One connection (gpucd_client) talks to one daemon over nng (ipc:// or
- * tcp://).  Every operation is a blocking call with the connection's timeout;
+ * One connection (gpucd_client) talks to one daemon over nng (ipc://,
+ * tls+tcp:// or tcp://).  Every operation is a blocking call with the connection's timeout;
  * any number of threads may call at once on the same client (each call uses
  * its own nng context, and no lock is held while waiting for a reply).
  *
@@ -16,7 +16,8 @@
  * Tensors: a gpucd_tensor is a dtype, a shape and where its bytes are:
  *   GPUCD_HOST          caller memory; input bytes travel in the request,
  *                       output bytes come back in the reply and are copied to
- *                       the caller's pointer (the only choice over tcp://);
+ *                       the caller's pointer (the only choice over tcp://
+ *                       and tls+tcp://);
  *   GPUCD_REGION        a byte offset in a shared-memory region created with
  *                       gpucd_region_create (local daemons only; no copies);
  *   GPUCD_RESIDENT      a tensor that lives on the daemon's device across
@@ -78,7 +79,7 @@ typedef enum gpucd_code {
     GPUCD_EINVALID_ARGUMENT = -104,   /* shapes, dtypes, options or their combination */
     GPUCD_EOUT_OF_RANGE = -105,       /* a byte range or a data value out of range */
     GPUCD_ENOT_FOUND = -106,          /* unknown region or resident tensor */
-    GPUCD_EPERMISSION_DENIED = -107,  /* region of another uid, or regions over tcp:// */
+    GPUCD_EPERMISSION_DENIED = -107,  /* region of another uid, or regions remotely */
     GPUCD_ERESOURCE_EXHAUSTED = -108, /* workspace, message size, in-flight, memory or a quota */
     GPUCD_EUNAVAILABLE = -109,        /* the daemon is draining or not ready */
     GPUCD_EDEVICE = -110,             /* the device failed while running the request */
@@ -165,6 +166,15 @@ typedef struct gpucd_options {
                                  socket is not used at all).  Polling saves the wake-up for
                                  up to that much of a core a call (it yields to other
                                  threads): for callers that have nothing else to do */
+    /* tls+tcp:// only (ignored otherwise): PEM files; NULL takes the environment's
+     * GPUCD_TLS_CA, GPUCD_TLS_CERT, GPUCD_TLS_KEY.  The daemon's certificate must be
+     * signed by tls_ca (required) and name the URL's host; tls_cert and its unencrypted
+     * tls_key are this client's own, which a daemon requiring client certificates (its
+     * default) checks against its CA.  A refused handshake fails gpucd_connect with
+     * GPUCD_ETRANSPORT, or GPUCD_ECLOSED when the daemon hangs up instead. */
+    const char *tls_ca;
+    const char *tls_cert;
+    const char *tls_key;
 } gpucd_options;
 
 /* Fills the defaults (30 s timeout, unlimited replies, no client name, no polling). */
@@ -179,7 +189,7 @@ GPUCD_EXPORT void gpucd_options_init(gpucd_options *opts);
 GPUCD_EXPORT int gpucd_default_url(char *buf, size_t len);
 
 /*
- * Connects to the daemon at url (NULL: gpucd_default_url; ipc:// or tcp://,
+ * Connects to the daemon at url (NULL: gpucd_default_url; ipc://, tls+tcp:// or tcp://,
  * and inproc:// for a server in the same process) and stores the client in *out.  opts may be NULL for the defaults.  Fails with
  * GPUCD_ECONNREFUSED when nothing listens at the URL.  Should the connection
  * drop later, calls in flight fail with GPUCD_ECLOSED and the client
@@ -248,7 +258,7 @@ GPUCD_EXPORT int gpucd_stats_json(gpucd_client *client, char **json);
  * Creates a shared-memory region of size bytes (> 0), maps it read-write and
  * registers it with the daemon.  The name is unlinked once the daemon holds
  * its own mapping, so nothing is left behind if either process dies.
- * Daemons reached over tcp:// refuse with GPUCD_EPERMISSION_DENIED.
+ * Daemons reached over tcp:// or tls+tcp:// refuse with GPUCD_EPERMISSION_DENIED.
  */
 GPUCD_EXPORT int gpucd_region_create(gpucd_client *client, size_t size, gpucd_region **out);
 /* Unregisters the region (waiting for requests that use it) and unmaps it.

@@ -1,7 +1,8 @@
 /*
  * gpucdctl - asks a running gpucd daemon what it is and how it is doing.
  *
- *   gpucdctl [--url URL] [--timeout-ms N] [--spin-us N] COMMAND
+ *   gpucdctl [--url URL] [--timeout-ms N] [--spin-us N] [--tls-ca FILE] [--tls-cert FILE]
+ *            [--tls-key FILE] COMMAND
  *
  * Each command is one entry of the table below: a name, a one-line summary
  * and a function that prints what the daemon reports and returns an exit code.
@@ -183,15 +184,20 @@ static void usage(FILE *out)
     if (gpucd_default_url(url, sizeof url) < 0)
         snprintf(url, sizeof url, "(none: %s)", gpucd_errmsg(NULL));
     fprintf(out,
-            "usage: gpucdctl [--url URL] [--timeout-ms N] [--spin-us N] COMMAND [ARGS]\n"
+            "usage: gpucdctl [--url URL] [--timeout-ms N] [--spin-us N] [--tls-ca FILE]\n"
+            "                [--tls-cert FILE --tls-key FILE] COMMAND [ARGS]\n"
             "\n"
             "Asks a running gpucd daemon what it reports.\n"
             "\n"
             "options:\n"
-            "  --url URL         the daemon's address, ipc://PATH or tcp://HOST:PORT\n"
-            "                    (default %s)\n"
+            "  --url URL         the daemon's address, ipc://PATH, tls+tcp://HOST:PORT or\n"
+            "                    tcp://HOST:PORT (default %s)\n"
             "  --timeout-ms N    how long to wait for each reply (default 30000)\n"
             "  --spin-us N       poll for each reply N us before sleeping (default 0)\n"
+            "  --tls-ca FILE     tls+tcp://: the CA that signs the daemon's certificate\n"
+            "                    (PEM; default $GPUCD_TLS_CA)\n"
+            "  --tls-cert FILE   tls+tcp://: this client's certificate (default $GPUCD_TLS_CERT)\n"
+            "  --tls-key FILE    tls+tcp://: its private key (default $GPUCD_TLS_KEY)\n"
             "  -h, --help        this help\n"
             "\n"
             "commands:\n",
@@ -221,6 +227,9 @@ int main(int argc, char **argv)
         {"url", required_argument, NULL, 'u'},
         {"timeout-ms", required_argument, NULL, 't'},
         {"spin-us", required_argument, NULL, 's'},
+        {"tls-ca", required_argument, NULL, 'A'},
+        {"tls-cert", required_argument, NULL, 'C'},
+        {"tls-key", required_argument, NULL, 'K'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -242,6 +251,15 @@ int main(int argc, char **argv)
         case 's':
             if (option_int("--spin-us", optarg, 0, 1000000, &opts.spin_us) != 0)
                 return 2;
+            break;
+        case 'A':
+            opts.tls_ca = optarg;
+            break;
+        case 'C':
+            opts.tls_cert = optarg;
+            break;
+        case 'K':
+            opts.tls_key = optarg;
             break;
         case 'h':
             usage(stdout);

@@ -37,6 +37,9 @@ int gpucdc_status_code(int status);
 
 /* ---- the connection (client.c) -------------------------------------------------- */
 
+/* A tls+tcp:// dialer's TLS from opts and GPUCD_TLS_* (tls.c); 0 or a code with a message. */
+int gpucdc_tls_dialer(nng_dialer dialer, const char *url, const gpucd_options *opts);
+
 /* CLOCK_MONOTONIC in microseconds: round trips and polling deadlines. */
 uint64_t gpucdc_now_us(void);
 

@@ -4,6 +4,7 @@
  */
 #include "config.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
 #include <stddef.h>
@@ -54,8 +55,10 @@ static int set_listen(gcd_config *cfg, const char *v, char *err, size_t errlen)
         snprintf(err, errlen, "at most %d --listen URLs", GCD_MAX_LISTEN);
         return -1;
     }
-    if (strncmp(v, "ipc://", 6) != 0 && strncmp(v, "tcp://", 6) != 0) {
-        snprintf(err, errlen, "--listen %s: only ipc:// and tcp:// URLs are served", v);
+    if (strncmp(v, "ipc://", 6) != 0 && strncmp(v, "tcp://", 6) != 0 &&
+        strncmp(v, "tls+tcp://", 10) != 0) {
+        snprintf(err, errlen, "--listen %s: only ipc://, tcp:// and tls+tcp:// URLs are served",
+                 v);
         return -1;
     }
     if (strlen(v) >= GCD_URL_MAX) {
@@ -104,6 +107,47 @@ static int set_stats_listen(gcd_config *cfg, const char *v, char *err, size_t er
     return 0;
 }
 
+static int set_path(char *dst, const char *key, const char *v, char *err, size_t errlen)
+{
+    if (*v == '\0' || strlen(v) >= GCD_PATH_MAX) {
+        snprintf(err, errlen, "--%s: expected a file name of 1 to %d bytes", key,
+                 GCD_PATH_MAX - 1);
+        return -1;
+    }
+    snprintf(dst, GCD_PATH_MAX, "%s", v);
+    return 0;
+}
+
+static int set_tls_cert(gcd_config *cfg, const char *v, char *err, size_t errlen)
+{
+    return set_path(cfg->tls_cert, "tls-cert", v, err, errlen);
+}
+
+static int set_tls_key(gcd_config *cfg, const char *v, char *err, size_t errlen)
+{
+    return set_path(cfg->tls_key, "tls-key", v, err, errlen);
+}
+
+static int set_tls_ca(gcd_config *cfg, const char *v, char *err, size_t errlen)
+{
+    return set_path(cfg->tls_ca, "tls-ca", v, err, errlen);
+}
+
+static int set_tls_client_auth(gcd_config *cfg, const char *v, char *err, size_t errlen)
+{
+    if (strcmp(v, "required") == 0)
+        cfg->tls_client_auth = GCD_TLS_AUTH_REQUIRED;
+    else if (strcmp(v, "optional") == 0)
+        cfg->tls_client_auth = GCD_TLS_AUTH_OPTIONAL;
+    else if (strcmp(v, "none") == 0)
+        cfg->tls_client_auth = GCD_TLS_AUTH_NONE;
+    else {
+        snprintf(err, errlen, "--tls-client-auth %s: expected required, optional or none", v);
+        return -1;
+    }
+    return 0;
+}
+
 static int read_config_file(gcd_config *cfg, const char *path, char *err, size_t errlen);
 
 static int set_config(gcd_config *cfg, const char *v, char *err, size_t errlen)
@@ -113,9 +157,23 @@ static int set_config(gcd_config *cfg, const char *v, char *err, size_t errlen)
 
 static const config_option config_options[] = {
     {"listen", "URL",
-     "serve on URL (ipc:// or tcp://); repeatable. Default ipc:// under $XDG_RUNTIME_DIR, else "
-     "/tmp/gpucd-$UID/, mode 0600",
+     "serve on URL (ipc://, tls+tcp:// or tcp://); repeatable. Default ipc:// under "
+     "$XDG_RUNTIME_DIR, else /tmp/gpucd-$UID/, mode 0600",
      CONFIG_SETTER(set_listen)},
+    {"tls-cert", "FILE", "tls+tcp:// listeners: the daemon's certificate (PEM)",
+     CONFIG_SETTER(set_tls_cert)},
+    {"tls-key", "FILE", "tls+tcp:// listeners: the certificate's private key (PEM, unencrypted)",
+     CONFIG_SETTER(set_tls_key)},
+    {"tls-ca", "FILE", "tls+tcp:// listeners: the CA certificates that sign clients' (PEM)",
+     CONFIG_SETTER(set_tls_ca)},
+    {"tls-client-auth", "required|optional|none",
+     "tls+tcp:// listeners: a client needs a certificate signed by --tls-ca (required, the "
+     "default), is checked when it shows one (optional), or is never asked (none)",
+     CONFIG_SETTER(set_tls_client_auth)},
+    {"insecure-tcp", NULL,
+     "let plain tcp:// listen beyond loopback: anyone who reaches the port may use the daemon "
+     "(config file: insecure-tcp = 1)",
+     CONFIG_NUMBER(insecure_tcp, 0, 1)},
     {"backend", "auto|cuda|cpu", "compute backend; auto picks cuda when a GPU is usable",
      CONFIG_SETTER(set_backend)},
     {"device", "N", "CUDA device index (default 0)", CONFIG_NUMBER(device, 0, 63)},
@@ -314,7 +372,8 @@ void gcd_config_usage(FILE *out)
     for (size_t i = 0; i < sizeof config_options / sizeof config_options[0]; i++) {
         const config_option *o = &config_options[i];
         char flag[64];
-        snprintf(flag, sizeof flag, "--%s %s", o->key, o->arg);
+        snprintf(flag, sizeof flag, "--%s%s%s", o->key, o->arg != NULL ? " " : "",
+                 o->arg != NULL ? o->arg : "");
         fprintf(out, "  %-30s %s\n", flag, o->help);
     }
     fprintf(out, "  %-30s %s\n", "--help", "print this help and exit");
@@ -348,6 +407,8 @@ int gcd_config_parse_args(gcd_config *cfg, int argc, char **argv, char *err, siz
         }
         if (value != NULL) {
             value++;
+        } else if (opt->arg == NULL) { /* a switch: the bare flag turns it on */
+            value = "1";
         } else {
             if (i + 1 >= argc) {
                 snprintf(err, errlen, "--%s needs a value (%s)", key, opt->arg);
@@ -376,8 +437,60 @@ uint64_t gcd_config_spin_auto(int device_backend)
     return device_backend && sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 1000 : 0;
 }
 
+/* HOST of tcp://HOST:PORT names this machine only: 127.0.0.0/8, ::1 or localhost. */
+static int host_is_loopback(const char *hostport)
+{
+    char host[GCD_URL_MAX];
+    snprintf(host, sizeof host, "%s", hostport);
+    char *end;
+    if (host[0] == '[') { /* [IPv6]:PORT */
+        end = strchr(host, ']');
+        if (end == NULL)
+            return 0;
+        *end = '\0';
+        struct in6_addr a6;
+        return inet_pton(AF_INET6, host + 1, &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6);
+    }
+    end = strrchr(host, ':');
+    if (end != NULL)
+        *end = '\0';
+    struct in_addr a4;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    return strcmp(host, "localhost") == 0;
+}
+
+static int listen_check(const gcd_config *cfg, const char *url, char *err, size_t errlen)
+{
+    if (strncmp(url, "tls+tcp://", 10) == 0) {
+        if (cfg->tls_cert[0] == '\0' || cfg->tls_key[0] == '\0') {
+            snprintf(err, errlen, "--listen %s needs --tls-cert and --tls-key", url);
+            return -1;
+        }
+        if (cfg->tls_ca[0] == '\0' && cfg->tls_client_auth != GCD_TLS_AUTH_NONE) {
+            snprintf(err, errlen,
+                     "--listen %s needs --tls-ca, the CA that signs clients' certificates "
+                     "(or --tls-client-auth none)",
+                     url);
+            return -1;
+        }
+    } else if (strncmp(url, "tcp://", 6) == 0 && !cfg->insecure_tcp &&
+               !host_is_loopback(url + 6)) {
+        snprintf(err, errlen,
+                 "--listen %s: plain tcp:// beyond loopback lets anyone who reaches the port "
+                 "use the daemon; use tls+tcp:// (--tls-cert, --tls-key, --tls-ca) or give "
+                 "--insecure-tcp",
+                 url);
+        return -1;
+    }
+    return 0;
+}
+
 int gcd_config_finish(gcd_config *cfg, char *err, size_t errlen)
 {
+    for (int i = 0; i < cfg->nlisten; i++)
+        if (listen_check(cfg, cfg->listen[i], err, errlen) != 0)
+            return -1;
     if (cfg->nlisten > 0)
         return 0;
     char url[GCD_URL_MAX];

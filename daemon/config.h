@@ -8,13 +8,20 @@
 
 #include "log.h"
 
-enum { GCD_MAX_LISTEN = 8, GCD_URL_MAX = 256 };
+enum { GCD_MAX_LISTEN = 8, GCD_URL_MAX = 256, GCD_PATH_MAX = 1024 };
 
 typedef enum gcd_backend_choice {
     GCD_BACKEND_AUTO = 0,
     GCD_BACKEND_CPU,
     GCD_BACKEND_CUDA,
 } gcd_backend_choice;
+
+/* --tls-client-auth: what a tls+tcp:// listener asks of a client's certificate. */
+typedef enum gcd_tls_client_auth {
+    GCD_TLS_AUTH_REQUIRED = 0, /* a certificate signed by --tls-ca, or no connection */
+    GCD_TLS_AUTH_OPTIONAL,     /* checked when presented */
+    GCD_TLS_AUTH_NONE,         /* encryption only: anyone who reaches the port */
+} gcd_tls_client_auth;
 
 typedef struct gcd_config {
     char listen[GCD_MAX_LISTEN][GCD_URL_MAX];
@@ -40,6 +47,11 @@ typedef struct gcd_config {
     uint64_t max_connections, peer_connections;
     gcd_log_level log_level;
     char stats_listen[GCD_URL_MAX]; /* "none" disables the HTTP stats endpoint */
+    char tls_cert[GCD_PATH_MAX];    /* PEM files of tls+tcp:// listeners ("" unset) */
+    char tls_key[GCD_PATH_MAX];
+    char tls_ca[GCD_PATH_MAX];
+    gcd_tls_client_auth tls_client_auth;
+    uint32_t insecure_tcp; /* 1: plain tcp:// may listen beyond loopback */
 } gcd_config;
 
 void gcd_config_defaults(gcd_config *cfg);
@@ -52,7 +64,12 @@ void gcd_config_defaults(gcd_config *cfg);
  */
 int gcd_config_parse_args(gcd_config *cfg, int argc, char **argv, char *err, size_t errlen);
 
-/* Fills the default listen URL when none was given (creating its directory, mode 0700). */
+/*
+ * Fills the default listen URL when none was given (creating its directory, mode 0700),
+ * and checks the listeners against the rest: tls+tcp:// needs --tls-cert and --tls-key
+ * (and --tls-ca unless --tls-client-auth none); plain tcp:// beyond loopback needs
+ * --insecure-tcp.
+ */
 int gcd_config_finish(gcd_config *cfg, char *err, size_t errlen);
 
 /* --spin-us unset: the poll for a daemon whose backend is a device (1) or the CPU (0). */

@@ -3,6 +3,7 @@
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include "quota.h"
 #include "request.h"
 #include "submitq.h"
+#include "tls_config.h"
 #include "workers.h"
 
 /* How far past --max-message-mb a message still gets an error reply. */
@@ -145,7 +147,12 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
             nng_pipe_close(p);
         } else {
             atomic_fetch_add(&d->stats.clients, 1);
-            gcd_log_debug("client %u (%s) connected", id, peer);
+            bool verified; /* a TLS pipe's: with --tls-client-auth optional it may be false */
+            if (nng_pipe_get_bool(p, NNG_OPT_TLS_VERIFIED, &verified) == 0)
+                gcd_log_debug("client %u (%s) connected over TLS, certificate %s", id, peer,
+                              verified ? "verified" : "none or not verified");
+            else
+                gcd_log_debug("client %u (%s) connected", id, peer);
         }
     } else if (ev == NNG_PIPE_EV_REM_POST) {
         /* nng reports the end of a pipe closed at ADD_PRE too: it was never counted.  Once
@@ -163,12 +170,39 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
     }
 }
 
+/* The TLS of every tls+tcp:// listener, from --tls-cert, --tls-key, --tls-ca, --tls-client-auth. */
+static int server_tls_config(const gcd_config *cfg, nng_tls_config **out, char *err,
+                             size_t errlen)
+{
+    static const nng_tls_auth_mode auth[] = {
+        [GCD_TLS_AUTH_REQUIRED] = NNG_TLS_AUTH_MODE_REQUIRED,
+        [GCD_TLS_AUTH_OPTIONAL] = NNG_TLS_AUTH_MODE_OPTIONAL,
+        [GCD_TLS_AUTH_NONE] = NNG_TLS_AUTH_MODE_NONE,
+    };
+    char why[512];
+    if (tls_config_load(out, NNG_TLS_MODE_SERVER, auth[cfg->tls_client_auth],
+                        cfg->tls_ca[0] != '\0' ? cfg->tls_ca : NULL, cfg->tls_cert,
+                        cfg->tls_key, NULL, why, sizeof why) != 0) {
+        snprintf(err, errlen, "tls+tcp:// listeners: %s", why);
+        return -1;
+    }
+    return 0;
+}
+
 static int server_listen(gcd_server *srv, const char *url, char *err, size_t errlen)
 {
     nng_listener l;
+    nng_tls_config *tls = NULL;
+    int is_tls = strncmp(url, "tls+tcp://", 10) == 0;
+    if (is_tls && server_tls_config(&srv->d->cfg, &tls, err, errlen) != 0)
+        return -1;
     int rv = nng_listener_create(&l, srv->sock, url);
     if (rv == 0 && strncmp(url, "ipc://", 6) == 0)
         rv = nng_listener_set_int(l, NNG_OPT_IPC_PERMISSIONS, 0600);
+    if (rv == 0 && is_tls) /* the listener holds the configuration from here */
+        rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, tls);
+    if (tls != NULL)
+        nng_tls_config_free(tls);
     if (rv == 0)
         rv = nng_listener_start(l, 0);
     if (rv != 0) {

@@ -51,7 +51,7 @@ expect 1 "$ctl" --url "ipc://$dir/nobody.sock" info
 contains "connection refused"
 contains "$dir/nobody.sock"
 expect 1 "$ctl" --url "http://x" ping
-contains "ipc:// or tcp://"
+contains "ipc://, tls+tcp:// or tcp://"
 
 # A daemon on its default URL under XDG_RUNTIME_DIR; gpucdctl finds it without --url.
 export XDG_RUNTIME_DIR="$dir"

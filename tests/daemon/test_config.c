@@ -75,7 +75,7 @@ static void test_bad_flags(void **state)
     expect_error(3, (const char *[]){"gpucd", "--device", "-1"}, "--device -1");
     expect_error(3, (const char *[]){"gpucd", "--device", "7x"}, "--device 7x");
     expect_error(3, (const char *[]){"gpucd", "--backend", "tpu"}, "auto, cuda or cpu");
-    expect_error(3, (const char *[]){"gpucd", "--listen", "http://x"}, "only ipc:// and tcp://");
+    expect_error(3, (const char *[]){"gpucd", "--listen", "http://x"}, "only ipc://, tcp://");
     expect_error(3, (const char *[]){"gpucd", "--max-inflight", "0"}, "1..4096");
     expect_error(3, (const char *[]){"gpucd", "--max-inflight", "99999999999999999999"},
                  "1..4096");
@@ -129,6 +129,79 @@ static void test_quota_flags(void **state)
     expect_error(3, (const char *[]){"gpucd", "--max-connections", "0"}, "--max-connections 0");
 }
 
+/* gcd_config_finish on argv: 0, or -1 with the message in err. */
+static int finish(char *err, size_t errlen, int argc, const char **argv)
+{
+    gcd_config cfg;
+    if (parse(&cfg, err, errlen, argc, argv) != 0)
+        return -1;
+    return gcd_config_finish(&cfg, err, errlen);
+}
+
+static void expect_finish_error(int argc, const char **argv, const char *needle)
+{
+    char err[512] = "";
+    assert_int_equal(finish(err, sizeof err, argc, argv), -1);
+    if (strstr(err, needle) == NULL)
+        fail_msg("error '%s' does not mention '%s'", err, needle);
+}
+
+/* Plain tcp:// only on loopback unless --insecure-tcp; tls+tcp:// only with its files. */
+static void test_listeners_checked(void **state)
+{
+    char err[512];
+    static const char *const loopback[] = {"tcp://127.0.0.1:9465", "tcp://127.8.9.10:1",
+                                           "tcp://localhost:9465", "tcp://[::1]:9465"};
+    for (size_t i = 0; i < sizeof loopback / sizeof loopback[0]; i++) {
+        const char *argv[] = {"gpucd", "--listen", loopback[i]};
+        if (finish(err, sizeof err, 3, argv) != 0)
+            fail_msg("%s refused: %s", loopback[i], err);
+    }
+    static const char *const beyond[] = {"tcp://0.0.0.0:9465", "tcp://10.1.2.3:9465",
+                                         "tcp://*:9465", "tcp://:9465", "tcp://[::]:9465",
+                                         "tcp://gpu-host:9465", "tcp://127.0.0.1.example:9",
+                                         "tcp://[::ffff:10.0.0.1]:9"};
+    for (size_t i = 0; i < sizeof beyond / sizeof beyond[0]; i++) {
+        const char *argv[] = {"gpucd", "--listen", "ipc:///tmp/a.sock", "--listen", beyond[i],
+                              "--insecure-tcp"};
+        expect_finish_error(5, argv, "use tls+tcp:// (--tls-cert, --tls-key, --tls-ca) or give "
+                                     "--insecure-tcp");
+        if (finish(err, sizeof err, 6, argv) != 0)
+            fail_msg("%s with --insecure-tcp refused: %s", beyond[i], err);
+    }
+    expect_error(3, (const char *[]){"gpucd", "--insecure-tcp=2"}, "0..1");
+
+    const char *tls = "tls+tcp://0.0.0.0:9466";
+    expect_finish_error(3, (const char *[]){"gpucd", "--listen", tls},
+                        "needs --tls-cert and --tls-key");
+    expect_finish_error(5, (const char *[]){"gpucd", "--listen", tls, "--tls-cert", "s.crt"},
+                        "needs --tls-cert and --tls-key");
+    expect_finish_error(7,
+                        (const char *[]){"gpucd", "--listen", tls, "--tls-cert", "s.crt",
+                                         "--tls-key", "s.key"},
+                        "needs --tls-ca");
+    assert_int_equal(finish(err, sizeof err, 9,
+                            (const char *[]){"gpucd", "--listen", tls, "--tls-cert", "s.crt",
+                                             "--tls-key", "s.key", "--tls-ca", "ca.crt"}),
+                     0);
+    assert_int_equal(finish(err, sizeof err, 9,
+                            (const char *[]){"gpucd", "--listen", tls, "--tls-cert", "s.crt",
+                                             "--tls-key", "s.key", "--tls-client-auth", "none"}),
+                     0);
+    gcd_config cfg;
+    assert_int_equal(parse(&cfg, err, sizeof err, 3,
+                           (const char *[]){"gpucd", "--tls-client-auth", "optional"}),
+                     0);
+    assert_int_equal(cfg.tls_client_auth, GCD_TLS_AUTH_OPTIONAL);
+    assert_int_equal(parse(&cfg, err, sizeof err, 1, (const char *[]){"gpucd"}), 0);
+    assert_int_equal(cfg.tls_client_auth, GCD_TLS_AUTH_REQUIRED); /* the default */
+    assert_int_equal(cfg.insecure_tcp, 0);
+    assert_string_equal(cfg.stats_listen, "http://127.0.0.1:9464"); /* no auth: loopback */
+    expect_error(3, (const char *[]){"gpucd", "--tls-client-auth", "maybe"},
+                 "required, optional or none");
+    expect_error(3, (const char *[]){"gpucd", "--tls-ca", ""}, "--tls-ca");
+}
+
 static void write_file(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
@@ -153,6 +226,12 @@ static void test_config_file(void **state)
     assert_int_equal(cfg.max_inflight, 9); /* later flags win */
     assert_string_equal(cfg.listen[0], "ipc:///tmp/b.sock");
 
+    write_file(path, "listen = tcp://0.0.0.0:9\ninsecure-tcp = 1\ntls-cert = /a b.crt\n");
+    assert_int_equal(parse(&cfg, err, sizeof err, 3, argv), 0);
+    assert_int_equal(cfg.insecure_tcp, 1);
+    assert_string_equal(cfg.tls_cert, "/a b.crt");
+    assert_int_equal(gcd_config_finish(&cfg, err, sizeof err), 0);
+
     write_file(path, "backend = cpu\nnonsense = 1\n");
     expect_error(3, argv, ":2: unknown key 'nonsense'");
     write_file(path, "backend\n");
@@ -172,6 +251,7 @@ int main(void)
         cmocka_unit_test(test_bad_flags),
         cmocka_unit_test(test_quota_flags),
         cmocka_unit_test(test_config_file),
+        cmocka_unit_test(test_listeners_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -65,7 +65,7 @@ void th_seed(void)
     fprintf(stderr, "seed: GPUCD_TEST_SEED=%llu\n", (unsigned long long)th_state);
 }
 
-static int free_tcp_port(void)
+int th_free_tcp_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -85,7 +85,7 @@ void th_daemon_start(th_daemon *d, const char *const *extra)
     if (mkdtemp(d->dir) == NULL)
         th_die("mkdtemp: %s", strerror(errno));
     snprintf(d->ipc_url, sizeof d->ipc_url, "ipc://%s/gpucd.sock", d->dir);
-    snprintf(d->tcp_url, sizeof d->tcp_url, "tcp://127.0.0.1:%d", free_tcp_port());
+    snprintf(d->tcp_url, sizeof d->tcp_url, "tcp://127.0.0.1:%d", th_free_tcp_port());
     snprintf(d->log_path, sizeof d->log_path, "%s/gpucd.log", d->dir);
     const char *argv[64] = {th_daemon_exe, "--listen", d->ipc_url, "--listen", d->tcp_url,
                             "--stats-listen", "none", "--log-level", "debug"};

@@ -54,6 +54,9 @@ void th_daemon_dump_log(const th_daemon *d);
 
 gpucd_client *th_connect(const char *url);
 
+/* A loopback tcp port nothing listens on at the moment (for a listener of the test's own). */
+int th_free_tcp_port(void);
+
 /*
  * The reference the daemon's loss is compared with: gk_cpu_lce with params p
  * on E (n x d), C (v x d) and bias (v) of dtype dt, int64 targets, into f32
