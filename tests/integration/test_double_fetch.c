@@ -312,7 +312,7 @@ static void test_multihot_byte_flips(void **state)
  * Weights resident; obs and each sender's outputs in the region; no projection.
  */
 
-enum { N3_B = 256, N3_FEAT = 1817, N3_FLIP_AGENT = N3_B - 1 };
+enum { N3_B = 64, N3_FEAT = 1817, N3_FLIP_AGENT = N3_B - 1 };
 
 typedef struct n3_state {
     gpucd_tensor w[5], g[SENDERS][5];
