@@ -97,11 +97,12 @@ static void *sender_main(void *arg)
     return NULL;
 }
 
-static void race_start(race *r, size_t region_bytes)
+/* A daemon with extra flags (NULL-terminated, may be NULL), a client, a region. */
+static void race_start(race *r, size_t region_bytes, const char *const *flags)
 {
     memset(r, 0, sizeof *r);
     pthread_mutex_init(&r->lock, NULL);
-    th_daemon_start(&r->d, NULL);
+    th_daemon_start(&r->d, flags);
     r->c = th_connect(r->d.ipc_url);
     assert_int_equal(gpucd_region_create(r->c, region_bytes, &r->region), 0);
     r->base = gpucd_region_data(r->region);
@@ -240,7 +241,7 @@ static void embedding_race(race *r, int backward, const char *what)
     size_t at = idx_bytes + table_bytes;
     for (int k = 0; k < SENDERS; k++, at += out_bytes)
         l.out_off[k] = at;
-    race_start(r, at);
+    race_start(r, at, NULL);
     r->op = &l;
     r->call = emb_call;
     r->flip = emb_flip;
@@ -297,7 +298,7 @@ static void test_multihot_byte_flips(void **state)
     const size_t obs_bytes = (size_t)MH_B * MH_TILES, out_bytes = (size_t)MH_B * 2 * MH_TILES * 4;
     for (int k = 0; k < SENDERS; k++)
         l.out_off[k] = obs_bytes + (size_t)k * out_bytes;
-    race_start(r, obs_bytes + SENDERS * out_bytes);
+    race_start(r, obs_bytes + SENDERS * out_bytes, NULL);
     r->op = &l;
     r->call = mh_call;
     r->flip = mh_flip;
@@ -342,7 +343,7 @@ static int n3_call(race *r, int k)
     return gpucd_nmmo3_encode_backward(r->c, &w, &tobs, &tf, &grads, NULL);
 }
 
-static void nmmo3_race(race *r, int backward, const char *what)
+static void nmmo3_race(race *r, int backward, const char *const *flags, const char *what)
 {
     static const int64_t shapes[5][4] = {{128, 59, 5, 5}, {128}, {128, 128, 3, 3}, {128},
                                          {128, 32}};
@@ -352,7 +353,7 @@ static void nmmo3_race(race *r, int backward, const char *what)
     const size_t feat_bytes = (size_t)N3_B * N3_FEAT * 4;
     for (int k = 0; k < SENDERS; k++)
         s.out_off[k] = obs_bytes + (size_t)k * feat_bytes;
-    race_start(r, obs_bytes + SENDERS * feat_bytes);
+    race_start(r, obs_bytes + SENDERS * feat_bytes, flags);
     for (int i = 0; i < 5; i++) {
         size_t n = 1;
         for (int d = 0; d < nd[i]; d++)
@@ -386,12 +387,19 @@ static void nmmo3_race(race *r, int backward, const char *what)
 
 static void test_nmmo3_forward_byte_flips(void **state)
 {
-    nmmo3_race(*state, 0, "nmmo3_encode");
+    nmmo3_race(*state, 0, NULL, "nmmo3_encode");
+}
+
+/* Merged forwards read copies; a merged run that fails runs each request alone, on its region. */
+static void test_nmmo3_batched_forward_byte_flips(void **state)
+{
+    static const char *const flags[] = {"--batch-window-us", "2000", NULL};
+    nmmo3_race(*state, 0, flags, "nmmo3_encode, batched");
 }
 
 static void test_nmmo3_backward_byte_flips(void **state)
 {
-    nmmo3_race(*state, 1, "nmmo3_encode_backward");
+    nmmo3_race(*state, 1, NULL, "nmmo3_encode_backward");
 }
 
 int main(int argc, char **argv)
@@ -404,6 +412,8 @@ int main(int argc, char **argv)
                                         race_teardown),
         cmocka_unit_test_setup_teardown(test_multihot_byte_flips, race_setup, race_teardown),
         cmocka_unit_test_setup_teardown(test_nmmo3_forward_byte_flips, race_setup,
+                                        race_teardown),
+        cmocka_unit_test_setup_teardown(test_nmmo3_batched_forward_byte_flips, race_setup,
                                         race_teardown),
         cmocka_unit_test_setup_teardown(test_nmmo3_backward_byte_flips, race_setup,
                                         race_teardown),
