@@ -10,6 +10,7 @@
  * call, and exit 0 (under ASan, any stray access it made fails it).
  *
  * Each op gets a daemon of its own, so that one op's crash fails that op's test.
+ * The loss, which loaded its targets once already, is raced too, so it stays so.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -402,6 +403,52 @@ static void test_nmmo3_backward_byte_flips(void **state)
     nmmo3_race(*state, 1, NULL, "nmmo3_encode_backward");
 }
 
+/* ---- linear cross entropy: one target flips to far past the vocabulary ------------------ */
+
+enum { LCE_N = 512, LCE_D = 32, LCE_V = 1024, LCE_FLIP = LCE_N / 2 };
+
+typedef struct lce_layout {
+    size_t e_off, c_off, t_off, loss_off[SENDERS];
+} lce_layout;
+
+static void lce_flip(race *r, int bad)
+{
+    const lce_layout *l = r->op;
+    ((volatile int64_t *)(r->base + l->t_off))[LCE_FLIP] = bad ? INT64_MAX / 2 : 5;
+}
+
+static int lce_call(race *r, int k)
+{
+    const lce_layout *l = r->op;
+    gpucd_tensor te = gpucd_tensor_region(r->region, l->e_off, GPUCD_F32, 2,
+                                          TH_SHAPE(LCE_N, LCE_D));
+    gpucd_tensor tc = gpucd_tensor_region(r->region, l->c_off, GPUCD_F32, 2,
+                                          TH_SHAPE(LCE_V, LCE_D));
+    gpucd_tensor tt = gpucd_tensor_region(r->region, l->t_off, GPUCD_I64, 1, TH_SHAPE(LCE_N));
+    gpucd_tensor tl = gpucd_tensor_region(r->region, l->loss_off[k], GPUCD_F32, 0, NULL);
+    return gpucd_linear_cross_entropy(r->c, NULL, &te, &tc, NULL, &tt, &tl, NULL, NULL, NULL,
+                                      NULL, NULL);
+}
+
+static void test_lce_target_flips(void **state)
+{
+    race *r = *state;
+    lce_layout l = {.e_off = 0, .c_off = (size_t)LCE_N * LCE_D * 4};
+    l.t_off = l.c_off + (size_t)LCE_V * LCE_D * 4;
+    for (int k = 0; k < SENDERS; k++)
+        l.loss_off[k] = l.t_off + (size_t)LCE_N * 8 + (size_t)k * 64;
+    race_start(r, l.loss_off[SENDERS - 1] + 64, NULL);
+    r->op = &l;
+    r->call = lce_call;
+    r->flip = lce_flip;
+    th_fill_f32((float *)r->base, (size_t)(LCE_N + LCE_V) * LCE_D);
+    int64_t *t = (int64_t *)(r->base + l.t_off);
+    for (int i = 0; i < LCE_N; i++)
+        t[i] = (int64_t)(th_rand_u64() % LCE_V);
+    race_run(r, "linear_cross_entropy");
+    race_finish(r);
+}
+
 int main(int argc, char **argv)
 {
     th_init(argc, argv);
@@ -417,6 +464,7 @@ int main(int argc, char **argv)
                                         race_teardown),
         cmocka_unit_test_setup_teardown(test_nmmo3_backward_byte_flips, race_setup,
                                         race_teardown),
+        cmocka_unit_test_setup_teardown(test_lce_target_flips, race_setup, race_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
