@@ -42,7 +42,10 @@ int cpu_conv_backward(const cpu_conv_shape *s, const void *x, gk_dtype xdt, cons
                       const void *mask_y, const void *dy, gk_dtype ydt, void *dx, float *dw,
                       float *db);
 
-/* Every observation value below its feature's slot count, or GK_ERANGE naming agent, tile, feature. */
+/*
+ * Every observation value below its feature's slot count, or GK_ERANGE naming agent, tile,
+ * feature.  obs must be the caller's private copy: what is checked is read again to be used.
+ */
 int cpu_multihot_validate(const gk_multihot_layout *l, const uint8_t *obs, int64_t b,
                           int64_t row_bytes, gk_err *err);
 

@@ -1,6 +1,8 @@
 /*
- * embedding.c - table lookups and their gradient.  Indices are validated
- * before anything is written.  The gradient sums each table row's
+ * embedding.c - table lookups and their gradient.  Indices are copied into
+ * private memory and validated there before anything is written: the caller's
+ * may be a client's shared memory, which can change while the kernel runs, so
+ * an index is read from it once.  The gradient sums each table row's
  * contributions in ascending position order, in f32, threads splitting the
  * embedding dimension, so it is the same at any thread count.
  */
@@ -9,16 +11,27 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-/* Every index in [0, vocab), or GK_ERANGE naming the first offender's position and value. */
-static int embedding_validate(const gk_tensor *idx, int64_t vocab, gk_err *err)
+/*
+ * *out = the indices as int64, each loaded once and checked to be in [0, vocab)
+ * (free() it); or GK_ERANGE naming the first offender's position and value.
+ */
+static int embedding_indices(const gk_tensor *idx, int64_t vocab, int64_t **out, gk_err *err)
 {
     const int64_t n = gk_tensor_numel(idx);
+    int64_t *own = malloc((size_t)(n > 0 ? n : 1) * sizeof *own);
+    *out = NULL;
+    if (own == NULL)
+        return gk_fail(err, GK_ENOMEM, "embedding: no memory for a copy of the %" PRId64
+                       " indices", n);
     for (int64_t i = 0; i < n; i++) {
-        int64_t v = gk_cpu_load_index(idx->data, idx->dtype, i);
+        const int64_t v = gk_cpu_load_index(idx->data, idx->dtype, i);
+        own[i] = v;
         if (v >= 0 && v < vocab)
             continue;
+        free(own);
         /* The coordinates of a row-major flat index, last dimension first. */
         int64_t coords[GK_MAX_DIMS], rest = i;
         for (int d = idx->ndim - 1; d >= 0; d--) {
@@ -35,34 +48,36 @@ static int embedding_validate(const gk_tensor *idx, int64_t vocab, gk_err *err)
                        " outside the table's [0, %" PRId64 ")",
                        i, where, v, vocab);
     }
+    *out = own;
     return GK_OK;
 }
 
 int gk_cpu_embedding_forward(const gk_tensor *idx, const gk_tensor *table, const gk_tensor *out,
                              gk_err *err)
 {
+    int64_t *ix = NULL;
     int rc = gk_embedding_forward_check(idx, table, out, err);
     if (rc == GK_OK)
-        rc = embedding_validate(idx, table->shape[0], err);
+        rc = embedding_indices(idx, table->shape[0], &ix, err);
     if (rc != GK_OK)
         return rc;
     const int64_t n = gk_tensor_numel(idx), d = table->shape[1];
     const size_t row = (size_t)d * gk_dtype_size(table->dtype);
 #pragma omp parallel for schedule(static) if (n * d > 65536)
-    for (int64_t i = 0; i < n; i++) {
-        int64_t v = gk_cpu_load_index(idx->data, idx->dtype, i);
-        memcpy((char *)out->data + (size_t)i * row, (const char *)table->data + (size_t)v * row,
-               row);
-    }
+    for (int64_t i = 0; i < n; i++)
+        memcpy((char *)out->data + (size_t)i * row,
+               (const char *)table->data + (size_t)ix[i] * row, row);
+    free(ix);
     return GK_OK;
 }
 
 int gk_cpu_embedding_backward(const gk_tensor *idx, const gk_tensor *dout,
                               const gk_tensor *dtable, gk_err *err)
 {
+    int64_t *ix = NULL;
     int rc = gk_embedding_backward_check(idx, dout, dtable, err);
     if (rc == GK_OK)
-        rc = embedding_validate(idx, dtable->shape[0], err);
+        rc = embedding_indices(idx, dtable->shape[0], &ix, err);
     if (rc != GK_OK)
         return rc;
     enum { COLS = 16 };
@@ -74,11 +89,12 @@ int gk_cpu_embedding_backward(const gk_tensor *idx, const gk_tensor *dout,
         const int64_t nc = d - c0 < COLS ? d - c0 : COLS;
         float g[COLS];
         for (int64_t i = 0; i < n; i++) {
-            float *dst = dt + gk_cpu_load_index(idx->data, idx->dtype, i) * d + c0;
+            float *dst = dt + ix[i] * d + c0;
             gk_cpu_load_f32(dout->data, dout->dtype, i * d + c0, nc, g);
             for (int64_t c = 0; c < nc; c++)
                 dst[c] += g[c];
         }
     }
+    free(ix);
     return GK_OK;
 }

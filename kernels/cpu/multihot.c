@@ -1,12 +1,16 @@
 /*
  * multihot.c - categorical observation bytes to a one-hot image, for any
- * layout given as data.  Every value is validated before anything is written,
- * so a bad observation leaves the output untouched.
+ * layout given as data.  The map bytes are copied into private memory first
+ * (the observations may be a client's shared memory, which can change while
+ * the kernel runs), then every value of the copy is validated before anything
+ * is written, so a bad observation leaves the output untouched, and then the
+ * copy is encoded.
  */
 #include "cpu_ops.h"
 #include "cpu_tensor.h"
 
 #include <inttypes.h>
+#include <stdlib.h>
 #include <string.h>
 
 int cpu_multihot_validate(const gk_multihot_layout *l, const uint8_t *obs, int64_t b,
@@ -46,13 +50,33 @@ static void multihot_fill(const gk_multihot_layout *l, const uint8_t *obs, int64
     }
 }
 
+/* The b maps of obs's rows, H*W*nfeat bytes each, packed into private memory (free() it). */
+static uint8_t *multihot_maps_copy(const gk_multihot_layout *l, const gk_tensor *obs)
+{
+    const int64_t b = obs->shape[0], row = obs->shape[1];
+    const size_t map = (size_t)l->height * (size_t)l->width * (size_t)l->nfeat;
+    uint8_t *copy = malloc((size_t)b * map);
+    for (int64_t n = 0; copy != NULL && n < b; n++)
+        memcpy(copy + (size_t)n * map, (const uint8_t *)obs->data + n * row + l->obs_offset, map);
+    return copy;
+}
+
 int gk_cpu_multihot_encode(const gk_multihot_layout *l, const gk_tensor *obs,
                            const gk_tensor *out, gk_err *err)
 {
     int rc = gk_multihot_check(l, obs, out, err);
+    if (rc != GK_OK)
+        return rc;
+    uint8_t *maps = multihot_maps_copy(l, obs);
+    if (maps == NULL)
+        return gk_fail(err, GK_ENOMEM, "multihot: no memory for a copy of the observations");
+    /* The copy holds the maps alone: the same layout, starting at byte 0 of each. */
+    gk_multihot_layout packed = *l;
+    packed.obs_offset = 0;
+    const int64_t b = obs->shape[0], map = (int64_t)l->height * l->width * l->nfeat;
+    rc = cpu_multihot_validate(&packed, maps, b, map, err);
     if (rc == GK_OK)
-        rc = cpu_multihot_validate(l, obs->data, obs->shape[0], obs->shape[1], err);
-    if (rc == GK_OK)
-        multihot_fill(l, obs->data, obs->shape[0], obs->shape[1], out->data, out->dtype);
+        multihot_fill(&packed, maps, b, map, out->data, out->dtype);
+    free(maps);
     return rc;
 }

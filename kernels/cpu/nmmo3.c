@@ -23,6 +23,10 @@
  * features and the projection's ReLU mask, exact in the weights' dtype (they
  * are rounded to it anyway); the backward then reads them instead, and runs
  * the same arithmetic on the same values: the same gradients, bit for bit.
+ *
+ * The observations are copied into private memory before they are validated,
+ * and only the copy is read after: the caller's may be a client's shared
+ * memory, which can change at any moment.
  */
 #include "cpu_ops.h"
 #include "cpu_tensor.h"
@@ -106,6 +110,28 @@ static int nmmo3_validate(const uint8_t *obs, int64_t b, gk_err *err)
         }
     }
     return rc;
+}
+
+/*
+ * *out = the batch's observations copied into private memory and validated
+ * there (free() it): the caller's may be a client's shared memory, which can
+ * change while the kernel runs, and the map and player bytes steer addresses.
+ */
+static int nmmo3_obs_load(const gk_tensor *obs, uint8_t **out, gk_err *err)
+{
+    const size_t bytes = (size_t)obs->shape[0] * GK_NMMO3_OBS_BYTES;
+    uint8_t *copy = malloc(bytes);
+    *out = NULL;
+    if (copy == NULL)
+        return gk_fail(err, GK_ENOMEM, "nmmo3: no memory for a copy of the observations");
+    memcpy(copy, obs->data, bytes);
+    int rc = nmmo3_validate(copy, obs->shape[0], err);
+    if (rc != GK_OK) {
+        free(copy);
+        return rc;
+    }
+    *out = copy;
+    return GK_OK;
 }
 
 /*
@@ -349,8 +375,9 @@ static int nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor *obs,
 {
     int rc = saved != NULL ? gk_nmmo3_forward_save_check(w, obs, features, hidden, saved, err)
                            : gk_nmmo3_forward_check(w, obs, features, hidden, err);
+    uint8_t *rows = NULL;
     if (rc == GK_OK)
-        rc = nmmo3_validate(obs->data, obs->shape[0], err);
+        rc = nmmo3_obs_load(obs, &rows, err);
     if (rc != GK_OK)
         return rc;
     saved_rows sr = saved != NULL ? saved_rows_make(w, saved) : (saved_rows){0};
@@ -365,7 +392,7 @@ static int nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor *obs,
 #pragma omp for schedule(dynamic)
         for (int64_t c = 0; c < nchunks; c++) {
             const int64_t n0 = c * CHUNK, nb = b - n0 < CHUNK ? b - n0 : CHUNK;
-            if (trc != GK_OK || (trc = nmmo3_chunk_forward(&f, obs->data, n0, nb, &a)) != GK_OK)
+            if (trc != GK_OK || (trc = nmmo3_chunk_forward(&f, rows, n0, nb, &a)) != GK_OK)
                 continue;
             if (gk_tensor_present(features))
                 gk_cpu_store_f32(features->data, features->dtype, n0 * FEAT, nb * FEAT, a.feat);
@@ -386,6 +413,7 @@ static int nmmo3_forward(const gk_nmmo3_weights *w, const gk_tensor *obs,
     }
 out:
     nmmo3_f32_free(&f);
+    free(rows);
     return rc == GK_OK ? GK_OK : gk_fail(err, rc, "nmmo3 forward: out of memory for scratch");
 }
 
@@ -516,8 +544,9 @@ static int nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor *obs,
 {
     int rc = saved != NULL ? gk_nmmo3_backward_saved_check(w, obs, saved, dout, grads, err)
                            : gk_nmmo3_backward_check(w, obs, dout, grads, err);
+    uint8_t *rows = NULL;
     if (rc == GK_OK)
-        rc = nmmo3_validate(obs->data, obs->shape[0], err);
+        rc = nmmo3_obs_load(obs, &rows, err);
     if (rc != GK_OK)
         return rc;
     const int64_t b = obs->shape[0], nchunks = (b + CHUNK - 1) / CHUNK;
@@ -547,7 +576,7 @@ static int nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor *obs,
                                               c < nchunks;
                  c++) {
                 const int64_t n0 = c * CHUNK, nb = b - n0 < CHUNK ? b - n0 : CHUNK;
-                trc = nmmo3_chunk_backward(&f, obs->data, dout, saved != NULL ? &sr : NULL, n0,
+                trc = nmmo3_chunk_backward(&f, rows, dout, saved != NULL ? &sr : NULL, n0,
                                            nb, &a, &g, &acc);
             }
         }
@@ -579,6 +608,7 @@ static int nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor *obs,
     }
 out:
     free(parts);
+    free(rows);
     nmmo3_f32_free(&f);
     return rc == GK_OK ? GK_OK : gk_fail(err, rc, "nmmo3 backward: out of memory for scratch");
 }
