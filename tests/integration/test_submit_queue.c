@@ -560,11 +560,10 @@ static void test_hostile_queue_opens(void **state)
     unreg.region_unregister = &un;
     expect(th_raw_call(&raw, &unreg, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
            "is this connection's submission queue");
-    /* Another connection's region is not this one's to open. */
+    /* Another connection's region is not this one's to open, nor to know of. */
     th_raw other;
     th_raw_open(&other, th_group_daemon.ipc_url);
-    expect(open_queue(&other, id), GPUCD__V1__STATUS__PERMISSION_DENIED,
-           "belongs to another client");
+    expect(open_queue(&other, id), GPUCD__V1__STATUS__NOT_FOUND, "no region");
     th_raw_close(&other);
     th_raw remote;
     th_raw_open(&remote, th_group_daemon.tcp_url);
