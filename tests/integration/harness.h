@@ -51,6 +51,8 @@ int th_group_daemon_teardown(void **state);
 void th_daemon_dump_log(const th_daemon *d);
 
 gpucd_client *th_connect(const char *url);
+/* The client redials on its own: pings until one goes through, 30 s of wall time at most. */
+void th_wait_for_reconnect(gpucd_client *c);
 
 /*
  * The reference the daemon's loss is compared with: gk_cpu_lce with params p
