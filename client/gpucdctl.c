@@ -138,9 +138,9 @@ static int cmd_regions(gpucd_client *client, int argc, char **argv)
     /* Region ids are per connection: a fresh gpucdctl connection sees its own (none). */
     printf("%zu region%s\n", n, n == 1 ? "" : "s");
     if (n > 0)
-        printf("%-10s %-16s %-6s %s\n", "id", "size", "users", "name");
+        printf("%-20s %-16s %-6s %s\n", "id", "size", "users", "name");
     for (size_t i = 0; i < n; i++)
-        printf("%-10llu %-16llu %-6u %s\n", (unsigned long long)list[i].id,
+        printf("%-20llu %-16llu %-6u %s\n", (unsigned long long)list[i].id,
                (unsigned long long)list[i].size, list[i].users, list[i].name);
     free(list);
     return 0;
