@@ -69,6 +69,9 @@ typedef enum gpucd_code {
     GPUCD_EPROTO = -7,         /* the reply is malformed, or its id does not match */
     GPUCD_ETRANSPORT = -8,     /* another nng failure; see errmsg */
     GPUCD_EADDRESS = -9,       /* the URL is malformed or of an unsupported scheme */
+    GPUCD_EUNTRUSTED = -10,    /* the daemon at an ipc:// URL runs as a uid not trusted
+                                  (gpucd_options.trust_uid), or the default socket folder
+                                  could be another user's; see errmsg */
 
     /* The daemon refused the request: -(GPUCD_EDAEMON_BASE + gpucd.v1.Status). */
     GPUCD_EDAEMON_BASE = 100,
@@ -165,9 +168,18 @@ typedef struct gpucd_options {
                                  socket is not used at all).  Polling saves the wake-up for
                                  up to that much of a core a call (it yields to other
                                  threads): for callers that have nothing else to do */
+    int trust_uid_set;        /* 1: the daemon at an ipc:// URL must run as trust_uid.  0 (the
+                                 default): as the uid in $GPUCD_TRUST_UID when that is set,
+                                 else as this process's own uid.  A connection to a daemon of
+                                 another uid (a socket put there by another user) is closed
+                                 before any request goes over it: gpucd_connect, and calls
+                                 made while only such a daemon answers, fail with
+                                 GPUCD_EUNTRUSTED.  tcp:// has no peer uid to check */
+    unsigned trust_uid;
 } gpucd_options;
 
-/* Fills the defaults (30 s timeout, unlimited replies, no client name, no polling). */
+/* Fills the defaults (30 s timeout, unlimited replies, no client name, no polling, the
+ * daemon's uid checked against $GPUCD_TRUST_UID or this process's). */
 GPUCD_EXPORT void gpucd_options_init(gpucd_options *opts);
 
 /*

@@ -1,11 +1,12 @@
 /*
  * gpucdctl - asks a running gpucd daemon what it is and how it is doing.
  *
- *   gpucdctl [--url URL] [--timeout-ms N] [--spin-us N] COMMAND
+ *   gpucdctl [--url URL] [--timeout-ms N] [--spin-us N] [--trust-uid UID] COMMAND
  *
  * Each command is one entry of the table below: a name, a one-line summary
  * and a function that prints what the daemon reports and returns an exit code.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,7 +184,8 @@ static void usage(FILE *out)
     if (gpucd_default_url(url, sizeof url) < 0)
         snprintf(url, sizeof url, "(none: %s)", gpucd_errmsg(NULL));
     fprintf(out,
-            "usage: gpucdctl [--url URL] [--timeout-ms N] [--spin-us N] COMMAND [ARGS]\n"
+            "usage: gpucdctl [--url URL] [--timeout-ms N] [--spin-us N] [--trust-uid UID] COMMAND "
+            "[ARGS]\n"
             "\n"
             "Asks a running gpucd daemon what it reports.\n"
             "\n"
@@ -192,6 +194,8 @@ static void usage(FILE *out)
             "                    (default %s)\n"
             "  --timeout-ms N    how long to wait for each reply (default 30000)\n"
             "  --spin-us N       poll for each reply N us before sleeping (default 0)\n"
+            "  --trust-uid UID   over ipc://, the uid the daemon must run as (default\n"
+            "                    $GPUCD_TRUST_UID, else this user's)\n"
             "  -h, --help        this help\n"
             "\n"
             "commands:\n",
@@ -215,12 +219,27 @@ static int option_int(const char *name, const char *text, long lo, long hi, int 
     return 0;
 }
 
+/* A uid for --trust-uid, or a message and -1. */
+static int option_uid(const char *text, unsigned *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (text[0] < '0' || text[0] > '9' || *end != '\0' || errno != 0 || v >= UINT32_MAX) {
+        fprintf(stderr, "gpucdctl: --trust-uid '%s' is not a uid\n", text);
+        return -1;
+    }
+    *out = (unsigned)v;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"url", required_argument, NULL, 'u'},
         {"timeout-ms", required_argument, NULL, 't'},
         {"spin-us", required_argument, NULL, 's'},
+        {"trust-uid", required_argument, NULL, 'r'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -242,6 +261,11 @@ int main(int argc, char **argv)
         case 's':
             if (option_int("--spin-us", optarg, 0, 1000000, &opts.spin_us) != 0)
                 return 2;
+            break;
+        case 'r':
+            if (option_uid(optarg, &opts.trust_uid) != 0)
+                return 2;
+            opts.trust_uid_set = 1;
             break;
         case 'h':
             usage(stdout);
