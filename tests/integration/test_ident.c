@@ -3,6 +3,7 @@
  * read as missing ones, and a client that checks whom it talks to (the daemon's uid, the
  * default socket folder).
  */
+#include <signal.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,11 +11,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
 
 #include "harness.h"
 #include "raw.h"
@@ -423,6 +428,124 @@ static void test_default_dir_checked(void **state)
     rmdir(dir);
 }
 
+enum { NOBODY = 65534 };
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/*
+ * Another user's server at url (`test_ident --impostor URL`, a process of its own: nng does not
+ * survive a fork): run as uid NOBODY, it echoes every request, and writes a byte for each to
+ * file descriptor 3.
+ */
+static int impostor_main(const char *url)
+{
+    nng_socket s;
+    if (setgid(NOBODY) != 0 || setuid(NOBODY) != 0)
+        return 3;
+    /* The change of uid cleared the parent-death signal: a stopped test must not leave it. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() == 1 || nng_rep0_open(&s) != 0 ||
+        nng_listen(s, url, NULL, 0) != 0)
+        return 3;
+    for (;;) {
+        nng_msg *m;
+        if (nng_recvmsg(s, &m, 0) != 0)
+            continue;
+        if (write(3, "r", 1) != 1)
+            return 4;
+        if (nng_sendmsg(s, m, 0) != 0)
+            nng_msg_free(m);
+    }
+}
+
+/* Starts the impostor at url; returns once its socket is there.  *served: the read end of
+ * its count. */
+static pid_t impostor_start(const char *url, const char *sock, int *served)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (dup2(fds[1], 3) == 3)
+            execl("/proc/self/exe", "test_ident", "--impostor", url, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    *served = fds[0];
+    struct stat st;
+    for (const double until = now_s() + 30; !(stat(sock, &st) == 0 && st.st_uid == NOBODY);) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            fail_msg("the impostor at %s exited (status %d)", url, status);
+        if (now_s() > until)
+            fail_msg("the impostor made no socket at %s within 30 s", sock);
+        usleep(10000);
+    }
+    return pid;
+}
+
+/*
+ * The daemon at a client's URL goes and another user's server takes its address: the client
+ * redials by itself, but sends it nothing, and its calls fail with GPUCD_EUNTRUSTED.  Needs
+ * root, to run the impostor as another uid.
+ */
+static void test_impostor_refused(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_impostor_refused: not root, so no server of another uid can be "
+                        "started: skipped\n");
+        return;
+    }
+    fixed_url f;
+    fixed_url_init(&f);
+    char sock[200], expected[96];
+    snprintf(sock, sizeof sock, "%s/fixed.sock", f.dir);
+    snprintf(expected, sizeof expected, "runs as uid %d, expected 0", NOBODY);
+    th_daemon d;
+    th_daemon_start(&d, f.extra);
+    gpucd_options o;
+    gpucd_options_init(&o);
+    o.timeout_ms = 2000;
+    gpucd_client *c = NULL;
+    assert_int_equal(gpucd_connect(f.url, &o, &c), 0);
+    assert_int_equal(gpucd_ping(c, NULL), 0);
+    assert_int_equal(th_daemon_stop(&d), 0);
+
+    assert_int_equal(chown(f.dir, NOBODY, NOBODY), 0);
+    unlink(sock);
+    int served;
+    const pid_t impostor = impostor_start(f.url, sock, &served);
+
+    int rv = -1;
+    for (const double until = now_s() + 30; rv != GPUCD_EUNTRUSTED;) {
+        rv = gpucd_ping(c, NULL);
+        if (rv == 0)
+            fail_msg("a ping went through the impostor");
+        if (now_s() > until)
+            fail_msg("no refusal within 30 s: the last ping got %d '%s'", rv, gpucd_errmsg(c));
+        if (rv != GPUCD_EUNTRUSTED)
+            usleep(20000);
+    }
+    if (strstr(gpucd_errmsg(c), expected) == NULL || strstr(gpucd_errmsg(c), f.url) == NULL)
+        fail_msg("refused with '%s', expected the URL and '%s'", gpucd_errmsg(c), expected);
+    expect_untrusted(f.url, &o, f.url, expected);
+    gpucd_close(c);
+
+    kill(impostor, SIGKILL);
+    waitpid(impostor, NULL, 0);
+    char byte;
+    assert_int_equal(read(served, &byte, 1), 0); /* no request reached it */
+    close(served);
+    fixed_url_remove(&f);
+}
+
 /* Nothing a failed test set reaches the next: the harness's own connections use the defaults. */
 static int environment_reset(void **state)
 {
@@ -434,6 +557,8 @@ static int environment_reset(void **state)
 
 int main(int argc, char **argv)
 {
+    if (argc == 3 && strcmp(argv[1], "--impostor") == 0)
+        return impostor_main(argv[2]);
     th_init(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stale_ids_after_restart),
@@ -441,6 +566,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_others_ids_read_as_missing),
         cmocka_unit_test_teardown(test_daemon_uid_checked, environment_reset),
         cmocka_unit_test_teardown(test_default_dir_checked, environment_reset),
+        cmocka_unit_test(test_impostor_refused),
     };
     return th_run_group_tests(tests, NULL, NULL);
 }
