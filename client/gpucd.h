@@ -193,7 +193,9 @@ GPUCD_EXPORT int gpucd_default_url(char *buf, size_t len);
 /*
  * Connects to the daemon at url (NULL: gpucd_default_url; ipc:// or tcp://,
  * and inproc:// for a server in the same process) and stores the client in *out.  opts may be NULL for the defaults.  Fails with
- * GPUCD_ECONNREFUSED when nothing listens at the URL.  Should the connection
+ * GPUCD_ECONNREFUSED when nothing listens at the URL, GPUCD_EUNTRUSTED when the daemon at an
+ * ipc:// URL runs as a uid not trusted (gpucd_options.trust_uid) or the default URL's folder
+ * could be another user's.  Should the connection
  * drop later, calls in flight fail with GPUCD_ECLOSED and the client
  * reconnects by itself; regions and resident tensors do not survive that
  * (make them again), the library's own completion records and submission

@@ -437,6 +437,8 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static char self_exe[4096]; /* this program, for the impostor (not /proc/self/exe: valgrind's) */
+
 /*
  * Another user's server at url (`test_ident --impostor URL`, a process of its own: nng does not
  * survive a fork): run as uid NOBODY, it echoes every request, and writes a byte for each to
@@ -473,7 +475,7 @@ static pid_t impostor_start(const char *url, const char *sock, int *served)
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (dup2(fds[1], 3) == 3)
-            execl("/proc/self/exe", "test_ident", "--impostor", url, (char *)NULL);
+            execl(self_exe, self_exe, "--impostor", url, (char *)NULL);
         _exit(127);
     }
     close(fds[1]);
@@ -559,6 +561,8 @@ int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "--impostor") == 0)
         return impostor_main(argv[2]);
+    if (realpath(argv[0], self_exe) == NULL)
+        return 1;
     th_init(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stale_ids_after_restart),
