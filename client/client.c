@@ -187,7 +187,6 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
     c->local = strncmp(url, "ipc://", 6) == 0 || strncmp(url, "inproc://", 9) == 0;
     c->client_name = strdup(opts->client_name != NULL ? opts->client_name : "libgpucd");
     c->url = strdup(url);
-    c->check_uid = check_uid;
     c->trust_uid = trust_uid;
     atomic_init(&c->refused_uid, GPUCDC_UID_TRUSTED);
     atomic_init(&c->next_id, 1);

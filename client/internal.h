@@ -86,8 +86,7 @@ struct gpucd_client {
     atomic_uint disconnections; /* connections lost so far: a queued call's end without a reply */
     gpucdc_bells bells;
     char *url;          /* for messages */
-    bool check_uid;     /* ipc://: each connection's peer must run as trust_uid */
-    uint64_t trust_uid;
+    uint64_t trust_uid; /* ipc://: the uid each connection's peer must run as */
     /* The uid of the daemon whose connection was refused last (GPUCDC_UID_UNKNOWN when it
      * could not be learnt); GPUCDC_UID_TRUSTED while the last connection was accepted. */
     _Atomic uint64_t refused_uid;
