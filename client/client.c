@@ -1,4 +1,5 @@
 /* client.c - the connection: options, default URL, connect/close, the context pool. */
+#include <errno.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,6 +8,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "socket_dir.h"
 
 #include <nng/protocol/reqrep0/req.h>
 #include <nng/supplemental/util/platform.h>
@@ -61,7 +63,73 @@ void gpucd_close(gpucd_client *c)
     gpucdc_doorbell_close(c);
     pthread_mutex_destroy(&c->lock);
     free(c->client_name);
+    free(c->url);
     free(c);
+}
+
+int gpucdc_fail_untrusted(const gpucd_client *c, const char *op, uint64_t uid)
+{
+    char runs[48];
+    if (uid == GPUCDC_UID_UNKNOWN)
+        snprintf(runs, sizeof runs, "runs as a uid that cannot be learnt");
+    else
+        snprintf(runs, sizeof runs, "runs as uid %llu", (unsigned long long)uid);
+    return gpucdc_fail(GPUCD_EUNTRUSTED,
+                       "%s: daemon at %s %s, expected %llu (GPUCD_TRUST_UID or "
+                       "gpucd_options.trust_uid name another to trust); not using it",
+                       op, c->url, runs, (unsigned long long)c->trust_uid);
+}
+
+/*
+ * nng thread, before a new connection is used: over ipc:// the daemon must run as the
+ * trusted uid (the kernel's word on the socket's peer), else the connection is closed before
+ * any request goes over it: someone else's socket at the daemon's address.
+ */
+static void connection_check(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    (void)ev;
+    gpucd_client *c = arg;
+    uint64_t uid;
+    if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &uid) != 0)
+        uid = GPUCDC_UID_UNKNOWN;
+    if (uid == c->trust_uid) {
+        atomic_store_explicit(&c->refused_uid, GPUCDC_UID_TRUSTED, memory_order_release);
+        return;
+    }
+    atomic_store_explicit(&c->refused_uid, uid, memory_order_release);
+    nng_pipe_close(p);
+}
+
+/* The uid the daemon must run as: opts', else GPUCD_TRUST_UID's, else this process's. */
+static int trust_uid_of(const gpucd_options *opts, uint64_t *uid)
+{
+    if (opts->trust_uid_set) {
+        *uid = opts->trust_uid;
+        return 0;
+    }
+    const char *env = getenv("GPUCD_TRUST_UID");
+    if (env == NULL) {
+        *uid = (uint64_t)geteuid();
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(env, &end, 10);
+    if (env[0] < '0' || env[0] > '9' || *end != '\0' || errno != 0 || v >= UINT32_MAX)
+        return gpucdc_fail(GPUCD_EINVAL, "gpucd_connect: GPUCD_TRUST_UID '%s' is not a uid", env);
+    *uid = v;
+    return 0;
+}
+
+/* The default URL's folder must be the user's own (socket_dir.h); a missing one is left to
+ * the dial to report. */
+static int default_dir_check(const char *url)
+{
+    char dir[512], why[640];
+    if (gpucdc_socket_dir_of(url, dir, sizeof dir) != 0 ||
+        gpucdc_socket_dir_check(dir, geteuid(), why, sizeof why) != -1)
+        return 0;
+    return gpucdc_fail(GPUCD_EUNTRUSTED, "gpucd_connect: %s; not dialing %s", why, url);
 }
 
 /* nng thread: a connection to the daemon is up (the first, or one after a drop), or lost. */
@@ -86,12 +154,13 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
         opts = &defaults;
     }
     char default_url[512];
+    const int have_default = gpucd_default_url(default_url, sizeof default_url);
     if (url == NULL) {
-        int rv = gpucd_default_url(default_url, sizeof default_url);
-        if (rv < 0)
-            return rv;
+        if (have_default < 0)
+            return have_default;
         url = default_url;
     }
+    gpucdc_clear_error();
     int tls = strncmp(url, "tls+tcp://", 10) == 0;
     if (strncmp(url, "ipc://", 6) != 0 && strncmp(url, "tcp://", 6) != 0 && !tls &&
         strncmp(url, "inproc://", 9) != 0)
@@ -103,6 +172,13 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
     if (opts->spin_us < 0 || opts->spin_us > GPUCDC_MAX_SPIN_US)
         return gpucdc_fail(GPUCD_EINVAL, "gpucd_connect: spin_us %d: expected 0..%d",
                            opts->spin_us, GPUCDC_MAX_SPIN_US);
+    uint64_t trust_uid = 0;
+    const bool check_uid = strncmp(url, "ipc://", 6) == 0;
+    int bad = check_uid ? trust_uid_of(opts, &trust_uid) : 0;
+    if (bad == 0 && have_default == 0 && strcmp(url, default_url) == 0)
+        bad = default_dir_check(url);
+    if (bad < 0)
+        return bad;
     gpucd_client *c = calloc(1, sizeof *c);
     if (c == NULL)
         return gpucdc_fail(GPUCD_ENOMEM, "gpucd_connect: out of memory");
@@ -113,12 +189,17 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
     /* Shared memory reaches a daemon on this host (ipc://) or in this process (inproc://). */
     c->local = strncmp(url, "ipc://", 6) == 0 || strncmp(url, "inproc://", 9) == 0;
     c->client_name = strdup(opts->client_name != NULL ? opts->client_name : "libgpucd");
+    c->url = strdup(url);
+    c->trust_uid = trust_uid;
+    atomic_init(&c->refused_uid, GPUCDC_UID_TRUSTED);
     atomic_init(&c->next_id, 1);
     atomic_init(&c->connections, 0);
     atomic_init(&c->disconnections, 0);
     atomic_init(&c->bells.connection, 0);
     atomic_init(&c->bells.region, NULL);
-    if (c->client_name == NULL) {
+    if (c->client_name == NULL || c->url == NULL) {
+        free(c->client_name);
+        free(c->url);
         free(c);
         return gpucdc_fail(GPUCD_ENOMEM, "gpucd_connect: out of memory");
     }
@@ -126,6 +207,7 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
     int rv = nng_req0_open(&c->sock);
     if (rv != 0) {
         free(c->client_name);
+        free(c->url);
         free(c);
         return gpucdc_fail_nng(rv, "gpucd_connect", "opening the socket");
     }
@@ -141,7 +223,9 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
     if ((rv = nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) != 0 ||
         (rv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, opts->max_reply_bytes)) != 0 ||
         (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_ADD_POST, connection_event, c)) != 0 ||
-        (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, connection_event, c)) != 0)
+        (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, connection_event, c)) != 0 ||
+        (check_uid &&
+         (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_ADD_PRE, connection_check, c)) != 0))
         goto fail;
     what = url;
     if ((rv = nng_dialer_create(&c->dialer, c->sock, url)) != 0)
@@ -150,9 +234,16 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
         gpucd_close(c);
         return rv;
     }
-    /* Synchronous: a missing daemon is reported now, not at the first call. */
+    /* Synchronous: a missing daemon is reported now, not at the first call.  So is a daemon
+     * of another uid: the check above ran on the connection before the start returns. */
     if ((rv = nng_dialer_start(c->dialer, 0)) != 0)
         goto fail;
+    const uint64_t refused = atomic_load_explicit(&c->refused_uid, memory_order_acquire);
+    if (refused != GPUCDC_UID_TRUSTED) {
+        int code = gpucdc_fail_untrusted(c, "gpucd_connect", refused);
+        gpucd_close(c);
+        return code;
+    }
     *out = c;
     return 0;
 
@@ -283,6 +374,14 @@ int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint6
 {
     gpucd_client *c = s->client;
     *reply = NULL;
+    /* Only a daemon of another uid answers now: waiting for the real one would end in a
+     * timeout that says nothing of why. */
+    const uint64_t refused = atomic_load_explicit(&c->refused_uid, memory_order_acquire);
+    if (refused != GPUCDC_UID_TRUSTED) {
+        nng_msg_free(request);
+        gpucdc_slot_release(s);
+        return gpucdc_fail_untrusted(c, op, refused);
+    }
     nng_time start = nng_clock();
     nng_aio_set_timeout(s->aio, c->timeout_ms);
     nng_aio_set_msg(s->aio, request);

@@ -79,6 +79,7 @@ const char *gpucd_strerror(int code)
     case GPUCD_EPROTO: return "malformed reply from the daemon";
     case GPUCD_ETRANSPORT: return "transport error";
     case GPUCD_EADDRESS: return "invalid or unsupported URL";
+    case GPUCD_EUNTRUSTED: return "the daemon or its socket folder is not trusted";
     case GPUCD_EBAD_MESSAGE: return "daemon: malformed request";
     case GPUCD_EVERSION_MISMATCH: return "daemon: protocol version mismatch";
     case GPUCD_EUNKNOWN_OPERATION: return "daemon: unknown operation";

@@ -70,6 +70,9 @@ typedef enum gpucd_code {
     GPUCD_EPROTO = -7,         /* the reply is malformed, or its id does not match */
     GPUCD_ETRANSPORT = -8,     /* another nng failure; see errmsg */
     GPUCD_EADDRESS = -9,       /* the URL is malformed or of an unsupported scheme */
+    GPUCD_EUNTRUSTED = -10,    /* the daemon at an ipc:// URL runs as a uid not trusted
+                                  (gpucd_options.trust_uid), or the default socket folder
+                                  could be another user's; see errmsg */
 
     /* The daemon refused the request: -(GPUCD_EDAEMON_BASE + gpucd.v1.Status). */
     GPUCD_EDAEMON_BASE = 100,
@@ -175,9 +178,18 @@ typedef struct gpucd_options {
     const char *tls_ca;
     const char *tls_cert;
     const char *tls_key;
+    int trust_uid_set;        /* 1: the daemon at an ipc:// URL must run as trust_uid.  0 (the
+                                 default): as the uid in $GPUCD_TRUST_UID when that is set,
+                                 else as this process's own uid.  A connection to a daemon of
+                                 another uid (a socket put there by another user) is closed
+                                 before any request goes over it: gpucd_connect, and calls
+                                 made while only such a daemon answers, fail with
+                                 GPUCD_EUNTRUSTED.  tcp:// has no peer uid to check */
+    unsigned trust_uid;
 } gpucd_options;
 
-/* Fills the defaults (30 s timeout, unlimited replies, no client name, no polling). */
+/* Fills the defaults (30 s timeout, unlimited replies, no client name, no polling, the
+ * daemon's uid checked against $GPUCD_TRUST_UID or this process's). */
 GPUCD_EXPORT void gpucd_options_init(gpucd_options *opts);
 
 /*
@@ -191,7 +203,9 @@ GPUCD_EXPORT int gpucd_default_url(char *buf, size_t len);
 /*
  * Connects to the daemon at url (NULL: gpucd_default_url; ipc://, tls+tcp:// or tcp://,
  * and inproc:// for a server in the same process) and stores the client in *out.  opts may be NULL for the defaults.  Fails with
- * GPUCD_ECONNREFUSED when nothing listens at the URL.  Should the connection
+ * GPUCD_ECONNREFUSED when nothing listens at the URL, GPUCD_EUNTRUSTED when the daemon at an
+ * ipc:// URL runs as a uid not trusted (gpucd_options.trust_uid) or the default URL's folder
+ * could be another user's.  Should the connection
  * drop later, calls in flight fail with GPUCD_ECLOSED and the client
  * reconnects by itself; regions and resident tensors do not survive that
  * (make them again), the library's own completion records and submission

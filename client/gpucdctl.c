@@ -1,12 +1,13 @@
 /*
  * gpucdctl - asks a running gpucd daemon what it is and how it is doing.
  *
- *   gpucdctl [--url URL] [--timeout-ms N] [--spin-us N] [--tls-ca FILE] [--tls-cert FILE]
- *            [--tls-key FILE] COMMAND
+ *   gpucdctl [--url URL] [--timeout-ms N] [--spin-us N] [--trust-uid UID] [--tls-ca FILE]
+ *            [--tls-cert FILE] [--tls-key FILE] COMMAND
  *
  * Each command is one entry of the table below: a name, a one-line summary
  * and a function that prints what the daemon reports and returns an exit code.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,9 +140,9 @@ static int cmd_regions(gpucd_client *client, int argc, char **argv)
     /* Region ids are per connection: a fresh gpucdctl connection sees its own (none). */
     printf("%zu region%s\n", n, n == 1 ? "" : "s");
     if (n > 0)
-        printf("%-10s %-16s %-6s %s\n", "id", "size", "users", "name");
+        printf("%-20s %-16s %-6s %s\n", "id", "size", "users", "name");
     for (size_t i = 0; i < n; i++)
-        printf("%-10llu %-16llu %-6u %s\n", (unsigned long long)list[i].id,
+        printf("%-20llu %-16llu %-6u %s\n", (unsigned long long)list[i].id,
                (unsigned long long)list[i].size, list[i].users, list[i].name);
     free(list);
     return 0;
@@ -184,8 +185,8 @@ static void usage(FILE *out)
     if (gpucd_default_url(url, sizeof url) < 0)
         snprintf(url, sizeof url, "(none: %s)", gpucd_errmsg(NULL));
     fprintf(out,
-            "usage: gpucdctl [--url URL] [--timeout-ms N] [--spin-us N] [--tls-ca FILE]\n"
-            "                [--tls-cert FILE --tls-key FILE] COMMAND [ARGS]\n"
+            "usage: gpucdctl [--url URL] [--timeout-ms N] [--spin-us N] [--trust-uid UID]\n"
+            "                [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] COMMAND [ARGS]\n"
             "\n"
             "Asks a running gpucd daemon what it reports.\n"
             "\n"
@@ -194,6 +195,8 @@ static void usage(FILE *out)
             "                    tcp://HOST:PORT (default %s)\n"
             "  --timeout-ms N    how long to wait for each reply (default 30000)\n"
             "  --spin-us N       poll for each reply N us before sleeping (default 0)\n"
+            "  --trust-uid UID   over ipc://, the uid the daemon must run as (default\n"
+            "                    $GPUCD_TRUST_UID, else this user's)\n"
             "  --tls-ca FILE     tls+tcp://: the CA that signs the daemon's certificate\n"
             "                    (PEM; default $GPUCD_TLS_CA)\n"
             "  --tls-cert FILE   tls+tcp://: this client's certificate (default $GPUCD_TLS_CERT)\n"
@@ -221,6 +224,20 @@ static int option_int(const char *name, const char *text, long lo, long hi, int 
     return 0;
 }
 
+/* A uid for --trust-uid, or a message and -1. */
+static int option_uid(const char *text, unsigned *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (text[0] < '0' || text[0] > '9' || *end != '\0' || errno != 0 || v >= UINT32_MAX) {
+        fprintf(stderr, "gpucdctl: --trust-uid '%s' is not a uid\n", text);
+        return -1;
+    }
+    *out = (unsigned)v;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -230,6 +247,7 @@ int main(int argc, char **argv)
         {"tls-ca", required_argument, NULL, 'A'},
         {"tls-cert", required_argument, NULL, 'C'},
         {"tls-key", required_argument, NULL, 'K'},
+        {"trust-uid", required_argument, NULL, 'r'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -260,6 +278,11 @@ int main(int argc, char **argv)
             break;
         case 'K':
             opts.tls_key = optarg;
+            break;
+        case 'r':
+            if (option_uid(optarg, &opts.trust_uid) != 0)
+                return 2;
+            opts.trust_uid_set = 1;
             break;
         case 'h':
             usage(stdout);

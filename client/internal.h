@@ -88,7 +88,18 @@ struct gpucd_client {
     atomic_uint connections; /* connections made so far: the daemon may be another after a new one */
     atomic_uint disconnections; /* connections lost so far: a queued call's end without a reply */
     gpucdc_bells bells;
+    char *url;          /* for messages */
+    uint64_t trust_uid; /* ipc://: the uid each connection's peer must run as */
+    /* The uid of the daemon whose connection was refused last (GPUCDC_UID_UNKNOWN when it
+     * could not be learnt); GPUCDC_UID_TRUSTED while the last connection was accepted. */
+    _Atomic uint64_t refused_uid;
 };
+
+#define GPUCDC_UID_TRUSTED UINT64_MAX
+#define GPUCDC_UID_UNKNOWN (UINT64_MAX - 1)
+
+/* Fails op with GPUCD_EUNTRUSTED: the daemon at the client's URL runs as uid, not trust_uid. */
+int gpucdc_fail_untrusted(const gpucd_client *c, const char *op, uint64_t uid);
 
 /* ---- regions (region.c) ---------------------------------------------------------- */
 

@@ -327,7 +327,7 @@ void gcd_unbind(const gcd_bind_ctx *ctx, gcd_bound *bound, int success)
             pthread_rwlock_unlock(&b->resident->use);
         if (b->resident != NULL) {
             if (b->new_resident && !success)
-                gcd_residents_free(d->residents, ctx->pipe, b->resident->id, NULL, 0);
+                gcd_residents_free(d->residents, ctx->pipe, ctx->uid, b->resident->id, NULL, 0);
             gcd_residents_release(d->residents, b->resident);
         }
         if (b->region != NULL)

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "gpucd.h"
+#include "socket_dir.h"
 
 typedef int (*config_setter)(gcd_config *cfg, const char *value, char *err, size_t errlen);
 
@@ -158,7 +159,8 @@ static int set_config(gcd_config *cfg, const char *v, char *err, size_t errlen)
 static const config_option config_options[] = {
     {"listen", "URL",
      "serve on URL (ipc://, tls+tcp:// or tcp://); repeatable. Default ipc:// under "
-     "$XDG_RUNTIME_DIR, else /tmp/gpucd-$UID/, mode 0600",
+     "$XDG_RUNTIME_DIR, else /tmp/gpucd-$UID/, mode 0600; that folder is made 0700 and refused "
+     "unless it is the daemon's own, writable by nobody else",
      CONFIG_SETTER(set_listen)},
     {"tls-cert", "FILE", "tls+tcp:// listeners: the daemon's certificate (PEM)",
      CONFIG_SETTER(set_tls_cert)},
@@ -498,14 +500,17 @@ int gcd_config_finish(gcd_config *cfg, char *err, size_t errlen)
         snprintf(err, errlen, "cannot form the default listen URL; give --listen");
         return -1;
     }
-    /* The socket's folder must exist; it is private to this user. */
+    /* The socket's folder must exist and be this user's alone: one made first by another
+     * user, or writable by one, would let them put their own server at this address. */
     char dir[GCD_URL_MAX];
-    snprintf(dir, sizeof dir, "%s", url + strlen("ipc://"));
-    char *slash = strrchr(dir, '/');
-    if (slash != NULL && slash != dir) {
-        *slash = '\0';
+    if (gpucdc_socket_dir_of(url, dir, sizeof dir) == 0) {
         if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
             snprintf(err, errlen, "cannot create %s: %s", dir, strerror(errno));
+            return -1;
+        }
+        char why[GCD_URL_MAX + 128];
+        if (gpucdc_socket_dir_check(dir, geteuid(), why, sizeof why) != 0) {
+            snprintf(err, errlen, "%s: not listening there (remove it, or give --listen)", why);
             return -1;
         }
     }

@@ -4,6 +4,7 @@
  * signal exits at once.  A backend that loses its device makes the daemon
  * drain and exit 3, for a supervisor to restart it.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -154,7 +155,7 @@ int main(int argc, char **argv)
     d->ops->describe(d->backend, &d->device);
     if (gcd_regions_init(&d->regions, d->backend, d->ops) != 0 ||
         gcd_residents_init(&d->residents, d->backend, d->ops, d->cfg.resident_mb << 20) != 0) {
-        gcd_log_error("out of memory");
+        gcd_log_error("cannot make the registries: %s", strerror(errno));
         return 1;
     }
     gcd_quota_limits limits;

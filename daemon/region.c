@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ids.h"
 #include "log.h"
 
 struct gcd_regions {
@@ -18,7 +19,7 @@ struct gcd_regions {
     pthread_cond_t released; /* signalled when a region's last request lets go */
     gcd_region **items;      /* listed regions */
     size_t count, cap;
-    uint64_t next_id;
+    gcd_ids ids;
     uint64_t mapped_count, mapped_bytes; /* including unlisted ones still in use */
     gcd_backend *backend;
     const gcd_backend_ops *ops;
@@ -28,11 +29,12 @@ struct gcd_regions {
 int gcd_regions_init(gcd_regions **out, gcd_backend *backend, const gcd_backend_ops *ops)
 {
     gcd_regions *rs = calloc(1, sizeof *rs);
-    if (rs == NULL)
+    if (rs == NULL || gcd_ids_init(&rs->ids) != 0) {
+        free(rs);
         return -1;
+    }
     pthread_mutex_init(&rs->lock, NULL);
     pthread_cond_init(&rs->released, NULL);
-    rs->next_id = 1;
     rs->backend = backend;
     rs->ops = ops;
     *out = rs;
@@ -155,7 +157,10 @@ gcd_status gcd_regions_register(gcd_regions *rs, uint32_t owner, uid_t uid, cons
     pthread_mutex_lock(&rs->lock);
     const gcd_charge charge = region_charge(r);
     status = gcd_quota_take(rs->quota, owner, &charge, &r->held, why, whylen);
-    if (status == GCD_OK && rs->count == rs->cap) {
+    if (status == GCD_OK && gcd_ids_next(&rs->ids, &r->id) != 0) {
+        status = GCD_RESOURCE_EXHAUSTED;
+        snprintf(why, whylen, "this daemon has handed out every region id; restart it");
+    } else if (status == GCD_OK && rs->count == rs->cap) {
         size_t cap = rs->cap ? rs->cap * 2 : 16;
         gcd_region **items = realloc(rs->items, cap * sizeof *items);
         if (items == NULL) {
@@ -167,7 +172,6 @@ gcd_status gcd_regions_register(gcd_regions *rs, uint32_t owner, uid_t uid, cons
         }
     }
     if (status == GCD_OK) {
-        r->id = rs->next_id++;
         rs->items[rs->count++] = r;
         rs->mapped_count++;
         rs->mapped_bytes += size;
@@ -201,19 +205,15 @@ static void region_unref_locked(gcd_regions *rs, gcd_region *r)
     }
 }
 
+/* Another connection's region is refused as a missing one: no prober learns which ids exist. */
 static gcd_status region_find(gcd_regions *rs, uint32_t owner, uint64_t id, size_t *index,
                               char *why, size_t whylen)
 {
     for (size_t i = 0; i < rs->count; i++) {
-        if (rs->items[i]->id != id)
-            continue;
-        if (rs->items[i]->owner != owner) {
-            snprintf(why, whylen, "region %llu belongs to another client",
-                     (unsigned long long)id);
-            return GCD_PERMISSION_DENIED;
+        if (rs->items[i]->id == id && rs->items[i]->owner == owner) {
+            *index = i;
+            return GCD_OK;
         }
-        *index = i;
-        return GCD_OK;
     }
     snprintf(why, whylen, "no region %llu", (unsigned long long)id);
     return GCD_NOT_FOUND;

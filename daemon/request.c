@@ -194,7 +194,7 @@ static gcd_status do_tensor_put(const gcd_bind_ctx *ctx, const Gpucd__V1__Tensor
     gk_err err = {{0}};
     uint64_t t0 = gcd_now_us();
     if (d->ops->tensor_write(d->backend, r->t.data, op.args[0].t.data, r->bytes, &err) != 0) {
-        gcd_residents_free(d->residents, ctx->pipe, r->id, NULL, 0);
+        gcd_residents_free(d->residents, ctx->pipe, ctx->uid, r->id, NULL, 0);
         gcd_residents_release(d->residents, r);
         return fail(rs, GCD_DEVICE_ERROR, "tensor_put: %s", err.msg);
     }
@@ -398,8 +398,8 @@ static gcd_status dispatch(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *re
     case GPUCD__V1__REQUEST__OP_TENSOR_GET:
         return do_tensor_get(ctx, req->tensor_get, rs, bound);
     case GPUCD__V1__REQUEST__OP_TENSOR_FREE:
-        return gcd_residents_free(d->residents, ctx->pipe, req->tensor_free->id, rs->why,
-                                  sizeof rs->why);
+        return gcd_residents_free(d->residents, ctx->pipe, ctx->uid, req->tensor_free->id,
+                                  rs->why, sizeof rs->why);
     case GPUCD__V1__REQUEST__OP_SUBMIT_QUEUE_OPEN:
         return do_submit_queue_open(ctx, req->submit_queue_open, rs);
     case GPUCD__V1__REQUEST__OP_STATS:

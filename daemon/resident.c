@@ -5,11 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ids.h"
+
 struct gcd_residents {
     pthread_mutex_t lock;
     gcd_resident **items; /* listed tensors */
     size_t count, cap;
-    uint64_t next_id;
+    gcd_ids ids;
     uint64_t live_count, live_bytes; /* including unlisted ones still in use */
     uint64_t limit_bytes;
     gcd_backend *backend;
@@ -21,10 +23,11 @@ int gcd_residents_init(gcd_residents **out, gcd_backend *backend, const gcd_back
                        uint64_t limit_bytes)
 {
     gcd_residents *rs = calloc(1, sizeof *rs);
-    if (rs == NULL)
+    if (rs == NULL || gcd_ids_init(&rs->ids) != 0) {
+        free(rs);
         return -1;
+    }
     pthread_mutex_init(&rs->lock, NULL);
-    rs->next_id = 1;
     rs->limit_bytes = limit_bytes;
     rs->backend = backend;
     rs->ops = ops;
@@ -99,10 +102,12 @@ gcd_status gcd_residents_create(gcd_residents *rs, uint32_t owner, uint32_t uid,
         }
     }
     if (storage == NULL || rs->count == rs->cap) {
-        rs->live_bytes -= (uint64_t)bytes;
         status = GCD_RESOURCE_EXHAUSTED;
         snprintf(why, whylen, "cannot allocate a resident tensor of %lld bytes%s%s",
                  (long long)bytes, err.msg[0] ? ": " : "", err.msg);
+    } else if (gcd_ids_next(&rs->ids, &r->id) != 0) {
+        status = GCD_RESOURCE_EXHAUSTED;
+        snprintf(why, whylen, "this daemon has handed out every resident tensor id; restart it");
     } else {
         r->t = *shape;
         r->t.data = storage;
@@ -113,11 +118,12 @@ gcd_status gcd_residents_create(gcd_residents *rs, uint32_t owner, uint32_t uid,
         r->refs = 2; /* the table's and the caller's */
         r->listed = 1;
         pthread_rwlock_init(&r->use, NULL);
-        r->id = rs->next_id++;
         rs->items[rs->count++] = r;
         rs->live_count++;
         *out = r;
     }
+    if (status != GCD_OK)
+        rs->live_bytes -= (uint64_t)bytes;
     pthread_mutex_unlock(&rs->lock);
     if (status != GCD_OK) {
         gcd_quota_give(rs->quota, held, &charge);
@@ -137,6 +143,11 @@ static void resident_unref_locked(gcd_residents *rs, gcd_resident *r)
     }
 }
 
+/*
+ * A tensor the caller may not use (another uid's, or any other connection's for a remote
+ * caller) is refused as a missing one: no prober learns which ids exist.  A local connection
+ * of the owner's uid, which may use it, is told that only its maker frees it.
+ */
 static gcd_status resident_find(gcd_residents *rs, uint32_t caller, uint32_t uid, uint64_t id,
                                 int owner_only, size_t *index, char *why, size_t whylen)
 {
@@ -144,9 +155,14 @@ static gcd_status resident_find(gcd_residents *rs, uint32_t caller, uint32_t uid
         gcd_resident *r = rs->items[i];
         if (r->id != id)
             continue;
-        int same_user = !owner_only && uid != GCD_UID_REMOTE && r->owner_uid == uid;
-        if (r->owner != caller && !same_user) {
-            snprintf(why, whylen, "resident tensor %llu belongs to another client",
+        if (r->owner == caller) {
+            *index = i;
+            return GCD_OK;
+        }
+        if (uid == GCD_UID_REMOTE || r->owner_uid != uid)
+            break;
+        if (owner_only) {
+            snprintf(why, whylen, "resident tensor %llu: only the connection that made it frees it",
                      (unsigned long long)id);
             return GCD_PERMISSION_DENIED;
         }
@@ -186,12 +202,12 @@ static void resident_unlist_locked(gcd_residents *rs, size_t i)
     resident_unref_locked(rs, r);
 }
 
-gcd_status gcd_residents_free(gcd_residents *rs, uint32_t caller, uint64_t id, char *why,
-                              size_t whylen)
+gcd_status gcd_residents_free(gcd_residents *rs, uint32_t caller, uint32_t uid, uint64_t id,
+                              char *why, size_t whylen)
 {
     pthread_mutex_lock(&rs->lock);
     size_t i;
-    gcd_status status = resident_find(rs, caller, 0, id, 1, &i, why, whylen);
+    gcd_status status = resident_find(rs, caller, uid, id, 1, &i, why, whylen);
     if (status == GCD_OK)
         resident_unlist_locked(rs, i);
     pthread_mutex_unlock(&rs->lock);

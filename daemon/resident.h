@@ -49,9 +49,9 @@ gcd_status gcd_residents_create(gcd_residents *rs, uint32_t owner, uint32_t uid,
 gcd_status gcd_residents_acquire(gcd_residents *rs, uint32_t caller, uint32_t uid, uint64_t id,
                                  gcd_resident **out, char *why, size_t whylen);
 void gcd_residents_release(gcd_residents *rs, gcd_resident *r);
-/* Unlists the tensor; only its owner may. */
-gcd_status gcd_residents_free(gcd_residents *rs, uint32_t caller, uint64_t id, char *why,
-                              size_t whylen);
+/* Unlists the tensor; only its owner may (caller's peer uid names the refusal). */
+gcd_status gcd_residents_free(gcd_residents *rs, uint32_t caller, uint32_t uid, uint64_t id,
+                              char *why, size_t whylen);
 void gcd_residents_drop_owner(gcd_residents *rs, uint32_t owner);
 void gcd_residents_totals(gcd_residents *rs, uint64_t *count, uint64_t *bytes);
 

@@ -79,6 +79,19 @@ expect 0 "$worker" --batch 8 --steps 3 --hidden 32 --seed 7
 contains "round trip us: p50"
 contains "backend cpu"
 
+# The daemon runs as this user: told to trust another uid, gpucdctl refuses it.  (The
+# refusals come last: nng 1.5.2 rarely fails to accept a connection right after one the
+# client closed at once.)
+me=$(id -u)
+expect 0 env GPUCD_TRUST_UID=$((me + 1)) "$ctl" --trust-uid "$me" info
+contains "backend              cpu"
+expect 2 "$ctl" --trust-uid nobody info
+contains "--trust-uid 'nobody'"
+expect 1 "$ctl" --trust-uid $((me + 1)) info
+contains "runs as uid $me, expected $((me + 1))"
+expect 1 env GPUCD_TRUST_UID=$((me + 1)) "$ctl" info
+contains "runs as uid $me, expected $((me + 1))"
+
 kill -TERM "$pid"
 wait "$pid"
 rc=$?

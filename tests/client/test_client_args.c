@@ -282,7 +282,7 @@ static void test_strerror(void **state)
     (void)state;
     const int codes[] = {GPUCD_OK, GPUCD_EINVAL, GPUCD_ENOMEM, GPUCD_ETIMEDOUT, GPUCD_ECONNREFUSED,
                          GPUCD_ECLOSED, GPUCD_ESYSTEM, GPUCD_EPROTO, GPUCD_ETRANSPORT,
-                         GPUCD_EADDRESS};
+                         GPUCD_EADDRESS, GPUCD_EUNTRUSTED};
     const int n = (int)(sizeof codes / sizeof codes[0]);
     const char *seen[32];
     int nseen = 0;

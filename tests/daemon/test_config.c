@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -244,6 +245,85 @@ static void test_config_file(void **state)
     expect_error(3, argv, "cannot read config file");
 }
 
+/* gcd_config_finish with the default URL in folder dir ($XDG_RUNTIME_DIR): its return, err. */
+static int finish_in(const char *dir, char *err, size_t errlen)
+{
+    assert_int_equal(setenv("XDG_RUNTIME_DIR", dir, 1), 0);
+    gcd_config cfg;
+    gcd_config_defaults(&cfg);
+    err[0] = '\0';
+    int rc = gcd_config_finish(&cfg, err, errlen);
+    unsetenv("XDG_RUNTIME_DIR");
+    if (rc == 0) {
+        char url[300];
+        snprintf(url, sizeof url, "ipc://%s/gpucd.sock", dir);
+        assert_string_equal(cfg.listen[0], url);
+    }
+    return rc;
+}
+
+/* A refusal: non-zero, and err names the folder and the problem. */
+static void expect_refused(const char *dir, const char *problem)
+{
+    char err[512];
+    assert_int_equal(finish_in(dir, err, sizeof err), -1);
+    if (strstr(err, dir) == NULL || strstr(err, problem) == NULL)
+        fail_msg("%s: got '%s', expected its name and '%s'", dir, err, problem);
+}
+
+/*
+ * The default socket folder is used only when it is the daemon's own: anybody could have
+ * made /tmp/gpucd-<uid> first and put their own server at the daemon's address.
+ */
+static void test_socket_dir(void **state)
+{
+    (void)state;
+    char base[] = "/tmp/gpucd-config-XXXXXX";
+    assert_non_null(mkdtemp(base));
+    char fresh[128], open_dir[128], other[128], link[128], file[128], err[512];
+    snprintf(fresh, sizeof fresh, "%s/fresh", base);
+    snprintf(open_dir, sizeof open_dir, "%s/open", base);
+    snprintf(other, sizeof other, "%s/other", base);
+    snprintf(link, sizeof link, "%s/link", base);
+    snprintf(file, sizeof file, "%s/file", base);
+
+    /* Missing: made, mode 0700; then used again as it is. */
+    assert_int_equal(finish_in(fresh, err, sizeof err), 0);
+    struct stat st;
+    assert_int_equal(lstat(fresh, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    assert_int_equal(st.st_mode & 07777, 0700);
+    assert_int_equal(finish_in(fresh, err, sizeof err), 0);
+
+    assert_int_equal(mkdir(open_dir, 0700), 0);
+    assert_int_equal(chmod(open_dir, 0777), 0);
+    expect_refused(open_dir, "mode 0777");
+    assert_int_equal(chmod(open_dir, 0720), 0);
+    expect_refused(open_dir, "mode 0720");
+
+    assert_int_equal(symlink(fresh, link), 0);
+    expect_refused(link, "symbolic link");
+
+    write_file(file, "");
+    expect_refused(file, "not a directory");
+
+    assert_int_equal(mkdir(other, 0700), 0);
+    if (geteuid() == 0) {
+        assert_int_equal(chown(other, 65534, 65534), 0);
+        expect_refused(other, "owned by uid 65534");
+    } else {
+        fprintf(stderr, "test_socket_dir: not root, so no folder of another uid can be made: "
+                        "that case is skipped\n");
+    }
+
+    rmdir(other);
+    unlink(file);
+    unlink(link);
+    rmdir(open_dir);
+    rmdir(fresh);
+    assert_int_equal(rmdir(base), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -252,6 +332,7 @@ int main(void)
         cmocka_unit_test(test_quota_flags),
         cmocka_unit_test(test_config_file),
         cmocka_unit_test(test_listeners_checked),
+        cmocka_unit_test(test_socket_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

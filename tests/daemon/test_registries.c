@@ -15,10 +15,33 @@
 
 #include <cmocka.h>
 
+#include "ids.h"
 #include "region.h"
 #include "resident.h"
 
 static gcd_backend *cpu;
+
+/* why with id's decimal digits replaced by '#': refusals of different ids compared. */
+static void refusal_text(const char *why, uint64_t id, char out[256])
+{
+    char digits[24];
+    snprintf(digits, sizeof digits, "%llu", (unsigned long long)id);
+    const char *at = strstr(why, digits);
+    if (at == NULL)
+        snprintf(out, 256, "%s", why);
+    else
+        snprintf(out, 256, "%.*s#%s", (int)(at - why), why, at + strlen(digits));
+}
+
+/* The refusal of `id` (someone else's) reads as that of `missing` (never made). */
+static void assert_same_refusal(const char *why, uint64_t id, const char *why_missing,
+                                uint64_t missing)
+{
+    char a[256], b[256];
+    refusal_text(why, id, a);
+    refusal_text(why_missing, missing, b);
+    assert_string_equal(a, b);
+}
 
 static void shm_make(char name[64], size_t size)
 {
@@ -56,9 +79,15 @@ static void test_regions(void **state)
                      GCD_OK);
     shm_unlink(name); /* the registry keeps its own mapping */
 
+    /* Another connection's region reads as one never made: no prober learns which exist. */
     gcd_region *r;
-    assert_int_equal(gcd_regions_acquire(rs, 2, id, &r, why, sizeof why), GCD_PERMISSION_DENIED);
-    assert_int_equal(gcd_regions_acquire(rs, 1, id + 100, &r, why, sizeof why), GCD_NOT_FOUND);
+    char why_missing[256];
+    assert_int_equal(gcd_regions_acquire(rs, 2, id, &r, why, sizeof why), GCD_NOT_FOUND);
+    assert_int_equal(gcd_regions_acquire(rs, 1, id + 100, &r, why_missing, sizeof why_missing),
+                     GCD_NOT_FOUND);
+    assert_same_refusal(why, id, why_missing, id + 100);
+    assert_int_equal(gcd_regions_unregister(rs, 2, id, why, sizeof why), GCD_NOT_FOUND);
+    assert_same_refusal(why, id, why_missing, id + 100);
     assert_int_equal(gcd_regions_acquire(rs, 1, id, &r, why, sizeof why), GCD_OK);
     r->base[8191] = 42; /* the whole mapping is usable */
 
@@ -116,13 +145,22 @@ static void test_residents(void **state)
     /* Same uid on another local connection: shared (workers sharing weights). */
     assert_int_equal(gcd_residents_acquire(rs, 2, 1000, id, &b, why, sizeof why), GCD_OK);
     gcd_residents_release(rs, b);
-    /* Another uid, or a remote peer: not theirs. */
-    assert_int_equal(gcd_residents_acquire(rs, 3, 1001, id, &b, why, sizeof why),
-                     GCD_PERMISSION_DENIED);
+    /* Another uid, or a remote peer: not theirs, and to them it reads as one never made. */
+    char why_missing[256];
+    assert_int_equal(gcd_residents_acquire(rs, 3, 1001, id + 100, &b, why_missing,
+                                           sizeof why_missing),
+                     GCD_NOT_FOUND);
+    assert_int_equal(gcd_residents_acquire(rs, 3, 1001, id, &b, why, sizeof why), GCD_NOT_FOUND);
+    assert_same_refusal(why, id, why_missing, id + 100);
     assert_int_equal(gcd_residents_acquire(rs, 4, GCD_UID_REMOTE, id, &b, why, sizeof why),
+                     GCD_NOT_FOUND);
+    assert_same_refusal(why, id, why_missing, id + 100);
+    assert_int_equal(gcd_residents_free(rs, 3, 1001, id, why, sizeof why), GCD_NOT_FOUND);
+    assert_same_refusal(why, id, why_missing, id + 100);
+    /* Only the owner frees it; a connection of its uid, which may use it, is told so. */
+    assert_int_equal(gcd_residents_free(rs, 2, 1000, id, why, sizeof why),
                      GCD_PERMISSION_DENIED);
-    /* Only the owner frees it. */
-    assert_int_equal(gcd_residents_free(rs, 2, id, why, sizeof why), GCD_PERMISSION_DENIED);
+    assert_non_null(strstr(why, "only the connection that made it"));
 
     /* The limit holds across tensors: 128 KiB used of 1 MiB, so 1 MiB more does not fit. */
     gk_tensor big = gk_tensor_make(NULL, GK_F32, 1, (const int64_t[]){1 << 18});
@@ -132,7 +170,7 @@ static void test_residents(void **state)
 
     /* Freed while in use: the storage stays until the last user lets go. */
     assert_int_equal(gcd_residents_acquire(rs, 1, 1000, id, &b, why, sizeof why), GCD_OK);
-    assert_int_equal(gcd_residents_free(rs, 1, id, why, sizeof why), GCD_OK);
+    assert_int_equal(gcd_residents_free(rs, 1, 1000, id, why, sizeof why), GCD_OK);
     assert_int_equal(gcd_residents_acquire(rs, 1, 1000, id, &a, why, sizeof why), GCD_NOT_FOUND);
     uint64_t count, bytes;
     gcd_residents_totals(rs, &count, &bytes);
@@ -152,6 +190,59 @@ static void test_residents(void **state)
     gcd_residents_fini(rs);
 }
 
+/* Ids carry a per-registry random epoch: two daemons' ids differ (but for a 2^-32 chance). */
+static void test_ids_differ_between_registries(void **state)
+{
+    (void)state;
+    gcd_regions *ra, *rb;
+    assert_int_equal(gcd_regions_init(&ra, cpu, &gcd_backend_cpu), 0);
+    assert_int_equal(gcd_regions_init(&rb, cpu, &gcd_backend_cpu), 0);
+    char name[64], why[256];
+    uint64_t ida, idb;
+    shm_make(name, 4096);
+    assert_int_equal(gcd_regions_register(ra, 1, getuid(), name, 4096, &ida, why, sizeof why),
+                     GCD_OK);
+    assert_int_equal(gcd_regions_register(rb, 1, getuid(), name, 4096, &idb, why, sizeof why),
+                     GCD_OK);
+    shm_unlink(name);
+    assert_true(ida != idb);
+    gcd_region *r;
+    assert_int_equal(gcd_regions_acquire(rb, 1, ida, &r, why, sizeof why), GCD_NOT_FOUND);
+    gcd_regions_fini(ra);
+    gcd_regions_fini(rb);
+
+    gcd_residents *ta, *tb;
+    assert_int_equal(gcd_residents_init(&ta, cpu, &gcd_backend_cpu, 1 << 20), 0);
+    assert_int_equal(gcd_residents_init(&tb, cpu, &gcd_backend_cpu, 1 << 20), 0);
+    gk_tensor shape = gk_tensor_make(NULL, GK_F32, 1, (const int64_t[]){16});
+    gcd_resident *a, *b;
+    assert_int_equal(gcd_residents_create(ta, 1, 1000, &shape, &a, why, sizeof why), GCD_OK);
+    assert_int_equal(gcd_residents_create(tb, 1, 1000, &shape, &b, why, sizeof why), GCD_OK);
+    assert_true(a->id != b->id);
+    gcd_residents_release(ta, a);
+    gcd_residents_release(tb, b);
+    assert_int_equal(gcd_residents_acquire(tb, 1, 1000, a->id, &b, why, sizeof why),
+                     GCD_NOT_FOUND);
+    gcd_residents_fini(ta);
+    gcd_residents_fini(tb);
+}
+
+/* The counter stops before it would wrap into the epoch. */
+static void test_ids_never_wrap(void **state)
+{
+    (void)state;
+    gcd_ids ids;
+    assert_int_equal(gcd_ids_init(&ids), 0);
+    uint64_t id;
+    assert_int_equal(gcd_ids_next(&ids, &id), 0);
+    assert_true(id == (ids.epoch | 1));
+    ids.next = GCD_IDS_COUNTER_MAX;
+    assert_int_equal(gcd_ids_next(&ids, &id), 0);
+    assert_true(id == (ids.epoch | GCD_IDS_COUNTER_MAX));
+    assert_int_equal(gcd_ids_next(&ids, &id), -1);
+    assert_int_equal(gcd_ids_next(&ids, &id), -1);
+}
+
 int main(void)
 {
     gcd_config cfg;
@@ -162,6 +253,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regions),
         cmocka_unit_test(test_residents),
+        cmocka_unit_test(test_ids_differ_between_registries),
+        cmocka_unit_test(test_ids_never_wrap),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gcd_backend_cpu.close(cpu);

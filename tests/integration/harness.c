@@ -251,6 +251,18 @@ gpucd_client *th_connect(const char *url)
     return c;
 }
 
+void th_wait_for_reconnect(gpucd_client *c)
+{
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (gpucd_ping(c, NULL) != 0) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - t0.tv_sec > 30)
+            th_die("no ping through the restarted daemon within 30 s: %s", gpucd_errmsg(c));
+        usleep(20000);
+    }
+}
+
 static float th_uniform(void) { return (float)((double)(th_rand_u64() >> 11) * 0x1p-53 * 2.0 - 1.0); }
 
 void *th_xmalloc(size_t n)

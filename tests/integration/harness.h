@@ -53,6 +53,8 @@ int th_group_daemon_teardown(void **state);
 void th_daemon_dump_log(const th_daemon *d);
 
 gpucd_client *th_connect(const char *url);
+/* The client redials on its own: pings until one goes through, 30 s of wall time at most. */
+void th_wait_for_reconnect(gpucd_client *c);
 
 /* A loopback tcp port nothing listens on at the moment (for a listener of the test's own). */
 int th_free_tcp_port(void);

@@ -220,19 +220,6 @@ static int wake_pages_of(long pid)
     return n;
 }
 
-/* The client redials on its own: pings until one goes through, 30 s of wall time at most. */
-static void wait_for_reconnect(gpucd_client *c)
-{
-    int rv = -1;
-    for (const uint64_t until = now_us() + 30000000; rv != 0 && now_us() < until;) {
-        rv = gpucd_ping(c, NULL);
-        if (rv != 0)
-            usleep(20000);
-    }
-    if (rv != 0)
-        fail_msg("no ping through the restarted daemon: %s", gpucd_errmsg(c));
-}
-
 /* A daemon at a fixed URL in a fresh folder, restarted as a supervisor would. */
 typedef struct fixed_url {
     char dir[32], url[128];
@@ -277,7 +264,7 @@ static void test_lost_daemon_fails_a_queued_call_at_once(void **state)
     th_daemon second;
     th_daemon_start(&second, f.extra);
     assert_int_equal(wake_pages_of(first_pid), 0); /* the new daemon did */
-    wait_for_reconnect(c);
+    th_wait_for_reconnect(c);
     assert_int_equal(gpucd_region_destroy(r), GPUCD_ENOT_FOUND); /* unmapped all the same */
     assert_int_equal(gpucd_region_create(c, th_mh_slice_bytes(), &r), 0);
     for (int i = 0; i < 3; i++)
@@ -308,7 +295,7 @@ static void test_records_come_back_after_reconnects(void **state)
         if (c == NULL) {
             c = th_mh_connect(f.url, 0, 5000);
         } else {
-            wait_for_reconnect(c);
+            th_wait_for_reconnect(c);
             assert_int_equal(gpucd_region_destroy(r), GPUCD_ENOT_FOUND);
         }
         assert_int_equal(gpucd_region_create(c, CUT_THREADS * th_mh_slice_bytes(), &r), 0);
@@ -560,11 +547,10 @@ static void test_hostile_queue_opens(void **state)
     unreg.region_unregister = &un;
     expect(th_raw_call(&raw, &unreg, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
            "is this connection's submission queue");
-    /* Another connection's region is not this one's to open. */
+    /* Another connection's region is not this one's to open, nor to know of. */
     th_raw other;
     th_raw_open(&other, th_group_daemon.ipc_url);
-    expect(open_queue(&other, id), GPUCD__V1__STATUS__PERMISSION_DENIED,
-           "belongs to another client");
+    expect(open_queue(&other, id), GPUCD__V1__STATUS__NOT_FOUND, "no region");
     th_raw_close(&other);
     th_raw remote;
     th_raw_open(&remote, th_group_daemon.tcp_url);
