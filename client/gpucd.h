@@ -65,7 +65,7 @@ typedef enum gpucd_code {
     GPUCD_ETIMEDOUT = -3,      /* no reply within the timeout */
     GPUCD_ECONNREFUSED = -4,   /* no daemon listens at the URL */
     GPUCD_ECLOSED = -5,        /* the connection was lost, or the client is closing */
-    GPUCD_ESYSTEM = -6,        /* a system call failed (shm_open, mmap...); see errmsg */
+    GPUCD_ESYSTEM = -6,        /* a system call failed (memfd_create, mmap...); see errmsg */
     GPUCD_EPROTO = -7,         /* the reply is malformed, or its id does not match */
     GPUCD_ETRANSPORT = -8,     /* another nng failure; see errmsg */
     GPUCD_EADDRESS = -9,       /* the URL is malformed or of an unsupported scheme */
