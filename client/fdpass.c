@@ -33,6 +33,15 @@ static int answer_fd(struct msghdr *mh)
     return kept;
 }
 
+/* A signal the application handles must not fail the exchange. */
+static ssize_t send_retrying(int s, const struct msghdr *mh)
+{
+    ssize_t n;
+    while ((n = sendmsg(s, mh, MSG_NOSIGNAL)) < 0 && errno == EINTR)
+        ;
+    return n;
+}
+
 int gpucdc_fdpass(gpucd_client *c, const char *op, const fdpass_request *req, int fd,
                   fdpass_answer *ans, int *got)
 {
@@ -71,7 +80,7 @@ int gpucdc_fdpass(gpucd_client *c, const char *op, const fdpass_request *req, in
     if (setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0 ||
         setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
         connect(s, (struct sockaddr *)&sa, sizeof sa) != 0 ||
-        (what = "send", sendmsg(s, &mh, MSG_NOSIGNAL) != (ssize_t)sizeof *req))
+        (what = "send", send_retrying(s, &mh) != (ssize_t)sizeof *req))
         rv = -1;
     union {
         char bytes[CMSG_SPACE(4 * sizeof(int))];
@@ -83,7 +92,8 @@ int gpucdc_fdpass(gpucd_client *c, const char *op, const fdpass_request *req, in
     ssize_t n = -1;
     if (rv == 0) {
         what = "receive";
-        n = recvmsg(s, &am, MSG_CMSG_CLOEXEC);
+        while ((n = recvmsg(s, &am, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
+            ;
         if (n >= 0)
             *got = answer_fd(&am);
     }

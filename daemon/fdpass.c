@@ -266,8 +266,8 @@ static gcd_status serve(gcd_fdpass *fp, const side_conn *c, const void *buf, ssi
         return refuse(ans, GCD_BAD_MESSAGE, "the descriptors were truncated: send exactly "
                                             "one descriptor with a region");
     if ((flags & MSG_TRUNC) || len != (ssize_t)sizeof req)
-        return refuse(ans, GCD_BAD_MESSAGE, "a request is %zu bytes, not %zd", sizeof req,
-                      (flags & MSG_TRUNC) ? (ssize_t)-1 : len);
+        return refuse(ans, GCD_BAD_MESSAGE, "a request is %zu bytes, not %s%zd", sizeof req,
+                      (flags & MSG_TRUNC) ? "more than " : "", len);
     memcpy(&req, buf, sizeof req);
     if (req.magic != FDPASS_MAGIC)
         return refuse(ans, GCD_BAD_MESSAGE, "bad magic %08x (expected %08x)", req.magic,

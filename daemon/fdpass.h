@@ -17,7 +17,7 @@
 enum {
     GCD_FDPASS_CONNS_MAX = 32,        /* side connections waiting for their message */
     GCD_FDPASS_CONN_DEADLINE_MS = 1000,
-    GCD_FDPASS_PENDING_MAX = 1024,    /* pending registrations, every uid */
+    GCD_FDPASS_PENDING_MAX = 256,     /* pending registrations (open descriptors), every uid */
     GCD_FDPASS_PENDING_PER_UID = 64,
     GCD_FDPASS_TOKEN_TTL_MS = 5000,   /* how long a token waits for its RegionRegister */
 };
