@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -515,6 +516,58 @@ static void test_killed_sides_leave_no_names(void **state)
     assert_int_equal(left, 0);
 }
 
+/*
+ * An ipc:// path that fits a Unix socket, but not with ".fd" after it: the daemon refuses to
+ * start, naming the descriptor socket, instead of serving local clients that cannot pass it
+ * their regions.
+ */
+static void test_descriptor_path_too_long(void **state)
+{
+    (void)state;
+    char dir[32] = "/tmp/gpucd-long-XXXXXX", path[200], url[220], log[64];
+    assert_non_null(mkdtemp(dir));
+    const size_t sun_max = sizeof(((struct sockaddr_un *)0)->sun_path) - 1;
+    int n = snprintf(path, sizeof path, "%s/", dir);
+    while ((size_t)n < sun_max - 1) /* the nng socket's path fits, with a byte to spare */
+        path[n++] = 's';
+    path[n] = '\0';
+    snprintf(url, sizeof url, "ipc://%s", path);
+    snprintf(log, sizeof log, "%s/log", dir);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        dup2(fd, 2);
+        execl(th_daemon_exe, th_daemon_exe, "--listen", url, "--stats-listen", "none",
+              "--backend", "cpu", (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    pid_t got = 0;
+    for (const uint64_t until = now_us() + 60000000; got == 0 && now_us() < until;) {
+        got = waitpid(pid, &status, WNOHANG);
+        if (got == 0)
+            usleep(20000);
+    }
+    if (got == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        fail_msg("the daemon at a %zu-byte ipc:// path still runs after 60 s", strlen(path));
+    }
+    char text[4096] = {0};
+    FILE *f = fopen(log, "r");
+    assert_non_null(f);
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    text[len] = '\0';
+    fclose(f);
+    unlink(log);
+    unlink(path);
+    rmdir(dir);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+    if (strstr(text, "the descriptor socket's path is") == NULL)
+        fail_msg("the daemon's error does not name the descriptor socket: %s", text);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "--churn") == 0)
@@ -527,6 +580,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_tokens),
         cmocka_unit_test(test_queue_pages_cannot_be_resized),
         cmocka_unit_test(test_killed_sides_leave_no_names),
+        cmocka_unit_test(test_descriptor_path_too_long),
     };
     return th_run_group_tests(tests, th_group_daemon_setup, th_group_daemon_teardown);
 }
