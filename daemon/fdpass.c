@@ -24,7 +24,7 @@
 
 enum {
     FDS_MAX = 16, /* descriptors one message may bring (all closed but the one kept) */
-    TICK_MS = 100, /* the longest poll: deadlines and expiries are looked at this often */
+    TICK_MS = 100, /* the longest poll while a deadline or expiry is due, looked at this often */
 };
 
 _Static_assert(GCD_MAX_LISTEN <= 16, "listeners fit the poll set's share");
@@ -409,7 +409,10 @@ static void *fdpass_main(void *arg)
                 of[nconn++] = &fp->conns[i];
                 pfd[n++] = (struct pollfd){.fd = fp->conns[i].fd, .events = POLLIN};
             }
-        if (poll(pfd, (nfds_t)n, TICK_MS) < 0 && errno != EINTR) {
+        pthread_mutex_lock(&fp->lock);
+        const int idle = nconn == 0 && fp->npending == 0; /* no deadline to keep: sleep */
+        pthread_mutex_unlock(&fp->lock);
+        if (poll(pfd, (nfds_t)n, idle ? -1 : TICK_MS) < 0 && errno != EINTR) {
             gcd_log_error("descriptor socket: poll: %s", strerror(errno));
             return NULL;
         }
