@@ -124,9 +124,13 @@ int th_fdpass(const char *url, const void *msg, size_t len, const int *fds, int 
 {
     if (fd != NULL)
         *fd = -1;
+    if (nfds > 32) {
+        fprintf(stderr, "raw: at most 32 descriptors a message\n");
+        exit(1);
+    }
     int s = th_fdpass_connect(url);
     union {
-        char bytes[CMSG_SPACE(8 * sizeof(int))];
+        char bytes[CMSG_SPACE(32 * sizeof(int))];
         struct cmsghdr align;
     } ctl;
     memset(&ctl, 0, sizeof ctl);

@@ -44,7 +44,7 @@ void th_region_free(th_region *reg);
 int th_fdpass_connect(const char *url);
 /*
  * One exchange on the descriptor socket next to the ipc:// url: sends len
- * bytes of msg with nfds descriptors, reads the answer into *ans and, when it
+ * bytes of msg with nfds (at most 32) descriptors, reads the answer into *ans and, when it
  * carries one, its descriptor into *fd (else -1; fd may be NULL).  0, or -1
  * when no answer came (the daemon closed the connection).
  */

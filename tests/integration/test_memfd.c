@@ -233,6 +233,12 @@ static void test_hostile_descriptors(void **state)
                    "exactly one descriptor");
     expect_refused(&req, sizeof req, NULL, 0, GPUCD__V1__STATUS__BAD_MESSAGE,
                    "exactly one descriptor");
+    /* More than the daemon takes in one message: the kernel truncates them, the daemon refuses. */
+    enum { MANY = 24 };
+    int many[MANY];
+    for (int i = 0; i < MANY; i++)
+        many[i] = reg.fd;
+    expect_refused(&req, sizeof req, many, MANY, GPUCD__V1__STATUS__BAD_MESSAGE, "truncated");
     fdpass_request bad = req;
     bad.magic = 0x12345678;
     expect_refused(&bad, sizeof bad, &reg.fd, 1, GPUCD__V1__STATUS__BAD_MESSAGE, "magic");
