@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <sys/un.h>
 
 #include <nng/nng.h>
 
@@ -78,7 +79,8 @@ struct gpucd_client {
     nng_duration timeout_ms;
     uint64_t spin_us; /* gpucd_options.spin_us */
     bool local;       /* ipc:// or inproc://: shared memory reaches the daemon */
-    char fd_path[108]; /* the daemon's descriptor socket (ipc:// only); "" when none */
+    /* the daemon's descriptor socket (ipc:// only); "" when none */
+    char fd_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     char *client_name;
     atomic_uint_fast64_t next_id;
     pthread_mutex_t lock; /* guards the slot lists; never held while waiting */
