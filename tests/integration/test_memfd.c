@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -266,6 +268,12 @@ static void test_hostile_descriptors(void **state)
     for (int i = 0; i < IDLE; i++)
         idle[i] = th_fdpass_connect(th_group_daemon.ipc_url);
     expect_served(th_group_daemon.ipc_url);
+    /* And each is dropped after its deadline (a second): the newest one sees its end too. */
+    struct pollfd pfd = {.fd = idle[IDLE - 1], .events = POLLIN};
+    if (poll(&pfd, 1, 20000) != 1)
+        fail_msg("an idle connection to the descriptor socket was not dropped within 20 s");
+    char byte;
+    assert_int_equal(recv(idle[IDLE - 1], &byte, 1, 0), 0);
     for (int i = 0; i < IDLE; i++)
         close(idle[i]);
     /* The daemon kept none of what it was sent (the pipe's ends and the file are closed here, so
