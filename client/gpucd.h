@@ -246,8 +246,9 @@ GPUCD_EXPORT int gpucd_stats_json(gpucd_client *client, char **json);
 
 /*
  * Creates a shared-memory region of size bytes (> 0), maps it read-write and
- * registers it with the daemon.  The name is unlinked once the daemon holds
- * its own mapping, so nothing is left behind if either process dies.
+ * registers it with the daemon: a memfd sealed against resizing, passed over
+ * the daemon's descriptor socket (the ipc:// path plus ".fd"), so it has no
+ * name to leave behind if either process dies and nobody can shrink it.
  * Daemons reached over tcp:// refuse with GPUCD_EPERMISSION_DENIED.
  */
 GPUCD_EXPORT int gpucd_region_create(gpucd_client *client, size_t size, gpucd_region **out);
