@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -191,6 +192,13 @@ static void expect_refused(const void *msg, size_t len, const int *fds, int nfds
 static void test_hostile_descriptors(void **state)
 {
     (void)state;
+    /* Only the daemon's uid may connect at all. */
+    char sock[300];
+    struct stat sb;
+    snprintf(sock, sizeof sock, "%s" FDPASS_SUFFIX, th_group_daemon.ipc_url + 6);
+    assert_int_equal(stat(sock, &sb), 0);
+    assert_true(S_ISSOCK(sb.st_mode));
+    assert_int_equal(sb.st_mode & 0777, 0600);
     const char *unsealed = "not a sealed memfd (needs F_SEAL_SHRINK|F_SEAL_GROW)";
     fdpass_request req = region_request(4096);
     th_region reg;
