@@ -193,7 +193,7 @@ static void test_hostile_descriptors(void **state)
 {
     (void)state;
     /* Only the daemon's uid may connect at all. */
-    char sock[300];
+    char sock[600];
     struct stat sb;
     snprintf(sock, sizeof sock, "%s" FDPASS_SUFFIX, th_group_daemon.ipc_url + 6);
     assert_int_equal(stat(sock, &sb), 0);
