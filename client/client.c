@@ -188,6 +188,10 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
     c->spin_us = (uint64_t)opts->spin_us;
     /* Shared memory reaches a daemon on this host (ipc://) or in this process (inproc://). */
     c->local = strncmp(url, "ipc://", 6) == 0 || strncmp(url, "inproc://", 9) == 0;
+    /* Regions reach an ipc:// daemon as descriptors, over its socket beside the URL's. */
+    if (strncmp(url, "ipc://", 6) == 0 &&
+        strlen(url + 6) + strlen(FDPASS_SUFFIX) < sizeof c->fd_path)
+        snprintf(c->fd_path, sizeof c->fd_path, "%s" FDPASS_SUFFIX, url + 6);
     c->client_name = strdup(opts->client_name != NULL ? opts->client_name : "libgpucd");
     c->url = strdup(url);
     c->trust_uid = trust_uid;

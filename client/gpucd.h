@@ -66,7 +66,7 @@ typedef enum gpucd_code {
     GPUCD_ETIMEDOUT = -3,      /* no reply within the timeout */
     GPUCD_ECONNREFUSED = -4,   /* no daemon listens at the URL */
     GPUCD_ECLOSED = -5,        /* the connection was lost, or the client is closing */
-    GPUCD_ESYSTEM = -6,        /* a system call failed (shm_open, mmap...); see errmsg */
+    GPUCD_ESYSTEM = -6,        /* a system call failed (memfd_create, mmap...); see errmsg */
     GPUCD_EPROTO = -7,         /* the reply is malformed, or its id does not match */
     GPUCD_ETRANSPORT = -8,     /* another nng failure; see errmsg */
     GPUCD_EADDRESS = -9,       /* the URL is malformed or of an unsupported scheme */
@@ -270,8 +270,9 @@ GPUCD_EXPORT int gpucd_stats_json(gpucd_client *client, char **json);
 
 /*
  * Creates a shared-memory region of size bytes (> 0), maps it read-write and
- * registers it with the daemon.  The name is unlinked once the daemon holds
- * its own mapping, so nothing is left behind if either process dies.
+ * registers it with the daemon: a memfd sealed against resizing, passed over
+ * the daemon's descriptor socket (the ipc:// path plus ".fd"), so it has no
+ * name to leave behind if either process dies and nobody can shrink it.
  * Daemons reached over tcp:// or tls+tcp:// refuse with GPUCD_EPERMISSION_DENIED.
  */
 GPUCD_EXPORT int gpucd_region_create(gpucd_client *client, size_t size, gpucd_region **out);

@@ -8,10 +8,12 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <sys/un.h>
 
 #include <nng/nng.h>
 
 #include "doorbell_record.h"
+#include "fdpass_wire.h"
 #include "submit_queue.h"
 #include "gpucd.h"
 #include "wire.h"
@@ -80,6 +82,8 @@ struct gpucd_client {
     nng_duration timeout_ms;
     uint64_t spin_us; /* gpucd_options.spin_us */
     bool local;       /* ipc:// or inproc://: shared memory reaches the daemon */
+    /* the daemon's descriptor socket (ipc:// only); "" when none */
+    char fd_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     char *client_name;
     atomic_uint_fast64_t next_id;
     pthread_mutex_t lock; /* guards the slot lists; never held while waiting */
@@ -116,6 +120,16 @@ struct gpucd_region {
 
 /* Unmaps and frees a region without asking the daemon (whose connection is gone). */
 void gpucdc_region_forget(gpucd_region *region);
+
+/* ---- the descriptor socket (fdpass.c) ---------------------------------------------- */
+
+/*
+ * One exchange on the daemon's descriptor socket: req with fd (-1: none);
+ * the answer in *ans and the descriptor it carries in *got (-1: none, else
+ * the caller's).  0, or a negative code with the answer's reason.
+ */
+int gpucdc_fdpass(gpucd_client *c, const char *op, const fdpass_request *req, int fd,
+                  fdpass_answer *ans, int *got);
 
 /* ---- requests (request.c) ------------------------------------------------------- */
 

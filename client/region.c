@@ -5,42 +5,55 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include "internal.h"
 
-/* "/gpucd-<pid>-<128 random bits in hex>": unguessable, so no other user can pre-create it. */
-static int region_name(char *buf, size_t len)
+/*
+ * A memfd sealed against shrinking, growing and new seals: its size can never
+ * change under the daemon's mapping, and it has no name anywhere.  -1 with
+ * the error set, else the descriptor.
+ */
+static int region_memfd(size_t size)
 {
-    uint8_t bits[16];
-    size_t got = 0;
-    while (got < sizeof bits) {
-        ssize_t n = getrandom(bits + got, sizeof bits - got, 0);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return gpucdc_fail(GPUCD_ESYSTEM, "region_create: getrandom: %s", strerror(errno));
-        }
-        got += (size_t)n;
+    int fd = memfd_create("gpucd-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return gpucdc_fail(GPUCD_ESYSTEM, "region_create: memfd_create: %s", strerror(errno));
+    if (ftruncate(fd, (off_t)size) != 0) {
+        int rv = gpucdc_fail(GPUCD_ESYSTEM, "region_create: ftruncate to %zu bytes: %s", size,
+                             strerror(errno));
+        close(fd);
+        return rv;
     }
-    int n = snprintf(buf, len, "/gpucd-%ld-", (long)getpid());
-    for (size_t i = 0; i < sizeof bits; i++)
-        n += snprintf(buf + n, len - (size_t)n, "%02x", bits[i]);
-    return 0;
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        int rv = gpucdc_fail(GPUCD_ESYSTEM, "region_create: sealing: %s", strerror(errno));
+        close(fd);
+        return rv;
+    }
+    return fd;
 }
 
-static int region_register(gpucd_client *client, const char *name, size_t size, uint64_t *id)
+/* Passes fd over the descriptor socket, then claims its token with a RegionRegister. */
+static int region_register(gpucd_client *client, int fd, size_t size, uint64_t *id)
 {
+    fdpass_request pass = {.magic = FDPASS_MAGIC, .version = FDPASS_VERSION,
+                           .op = FDPASS_OP_REGION, .size = size};
+    fdpass_answer ans;
+    int none;
+    int rv = gpucdc_fdpass(client, "region_create", &pass, fd, &ans, &none);
+    if (rv < 0)
+        return rv;
+    if (none >= 0)
+        close(none);
     gpucdc_request req;
     gpucdc_request_init(&req, client, "region_register");
     Gpucd__V1__RegionRegister reg = GPUCD__V1__REGION_REGISTER__INIT;
-    reg.name = (char *)name;
+    reg.token = ans.token;
     reg.size = size;
     req.msg.op_case = GPUCD__V1__REQUEST__OP_REGION_REGISTER;
     req.msg.region_register = &reg;
     gpucdc_reply r;
-    int rv = gpucdc_call(&req, NULL, &r);
+    rv = gpucdc_call(&req, NULL, &r);
     if (rv < 0)
         return rv;
     if (r.reply->result_case != GPUCD__V1__REPLY__RESULT_REGION_ID)
@@ -59,39 +72,22 @@ int gpucd_region_create(gpucd_client *client, size_t size, gpucd_region **out)
     *out = NULL;
     if (size == 0 || size > (size_t)INT64_MAX)
         return gpucdc_fail(GPUCD_EINVAL, "region_create: size %zu outside 1..2^63-1", size);
-    char name[64];
-    int rv = region_name(name, sizeof name);
-    if (rv < 0)
-        return rv;
     gpucd_region *r = calloc(1, sizeof *r);
     if (r == NULL)
         return gpucdc_fail(GPUCD_ENOMEM, "region_create: out of memory");
-    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    int fd = region_memfd(size);
     if (fd < 0) {
-        rv = gpucdc_fail(GPUCD_ESYSTEM, "region_create: shm_open %s: %s", name, strerror(errno));
         free(r);
-        return rv;
+        return fd;
     }
-    void *data = MAP_FAILED;
-    if (ftruncate(fd, (off_t)size) != 0) {
-        rv = gpucdc_fail(GPUCD_ESYSTEM, "region_create: ftruncate to %zu bytes: %s", size,
-                         strerror(errno));
-        goto out;
-    }
-    data = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (data == MAP_FAILED) {
+    int rv;
+    void *data = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (data == MAP_FAILED)
         rv = gpucdc_fail(GPUCD_ESYSTEM, "region_create: mmap of %zu bytes: %s", size,
                          strerror(errno));
-        goto out;
-    }
-    r->client = client;
-    r->data = data;
-    r->size = size;
-    rv = region_register(client, name, size, &r->id);
-
-out:
-    /* The daemon mapped it by now (or never will): the name has done its job. */
-    shm_unlink(name);
+    else
+        rv = region_register(client, fd, size, &r->id);
+    /* The daemon mapped it by now (or never will): the descriptor has done its job. */
     close(fd);
     if (rv < 0) {
         if (data != MAP_FAILED)
@@ -99,6 +95,9 @@ out:
         free(r);
         return rv;
     }
+    r->client = client;
+    r->data = data;
+    r->size = size;
     *out = r;
     return 0;
 }

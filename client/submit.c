@@ -18,17 +18,21 @@
 
 enum { REPLY_POLL_NS = 20000 };
 
-/* Maps the daemon's wake page; NULL when it cannot (another user's daemon, say). */
-static submit_wake *wake_map(const char *name)
+/* Maps the daemon's wake page, a sealed memfd from its descriptor socket; NULL when it cannot. */
+static submit_wake *wake_map(gpucd_client *c)
 {
-    if (name == NULL || name[0] != '/')
+    fdpass_request req = {.magic = FDPASS_MAGIC, .version = FDPASS_VERSION,
+                          .op = FDPASS_OP_WAKE};
+    fdpass_answer ans;
+    int fd;
+    if (gpucdc_fdpass(c, "submit_queue_open", &req, -1, &ans, &fd) != 0 || fd < 0)
         return NULL;
-    int fd = shm_open(name, O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
-    if (fd < 0)
-        return NULL;
+    /* Sealed, the page can never shrink under this mapping: the daemon's word is safe to use. */
+    const int seals = fcntl(fd, F_GET_SEALS);
     struct stat st;
     void *p = MAP_FAILED;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= SUBMIT_WAKE_BYTES)
+    if (seals >= 0 && (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) == (F_SEAL_SHRINK | F_SEAL_GROW) &&
+        fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= SUBMIT_WAKE_BYTES)
         p = mmap(NULL, SUBMIT_WAKE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     return p == MAP_FAILED ? NULL : p;
@@ -48,11 +52,10 @@ void gpucdc_submit_open(gpucd_client *c, gpucd_region *r)
     gpucdc_reply rep;
     if (gpucdc_call(&req, NULL, &rep) != 0)
         return;
-    if (rep.reply->result_case == GPUCD__V1__REPLY__RESULT_SUBMIT_QUEUE &&
-        rep.reply->submit_queue != NULL)
-        atomic_store_explicit(&r->wake, wake_map(rep.reply->submit_queue->wake_name),
-                              memory_order_release);
+    const bool opened = rep.reply->result_case == GPUCD__V1__REPLY__RESULT_SUBMIT_QUEUE;
     gpucdc_reply_free(&rep);
+    if (opened)
+        atomic_store_explicit(&r->wake, wake_map(c), memory_order_release);
 }
 
 void gpucdc_submit_disconnected(gpucd_client *c)

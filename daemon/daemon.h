@@ -22,6 +22,7 @@ typedef struct gcd_daemon {
     struct gcd_batcher *batcher; /* NULL: every request runs alone */
     struct gcd_submitq *submitq; /* NULL: --submit-queues 0, or not started */
     struct gcd_quota *quota;     /* each connection's and peer's holdings (quota.h) */
+    struct gcd_fdpass *fdpass;   /* the descriptor sockets; NULL: no ipc:// listener */
     gcd_cpu_latency cpu_latency; /* --cpu-latency-us, as held */
     atomic_int ready;    /* kernels warm, buffers allocated, not draining */
     atomic_int draining; /* refusing new work */

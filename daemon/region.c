@@ -2,7 +2,6 @@
 #include "region.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,63 +70,18 @@ void gcd_regions_fini(gcd_regions *rs)
     free(rs);
 }
 
-/* Names are "/gpucd-" and then letters, digits, '-', '_' or '.': no path tricks. */
-static int region_name_valid(const char *name)
+gcd_status gcd_regions_register(gcd_regions *rs, uint32_t owner, int fd, uint64_t size,
+                                uint64_t *id, char *why, size_t whylen)
 {
-    size_t n = strnlen(name, GCD_REGION_NAME_MAX + 1);
-    if (n > GCD_REGION_NAME_MAX || n <= 7 || strncmp(name, "/gpucd-", 7) != 0)
-        return 0;
-    for (size_t i = 7; i < n; i++) {
-        char c = name[i];
-        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                 c == '-' || c == '_' || c == '.';
-        if (!ok)
-            return 0;
-    }
-    return 1;
-}
-
-gcd_status gcd_regions_register(gcd_regions *rs, uint32_t owner, uid_t uid, const char *name,
-                                uint64_t size, uint64_t *id, char *why, size_t whylen)
-{
-    if (!region_name_valid(name)) {
-        snprintf(why, whylen, "region name must be '/gpucd-' then at most %d letters, digits, "
-                              "'-', '_' or '.'", GCD_REGION_NAME_MAX - 7);
-        return GCD_INVALID_ARGUMENT;
-    }
-    if (size == 0 || size > (uint64_t)SIZE_MAX / 2) {
-        snprintf(why, whylen, "region size %llu is out of range", (unsigned long long)size);
-        return GCD_INVALID_ARGUMENT;
-    }
-    int fd = shm_open(name, O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
-    if (fd < 0) {
-        snprintf(why, whylen, "cannot open region %s: %s", name, strerror(errno));
-        return errno == ENOENT ? GCD_NOT_FOUND : GCD_PERMISSION_DENIED;
-    }
     struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != size) {
+        snprintf(why, whylen, "region memfd: not %llu bytes", (unsigned long long)size);
+        return GCD_INVALID_ARGUMENT;
+    }
+    char name[GCD_REGION_NAME_MAX + 1];
+    snprintf(name, sizeof name, "memfd:%llu", (unsigned long long)st.st_ino);
     gcd_status status = GCD_OK;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        snprintf(why, whylen, "region %s is not a shared-memory object", name);
-        status = GCD_INVALID_ARGUMENT;
-    } else if (st.st_uid != uid) {
-        snprintf(why, whylen, "region %s is owned by uid %u, not by the caller (uid %u)", name,
-                 (unsigned)st.st_uid, (unsigned)uid);
-        status = GCD_PERMISSION_DENIED;
-    } else if ((st.st_mode & 077) != 0) {
-        snprintf(why, whylen, "region %s has mode %03o: group and others must have no access",
-                 name, (unsigned)(st.st_mode & 0777));
-        status = GCD_PERMISSION_DENIED;
-    } else if ((uint64_t)st.st_size != size) {
-        snprintf(why, whylen, "region %s is %lld bytes, not the %llu registered", name,
-                 (long long)st.st_size, (unsigned long long)size);
-        status = GCD_INVALID_ARGUMENT;
-    }
-    if (status != GCD_OK) {
-        close(fd);
-        return status;
-    }
     void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
     if (base == MAP_FAILED) {
         snprintf(why, whylen, "cannot map region %s: %s", name, strerror(errno));
         return GCD_RESOURCE_EXHAUSTED;
@@ -149,14 +103,28 @@ gcd_status gcd_regions_register(gcd_regions *rs, uint32_t owner, uid_t uid, cons
     }
     snprintf(r->name, sizeof r->name, "%s", name);
     r->owner = owner;
+    r->dev = st.st_dev;
+    r->ino = st.st_ino;
     r->base = base;
     r->size = size;
     r->refs = 1;
     r->listed = 1;
 
     pthread_mutex_lock(&rs->lock);
-    const gcd_charge charge = region_charge(r);
-    status = gcd_quota_take(rs->quota, owner, &charge, &r->held, why, whylen);
+    const gcd_region *same = NULL;
+    for (size_t i = 0; i < rs->count && same == NULL; i++)
+        if (rs->items[i]->dev == r->dev && rs->items[i]->ino == r->ino)
+            same = rs->items[i];
+    if (same != NULL) {
+        /* Two ids of one object would defeat every overlap check that compares regions. */
+        status = GCD_INVALID_ARGUMENT;
+        snprintf(why, whylen, "this memfd is registered already, as region %llu (one object "
+                              "is one region)",
+                 (unsigned long long)same->id);
+    } else {
+        const gcd_charge charge = region_charge(r);
+        status = gcd_quota_take(rs->quota, owner, &charge, &r->held, why, whylen);
+    }
     if (status == GCD_OK && gcd_ids_next(&rs->ids, &r->id) != 0) {
         status = GCD_RESOURCE_EXHAUSTED;
         snprintf(why, whylen, "this daemon has handed out every region id; restart it");
@@ -307,6 +275,19 @@ size_t gcd_regions_list(gcd_regions *rs, uint32_t owner, gcd_region_summary *out
     }
     pthread_mutex_unlock(&rs->lock);
     return n;
+}
+
+int gcd_regions_has_object(gcd_regions *rs, dev_t dev, ino_t ino, uint64_t *id)
+{
+    int found = 0;
+    pthread_mutex_lock(&rs->lock);
+    for (size_t i = 0; i < rs->count && !found; i++)
+        if (rs->items[i]->dev == dev && rs->items[i]->ino == ino) {
+            *id = rs->items[i]->id;
+            found = 1;
+        }
+    pthread_mutex_unlock(&rs->lock);
+    return found;
 }
 
 void gcd_regions_totals(gcd_regions *rs, uint64_t *count, uint64_t *bytes)

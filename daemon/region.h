@@ -1,9 +1,11 @@
 /*
  * region.h - shared-memory regions registered by local clients.
  *
- * A client creates a POSIX shared-memory object (mode 0600, unguessable name),
- * registers it by name, and may unlink it at once: the daemon maps it once and
- * keeps the mapping until the region is unregistered or its client goes away.
+ * A client makes a memfd sealed against shrinking and growing and passes it
+ * over the descriptor socket (fdpass.h, which checks it): the daemon maps it
+ * once, closes it, and keeps the mapping until the region is unregistered or
+ * its client goes away.  Its size cannot change under the mapping, so no
+ * access through it can fault.
  * Requests hold a reference while they use a region; the last reference of an
  * unregistered region unmaps it, so a region never disappears under a request.
  */
@@ -23,6 +25,8 @@ enum { GCD_REGION_NAME_MAX = 200 };
 typedef struct gcd_region {
     uint64_t id;
     uint32_t owner; /* nng pipe id of the registering connection */
+    dev_t dev;      /* the object mapped: one object is never two regions */
+    ino_t ino;
     char name[GCD_REGION_NAME_MAX + 1];
     uint8_t *base;
     size_t size;
@@ -40,12 +44,13 @@ void gcd_regions_fini(gcd_regions *rs);
 void gcd_regions_set_quota(gcd_regions *rs, gcd_quota *q);
 
 /*
- * Opens and maps the named object for the connection `owner` whose peer uid is
- * `uid`; checks the name, that the object is a regular file owned by uid with
- * no group/other access, and that its size equals `size`.
+ * Maps the memfd fd (checked by fdpass.c; the caller closes it) of size bytes
+ * for the connection `owner`; refuses an object registered already.
  */
-gcd_status gcd_regions_register(gcd_regions *rs, uint32_t owner, uid_t uid, const char *name,
-                                uint64_t size, uint64_t *id, char *why, size_t whylen);
+gcd_status gcd_regions_register(gcd_regions *rs, uint32_t owner, int fd, uint64_t size,
+                                uint64_t *id, char *why, size_t whylen);
+/* Whether the object (st_dev, st_ino) is a listed region; its id in *id. */
+int gcd_regions_has_object(gcd_regions *rs, dev_t dev, ino_t ino, uint64_t *id);
 /* Removes the region from the table; waits until requests using it are done, then unmaps. */
 gcd_status gcd_regions_unregister(gcd_regions *rs, uint32_t owner, uint64_t id, char *why,
                                   size_t whylen);

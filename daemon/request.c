@@ -10,12 +10,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "batcher.h"
 #include "bind.h"
 #include "clock.h"
 #include "decode.h"
 #include "doorbell.h"
+#include "fdpass.h"
 #include "log.h"
 #include "quota.h"
 #include "submitq.h"
@@ -125,10 +127,30 @@ static gcd_status do_region_register(const gcd_bind_ctx *ctx, const Gpucd__V1__R
     if (ctx->uid == GCD_UID_REMOTE)
         return fail(rs, GCD_PERMISSION_DENIED,
                     "shared-memory regions are for local (ipc://) clients only");
+    if (m->name != NULL && m->name[0] != '\0')
+        return fail(rs, GCD_INVALID_ARGUMENT,
+                    "named shared-memory regions are not accepted; regions are sealed memfds "
+                    "passed over the descriptor socket");
+    gcd_fdpass *fp = ctx->daemon->fdpass;
+    int fd = -1;
+    uint64_t size = 0;
+    gcd_status st = fp != NULL ? gcd_fdpass_claim(fp, m->token, ctx->uid, &fd, &size, rs->why,
+                                                  sizeof rs->why)
+                               : fail(rs, GCD_NOT_FOUND, "this daemon has no descriptor socket; "
+                                                         "regions are sealed memfds passed over "
+                                                         "the descriptor socket");
+    if (st != GCD_OK)
+        return st;
     uint64_t id;
-    gcd_status st = gcd_regions_register(ctx->daemon->regions, ctx->pipe, ctx->uid,
-                                         m->name != NULL ? m->name : "", m->size, &id, rs->why,
-                                         sizeof rs->why);
+    if (size != m->size)
+        st = fail(rs, GCD_INVALID_ARGUMENT, "the memfd of token %016llx was passed with %llu "
+                                            "bytes, not %llu",
+                  (unsigned long long)m->token, (unsigned long long)size,
+                  (unsigned long long)m->size);
+    else
+        st = gcd_regions_register(ctx->daemon->regions, ctx->pipe, fd, size, &id, rs->why,
+                                  sizeof rs->why);
+    close(fd);
     if (st == GCD_OK) {
         rs->rep.result_case = GPUCD__V1__REPLY__RESULT_REGION_ID;
         rs->rep.region_id = id;
@@ -266,13 +288,11 @@ static gcd_status do_submit_queue_open(const gcd_bind_ctx *ctx,
     if (ctx->uid == GCD_UID_REMOTE)
         return fail(rs, GCD_PERMISSION_DENIED,
                     "submit_queue_open: shared memory is for local (ipc://) clients");
-    const char *wake;
     gcd_status st =
-        gcd_submitq_open(d->submitq, ctx->pipe, m->region_id, &wake, rs->why, sizeof rs->why);
+        gcd_submitq_open(d->submitq, ctx->pipe, m->region_id, rs->why, sizeof rs->why);
     if (st != GCD_OK)
         return st;
     gpucd__v1__submit_queue__init(&rs->submit_queue);
-    rs->submit_queue.wake_name = (char *)wake;
     rs->rep.result_case = GPUCD__V1__REPLY__RESULT_SUBMIT_QUEUE;
     rs->rep.submit_queue = &rs->submit_queue;
     return GCD_OK;

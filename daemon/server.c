@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "fdpass.h"
 #include "log.h"
 #include "peer.h"
 #include "quota.h"
@@ -210,6 +211,14 @@ static int server_listen(gcd_server *srv, const char *url, char *err, size_t err
         return -1;
     }
     gcd_log_info("listening on %s", url);
+    /* Regions and the wake page reach local clients as descriptors, over a socket beside it. */
+    if (strncmp(url, "ipc://", 6) == 0) {
+        if (srv->d->fdpass == NULL && gcd_fdpass_init(&srv->d->fdpass, srv->d->regions) != 0) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        return gcd_fdpass_listen(srv->d->fdpass, url + 6, err, errlen);
+    }
     return 0;
 }
 
@@ -269,7 +278,7 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
             goto fail;
         }
     }
-    /* Without them (no /dev/shm, say) every request uses the socket: slower, not broken. */
+    /* Without them (no memfd, say) every request uses the socket: slower, not broken. */
     char why[256];
     if (d->cfg.submit_queues &&
         gcd_submitq_start(&d->submitq, d, srv->workers, &srv->busy, &srv->refuse, why,
@@ -278,6 +287,10 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
     for (int i = 0; i < d->cfg.nlisten; i++)
         if (server_listen(srv, d->cfg.listen[i], err, errlen) != 0)
             goto fail;
+    if (d->fdpass != NULL &&
+        gcd_fdpass_start(d->fdpass, d->submitq != NULL ? gcd_submitq_wake_fd(d->submitq) : -1,
+                         err, errlen) != 0)
+        goto fail;
     for (uint32_t i = 0; i < srv->nslots; i++)
         slot_recv(&srv->slots[i]);
     *out = srv;
@@ -324,6 +337,8 @@ void gcd_server_free(gcd_server *s)
     if (s->d->submitq != NULL)
         gcd_submitq_stop(s->d->submitq); /* nothing more is taken */
     gcd_workers_stop(s->workers); /* runs what is queued: every reply is built */
+    gcd_fdpass_free(s->d->fdpass); /* nothing claims a token now */
+    s->d->fdpass = NULL;
     if (s->d->submitq != NULL) {
         gcd_submitq_free(s->d->submitq);
         s->d->submitq = NULL;

@@ -1,20 +1,14 @@
 /* submitq.c - see submitq.h; the shared layout and its protocol are proto/submit_queue.h's. */
 #include "submitq.h"
 
-#include <dirent.h>
 #include <errno.h>
-#include <limits.h>
-#include <signal.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/random.h>
 #include <time.h>
 
 #include "clock.h"
@@ -29,7 +23,6 @@ enum {
     TAKE_PER_PASS = 8,       /* from one queue before looking at the next: no client starves */
     POLLER_NAP_MS = 100,     /* longest sleep: a safety net, since producers wake the poller */
     FULL_WAIT_US = 20,       /* at --max-inflight: how long to wait before looking again */
-    WAKE_NAME_MAX = 64,
 };
 
 struct queue;
@@ -63,9 +56,8 @@ struct gcd_submitq {
     gcd_workers *workers;
     atomic_int *busy;
     const atomic_int *refuse;
-    char wake_name[WAKE_NAME_MAX];
     submit_wake *wake;
-    int wake_fd; /* open while the daemon runs: its lock says the page is in use */
+    int wake_fd; /* the wake page's memfd, handed to clients */
     pthread_mutex_t lock; /* the list; held by the poller while it takes */
     queue *queues;
     atomic_int running; /* taken and not answered, every queue */
@@ -269,94 +261,25 @@ static void *poller_main(void *arg)
 }
 
 /*
- * A daemon that was killed left its wake page behind (no exit ran to remove
- * it): the next one to start removes the pages whose lock nobody holds and
- * whose maker's pid runs no process here.  A running daemon holds its page's
- * lock (flock, released only when its process ends), which says it is alive
- * whatever pid namespace it runs in; the pid keeps the page of a running
- * daemon that takes no lock (another build) from being taken for stale.
- */
-static void wake_remove_stale(void)
-{
-    DIR *dir = opendir("/dev/shm");
-    if (dir == NULL)
-        return;
-    struct dirent *e;
-    while ((e = readdir(dir)) != NULL) {
-        long pid;
-        int used = 0;
-        if (sscanf(e->d_name, "gpucd-wake-%ld-%n", &pid, &used) != 1 || used == 0 || pid <= 0 ||
-            kill((pid_t)pid, 0) == 0 || errno != ESRCH)
-            continue;
-        char name[NAME_MAX + 2];
-        snprintf(name, sizeof name, "/%s", e->d_name);
-        int fd = shm_open(name, O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
-        if (fd < 0)
-            continue; /* another user's: not ours to judge */
-        if (flock(fd, LOCK_EX | LOCK_NB) == 0 && shm_unlink(name) == 0)
-            gcd_log_info("removed %s, the wake page of a daemon that did not exit", name);
-        close(fd);
-    }
-    closedir(dir);
-}
-
-/* Whether the object named `name` is still the one open as fd (no cleaner removed it). */
-static int wake_still_named(int fd, const char *name)
-{
-    char path[WAKE_NAME_MAX + 16];
-    struct stat a, b;
-    snprintf(path, sizeof path, "/dev/shm%s", name);
-    return fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_ino == b.st_ino &&
-           a.st_dev == b.st_dev;
-}
-
-/*
- * "/gpucd-wake-<pid>-<128 random bits>": unguessable, created 0600 and
- * exclusively, locked (above) for as long as the daemon runs.
+ * A memfd sealed against resizing and against taking the seals off (clients
+ * get it over the descriptor socket, fdpass.h): no client can shrink it
+ * under the poller, and it has no name to leave behind.
  */
 static int wake_create(gcd_submitq *sq, char *err, size_t errlen)
 {
-    wake_remove_stale();
-    int fd = -1;
-    for (int tries = 0; fd < 0 && tries < 3; tries++) {
-        uint8_t bits[16];
-        if (getrandom(bits, sizeof bits, 0) != (ssize_t)sizeof bits) {
-            snprintf(err, errlen, "submission queues: getrandom: %s", strerror(errno));
-            return -1;
-        }
-        int n = snprintf(sq->wake_name, sizeof sq->wake_name, "/gpucd-wake-%ld-",
-                         (long)getpid());
-        for (size_t i = 0; i < sizeof bits; i++)
-            n += snprintf(sq->wake_name + n, sizeof sq->wake_name - (size_t)n, "%02x", bits[i]);
-        fd = shm_open(sq->wake_name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-        if (fd < 0) {
-            snprintf(err, errlen, "submission queues: shm_open %s: %s", sq->wake_name,
-                     strerror(errno));
-            return -1;
-        }
-        /* Another daemon starting at the same moment may have taken the new page, not yet
-         * locked, for a stale one: then it is gone, and this makes another. */
-        if (flock(fd, LOCK_EX | LOCK_NB) != 0 || !wake_still_named(fd, sq->wake_name)) {
-            close(fd);
-            fd = -1;
-        }
-    }
-    if (fd < 0) {
-        snprintf(err, errlen, "submission queues: could not keep a wake page in /dev/shm");
-        return -1;
-    }
+    int fd = memfd_create("gpucd-wake", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     void *p = MAP_FAILED;
-    if (ftruncate(fd, SUBMIT_WAKE_BYTES) == 0)
+    if (fd >= 0 && ftruncate(fd, SUBMIT_WAKE_BYTES) == 0 &&
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
         p = mmap(NULL, SUBMIT_WAKE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
-        snprintf(err, errlen, "submission queues: sizing or mapping %s: %s", sq->wake_name,
-                 strerror(errno));
-        shm_unlink(sq->wake_name);
-        close(fd);
+        snprintf(err, errlen, "submission queues: making the wake page: %s", strerror(errno));
+        if (fd >= 0)
+            close(fd);
         return -1;
     }
     sq->wake = p;
-    sq->wake_fd = fd; /* kept open: it holds the lock */
+    sq->wake_fd = fd;
     return 0;
 }
 
@@ -372,6 +295,7 @@ int gcd_submitq_start(gcd_submitq **out, gcd_daemon *d, gcd_workers *workers, at
     sq->workers = workers;
     sq->busy = busy;
     sq->refuse = refuse;
+    sq->wake_fd = -1;
     pthread_mutex_init(&sq->lock, NULL);
     if (wake_create(sq, err, errlen) != 0) {
         gcd_submitq_free(sq);
@@ -413,8 +337,8 @@ static queue *queue_unlink(gcd_submitq *sq, const queue *q, uint32_t owner)
     return found;
 }
 
-gcd_status gcd_submitq_open(gcd_submitq *sq, uint32_t owner, uint64_t region_id,
-                            const char **wake_name, char *why, size_t whylen)
+gcd_status gcd_submitq_open(gcd_submitq *sq, uint32_t owner, uint64_t region_id, char *why,
+                            size_t whylen)
 {
     gcd_region *r;
     gcd_status st = gcd_regions_acquire(sq->d->regions, owner, region_id, &r, why, whylen);
@@ -463,9 +387,10 @@ gcd_status gcd_submitq_open(gcd_submitq *sq, uint32_t owner, uint64_t region_id,
                  (unsigned long long)region_id);
         return GCD_NOT_FOUND;
     }
-    *wake_name = sq->wake_name;
     return GCD_OK;
 }
+
+int gcd_submitq_wake_fd(const gcd_submitq *sq) { return sq->wake_fd; }
 
 void gcd_submitq_drop_owner(gcd_submitq *sq, uint32_t owner)
 {
@@ -490,7 +415,6 @@ void gcd_submitq_free(gcd_submitq *sq)
         queue_dropped(sq, queue_unlink(sq, sq->queues, 0));
     if (sq->wake != NULL) {
         munmap(sq->wake, SUBMIT_WAKE_BYTES);
-        shm_unlink(sq->wake_name);
         close(sq->wake_fd);
     }
     pthread_mutex_destroy(&sq->lock);

@@ -27,12 +27,12 @@ typedef struct gcd_submitq gcd_submitq;
 int gcd_submitq_start(gcd_submitq **out, gcd_daemon *d, gcd_workers *workers, atomic_int *busy,
                       const atomic_int *refuse, char *err, size_t errlen);
 
-/*
- * Makes region_id (of connection owner) that connection's queue; *wake_name
- * is the wake page's name (owned by sq).  One queue a connection.
- */
-gcd_status gcd_submitq_open(gcd_submitq *sq, uint32_t owner, uint64_t region_id,
-                            const char **wake_name, char *why, size_t whylen);
+/* Makes region_id (of connection owner) that connection's queue.  One queue a connection. */
+gcd_status gcd_submitq_open(gcd_submitq *sq, uint32_t owner, uint64_t region_id, char *why,
+                            size_t whylen);
+
+/* The wake page's sealed memfd (sq's), which the descriptor socket hands to clients. */
+int gcd_submitq_wake_fd(const gcd_submitq *sq);
 
 /* Forgets the queue of a connection that went away; its running requests still finish. */
 void gcd_submitq_drop_owner(gcd_submitq *sq, uint32_t owner);
@@ -40,7 +40,7 @@ void gcd_submitq_drop_owner(gcd_submitq *sq, uint32_t owner);
 /* Stops the poller: nothing more is taken (what is still queued is never answered). */
 void gcd_submitq_stop(gcd_submitq *sq);
 
-/* After the workers have stopped: drops every queue and removes the wake page. */
+/* After the workers have stopped: drops every queue and unmaps the wake page. */
 void gcd_submitq_free(gcd_submitq *sq);
 
 #endif

@@ -25,8 +25,8 @@
  * it, and copies the request's bytes before decoding them.
  *
  * Waking the daemon: the poller polls the queues while requests come and
- * then sleeps on the `sleeping` word of the daemon's wake page (a shared
- * memory object named in the SubmitQueue reply): it stores sleeping = 1,
+ * then sleeps on the `sleeping` word of the daemon's wake page (a memfd
+ * sealed against resizing, from the descriptor socket: fdpass_wire.h): it stores sleeping = 1,
  * looks at every queue again, and sleeps while the word is 1.  A producer
  * stores its cell's seq, then sleeping = 0, then wakes the word's sleeper
  * (all sequentially consistent): if the poller's last look missed the cell,

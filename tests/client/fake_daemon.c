@@ -5,8 +5,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <nng/protocol/reqrep0/rep.h>
+
+#include "fdpass_wire.h"
 
 static atomic_int fake_counter;
 
@@ -128,10 +133,81 @@ static void *fake_serve(void *arg)
     }
 }
 
+/* The descriptor socket: one message a connection, answered with the next token. */
+static void *fake_side_serve(void *arg)
+{
+    fake_daemon *fd = arg;
+    for (;;) {
+        int s = accept4(fd->side, NULL, NULL, SOCK_CLOEXEC);
+        if (s < 0)
+            return NULL; /* shut down */
+        fdpass_request req;
+        union {
+            char bytes[CMSG_SPACE(sizeof(int))];
+            struct cmsghdr align;
+        } ctl;
+        struct iovec iov = {&req, sizeof req};
+        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.bytes,
+                            .msg_controllen = sizeof ctl.bytes};
+        fdpass_answer ans = {.magic = FDPASS_MAGIC, .version = FDPASS_VERSION};
+        int got = -1;
+        if (recvmsg(s, &mh, MSG_CMSG_CLOEXEC) == (ssize_t)sizeof req && CMSG_FIRSTHDR(&mh) != NULL)
+            memcpy(&got, CMSG_DATA(CMSG_FIRSTHDR(&mh)), sizeof got);
+        pthread_mutex_lock(&fd->fd_lock);
+        if (req.op == FDPASS_OP_REGION && got >= 0 && fd->nfds < FAKE_FDS_MAX) {
+            fd->fds[fd->nfds++] = got;
+            ans.token = (uint64_t)fd->nfds;
+        } else {
+            if (got >= 0)
+                close(got);
+            ans.status = GPUCD__V1__STATUS__UNAVAILABLE;
+            snprintf(ans.message, sizeof ans.message, "this fake daemon takes region memfds only");
+        }
+        pthread_mutex_unlock(&fd->fd_lock);
+        if (send(s, &ans, sizeof ans, MSG_NOSIGNAL) != (ssize_t)sizeof ans)
+            fprintf(stderr, "fake_daemon: the descriptor socket's answer was not sent\n");
+        close(s);
+    }
+}
+
+int fake_daemon_take_fd(fake_daemon *fd, uint64_t token)
+{
+    pthread_mutex_lock(&fd->fd_lock);
+    int got = -1;
+    if (token >= 1 && token <= (uint64_t)fd->nfds) {
+        got = fd->fds[token - 1];
+        fd->fds[token - 1] = -1;
+    }
+    pthread_mutex_unlock(&fd->fd_lock);
+    return got;
+}
+
+static void side_start(fake_daemon *fd)
+{
+    snprintf(fd->dir, sizeof fd->dir, "/tmp/gpucd-fake-XXXXXX");
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (mkdtemp(fd->dir) == NULL)
+        abort();
+    snprintf(fd->url, sizeof fd->url, "ipc://%s/d.sock", fd->dir);
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s/d.sock" FDPASS_SUFFIX, fd->dir);
+    fd->side = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd->side < 0 || bind(fd->side, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+        listen(fd->side, 8) != 0 || pthread_create(&fd->side_thread, NULL, fake_side_serve, fd) != 0) {
+        fprintf(stderr, "fake_daemon: no descriptor socket at %s\n", sa.sun_path);
+        abort();
+    }
+}
+
 static void start(fake_daemon *fd, fake_handler handler, void *arg, bool serves_regions)
 {
     memset(fd, 0, sizeof *fd);
-    snprintf(fd->url, sizeof fd->url, "inproc://gpucd-fake-%d", atomic_fetch_add(&fake_counter, 1));
+    fd->side = -1;
+    pthread_mutex_init(&fd->fd_lock, NULL);
+    if (serves_regions)
+        side_start(fd);
+    else
+        snprintf(fd->url, sizeof fd->url, "inproc://gpucd-fake-%d",
+                 atomic_fetch_add(&fake_counter, 1));
     fd->handler = handler;
     fd->arg = arg;
     fd->serves_regions = serves_regions;
@@ -159,5 +235,20 @@ void fake_daemon_stop(fake_daemon *fd)
         return;
     nng_close(fd->sock); /* harmless when the handler closed it already */
     pthread_join(fd->thread, NULL);
+    if (fd->side >= 0) {
+        shutdown(fd->side, SHUT_RDWR); /* ends the accept */
+        pthread_join(fd->side_thread, NULL);
+        close(fd->side);
+        for (int i = 0; i < fd->nfds; i++)
+            if (fd->fds[i] >= 0)
+                close(fd->fds[i]);
+        char path[128];
+        snprintf(path, sizeof path, "%s/d.sock", fd->dir);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/d.sock" FDPASS_SUFFIX, fd->dir);
+        unlink(path);
+        rmdir(fd->dir);
+    }
+    pthread_mutex_destroy(&fd->fd_lock);
     fd->stopped = true;
 }

@@ -37,8 +37,16 @@ typedef struct fake_reply {
 typedef fake_action (*fake_handler)(void *arg, const Gpucd__V1__Request *req,
                                     const uint8_t *payload, size_t payload_len, fake_reply *out);
 
+enum { FAKE_FDS_MAX = 16 };
+
 typedef struct fake_daemon {
     char url[64];
+    char dir[32];   /* with regions: the folder of its ipc:// socket and descriptor socket */
+    int side;       /* with regions: the descriptor socket (proto/fdpass_wire.h); else -1 */
+    pthread_t side_thread;
+    pthread_mutex_t fd_lock;
+    int fds[FAKE_FDS_MAX]; /* the memfd passed under token i + 1; -1 once taken */
+    int nfds;
     nng_socket sock;
     pthread_t thread;
     fake_handler handler;
@@ -55,8 +63,15 @@ typedef struct fake_daemon {
  * completion records (the library then goes on without them).
  */
 void fake_daemon_start(fake_daemon *fd, fake_handler handler, void *arg);
-/* The same, with RegionRegister handed to the handler like any request. */
+/*
+ * The same, with RegionRegister handed to the handler like any request, at an
+ * ipc:// URL beside which it serves the descriptor socket as the daemon does:
+ * each memfd passed gets the next token (1, 2, ...), no check made (the
+ * handler checks what it takes); a wake page request is refused.
+ */
 void fake_daemon_start_with_regions(fake_daemon *fd, fake_handler handler, void *arg);
+/* The memfd passed under token (the caller's to close), or -1: none, or taken already. */
+int fake_daemon_take_fd(fake_daemon *fd, uint64_t token);
 void fake_daemon_stop(fake_daemon *fd);
 
 /* Handler helpers: an OK reply with the request's id; an error status with a message. */

@@ -49,6 +49,7 @@ typedef struct bell_state {
     int computes;
     Gpucd__V1__RegionSlice first_bell; /* STALE_AFTER_TIMEOUT: the first call's record */
     uint64_t first_id;
+    fake_daemon *daemon; /* whose descriptor socket the memfds came over */
 } bell_state;
 
 #define HCHECK(st, cond)                                                                    \
@@ -61,7 +62,7 @@ static const uint64_t g_timings[6] = {11, 22, 33, 44, 55, 170};
 
 static fake_action map_region(bell_state *st, const Gpucd__V1__Request *req, fake_reply *out)
 {
-    int fd = shm_open(req->region_register->name, O_RDWR, 0);
+    int fd = fake_daemon_take_fd(st->daemon, req->region_register->token);
     HCHECK(st, fd >= 0 && st->next_id < MAX_REGIONS);
     if (fd < 0 || st->next_id >= MAX_REGIONS)
         return FAKE_DISCONNECT;
@@ -181,6 +182,7 @@ typedef struct fixture {
 static void fixture_open(fixture *f, int spin_us, int timeout_ms)
 {
     memset(f, 0, sizeof *f);
+    f->st.daemon = &f->fd;
     fake_daemon_start_with_regions(&f->fd, bell_handler, &f->st);
     gpucd_options o;
     gpucd_options_init(&o);

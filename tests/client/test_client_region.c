@@ -1,13 +1,14 @@
 /*
  * Shared-memory regions against a fake daemon that does what the real one
- * does with a RegionRegister: opens the named object, checks it, maps it.
- * Checked: the name's form and entropy, O_EXCL/0600 ownership, the size, that
- * both mappings share bytes, that the name is unlinked whether the daemon
- * accepts or refuses, and unregistering.
+ * does with a RegionRegister: takes the memfd its token names, checks it,
+ * maps it.  Checked: the seals (no shrinking, growing or new seals), the
+ * size, that both mappings share bytes, that the library keeps no
+ * descriptor and names nothing in /dev/shm whether the daemon accepts or
+ * refuses, and unregistering.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <regex.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,8 +29,8 @@
 typedef struct region_state {
     char failed[256];
     bool refuse;            /* answer PERMISSION_DENIED, as a tcp:// daemon does */
-    char names[4][256];     /* names registered, in order */
-    int nnames;
+    fake_daemon *daemon;    /* whose descriptor socket the memfds came over */
+    int registered;         /* RegionRegisters seen */
     uint8_t *mapping;       /* the "daemon's" mapping of the last region */
     size_t size;
     uint64_t next_id;
@@ -60,21 +61,23 @@ static fake_action region_handler(void *arg, const Gpucd__V1__Request *req,
     HCHECK(st, req->op_case == GPUCD__V1__REQUEST__OP_REGION_REGISTER);
     if (req->op_case != GPUCD__V1__REQUEST__OP_REGION_REGISTER)
         return FAKE_DISCONNECT;
-    const char *name = req->region_register->name;
-    snprintf(st->names[st->nnames++], sizeof st->names[0], "%s", name);
+    st->registered++;
+    HCHECK(st, req->region_register->name == NULL || req->region_register->name[0] == '\0');
+    int fd = fake_daemon_take_fd(st->daemon, req->region_register->token);
+    HCHECK(st, fd >= 0);
+    if (fd < 0)
+        return FAKE_DISCONNECT;
     if (st->refuse) {
+        close(fd);
         fake_reply_status(out, req, GPUCD__V1__STATUS__PERMISSION_DENIED,
                           "regions need a local connection");
         return FAKE_REPLY;
     }
-    int fd = shm_open(name, O_RDWR, 0);
-    HCHECK(st, fd >= 0);
-    if (fd < 0)
-        return FAKE_DISCONNECT;
+    const int want = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+    HCHECK(st, (fcntl(fd, F_GET_SEALS) & want) == want);
     struct stat sb;
     HCHECK(st, fstat(fd, &sb) == 0);
-    HCHECK(st, (sb.st_mode & 0777) == 0600);
-    HCHECK(st, sb.st_uid == getuid());
+    HCHECK(st, S_ISREG(sb.st_mode));
     HCHECK(st, (uint64_t)sb.st_size == req->region_register->size);
     st->size = req->region_register->size;
     st->mapping = mmap(NULL, st->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -86,15 +89,40 @@ static fake_action region_handler(void *arg, const Gpucd__V1__Request *req,
     return FAKE_REPLY;
 }
 
-static void assert_unlinked(const char *name)
+/*
+ * This process's descriptors of the library's memfds: none once region_create returns, accepted
+ * or refused (the fake daemon closes what it takes before it answers).
+ */
+static int region_memfds(void)
 {
-    int fd = shm_open(name, O_RDONLY, 0);
-    if (fd >= 0) {
-        close(fd);
-        shm_unlink(name);
-        fail_msg("%s still exists after region_create returned", name);
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        char path[300], link[256];
+        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+        ssize_t k = readlink(path, link, sizeof link - 1);
+        if (k <= 0)
+            continue;
+        link[k] = '\0';
+        n += strncmp(link, "/memfd:gpucd-region", 19) == 0;
     }
-    assert_int_equal(errno, ENOENT);
+    closedir(d);
+    return n;
+}
+
+/* Entries of /dev/shm named for this process: region_create makes none. */
+static int shm_names_of_mine(void)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "gpucd-%ld-", (long)getpid());
+    DIR *d = opendir("/dev/shm");
+    int n = 0;
+    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;)
+        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    if (d != NULL)
+        closedir(d);
+    return n;
 }
 
 static void test_region_create_and_share(void **state)
@@ -103,6 +131,7 @@ static void test_region_create_and_share(void **state)
     region_state st;
     memset(&st, 0, sizeof st);
     fake_daemon fd;
+    st.daemon = &fd;
     fake_daemon_start_with_regions(&fd, region_handler, &st);
     gpucd_client *c;
     assert_int_equal(gpucd_connect(fd.url, NULL, &c), 0);
@@ -110,19 +139,13 @@ static void test_region_create_and_share(void **state)
     const size_t size = 3 * 4096 + 100; /* not a multiple of the page size */
     gpucd_region *r;
     assert_int_equal(gpucd_region_create(c, size, &r), 0);
+    assert_int_equal(region_memfds(), 0);
+    assert_int_equal(shm_names_of_mine(), 0);
     if (st.failed[0])
         fail_msg("fake daemon: %s", st.failed);
     assert_int_equal(gpucd_region_size(r), size);
     assert_int_equal(gpucd_region_id(r), 1);
     assert_int_equal(st.size, size);
-
-    /* "/gpucd-<pid>-<32 hex digits>" */
-    char pattern[64];
-    snprintf(pattern, sizeof pattern, "^/gpucd-%ld-[0-9a-f]{32}$", (long)getpid());
-    regex_t re;
-    assert_int_equal(regcomp(&re, pattern, REG_EXTENDED | REG_NOSUB), 0);
-    assert_int_equal(regexec(&re, st.names[0], 0, NULL, 0), 0);
-    assert_unlinked(st.names[0]);
 
     /* bytes written by either side are seen by the other */
     uint8_t *data = gpucd_region_data(r);
@@ -137,14 +160,16 @@ static void test_region_create_and_share(void **state)
     assert_memory_equal(data, st.mapping, size);
     munmap(st.mapping, st.size);
 
-    /* a second region gets a different name */
+    /* a second region is another object */
     gpucd_region *r2;
     assert_int_equal(gpucd_region_create(c, 64, &r2), 0);
-    assert_int_equal(regexec(&re, st.names[1], 0, NULL, 0), 0);
-    assert_string_not_equal(st.names[0], st.names[1]);
-    assert_unlinked(st.names[1]);
+    if (st.failed[0])
+        fail_msg("fake daemon: %s", st.failed);
+    st.mapping[0] = 1;
+    assert_int_not_equal(((uint8_t *)gpucd_region_data(r))[0], 0x5a);
+    ((uint8_t *)gpucd_region_data(r))[0] = 0x5a;
+    assert_int_equal(st.mapping[0], 1);
     munmap(st.mapping, st.size);
-    regfree(&re);
 
     assert_int_equal(gpucd_region_destroy(r2), 0);
     assert_int_equal(gpucd_region_destroy(r), 0);
@@ -162,6 +187,7 @@ static void test_region_refused(void **state)
     memset(&st, 0, sizeof st);
     st.refuse = true;
     fake_daemon fd;
+    st.daemon = &fd;
     fake_daemon_start_with_regions(&fd, region_handler, &st);
     gpucd_client *c;
     assert_int_equal(gpucd_connect(fd.url, NULL, &c), 0);
@@ -169,8 +195,9 @@ static void test_region_refused(void **state)
     assert_int_equal(gpucd_region_create(c, 8192, &r), GPUCD_EPERMISSION_DENIED);
     assert_null(r);
     assert_string_equal(gpucd_errmsg(c), "regions need a local connection");
-    assert_int_equal(st.nnames, 1);
-    assert_unlinked(st.names[0]); /* nothing left behind */
+    assert_int_equal(st.registered, 1);
+    assert_int_equal(region_memfds(), 0); /* nothing left behind */
+    assert_int_equal(shm_names_of_mine(), 0);
     gpucd_close(c);
     fake_daemon_stop(&fd);
 }
@@ -181,6 +208,7 @@ static void test_region_bad_sizes(void **state)
     region_state st;
     memset(&st, 0, sizeof st);
     fake_daemon fd;
+    st.daemon = &fd;
     fake_daemon_start_with_regions(&fd, region_handler, &st);
     gpucd_client *c;
     assert_int_equal(gpucd_connect(fd.url, NULL, &c), 0);
@@ -200,6 +228,7 @@ static void test_region_unregister_refused(void **state)
     memset(&st, 0, sizeof st);
     st.next_id = 998; /* the region gets id 999, which the fake then does not know */
     fake_daemon fd;
+    st.daemon = &fd;
     fake_daemon_start_with_regions(&fd, region_handler, &st);
     gpucd_client *c;
     assert_int_equal(gpucd_connect(fd.url, NULL, &c), 0);

@@ -43,14 +43,14 @@ static void assert_same_refusal(const char *why, uint64_t id, const char *why_mi
     assert_string_equal(a, b);
 }
 
-static void shm_make(char name[64], size_t size)
+/* A sealed memfd of size bytes, as fdpass.c hands them to the registry. */
+static int memfd_make(size_t size)
 {
-    static int n;
-    snprintf(name, 64, "/gpucd-regtest-%d-%d", (int)getpid(), n++);
-    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    int fd = memfd_create("regtest", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     assert_true(fd >= 0);
     assert_int_equal(ftruncate(fd, (off_t)size), 0);
-    close(fd);
+    assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    return fd;
 }
 
 typedef struct unregister_call {
@@ -72,12 +72,16 @@ static void test_regions(void **state)
 {
     gcd_regions *rs;
     assert_int_equal(gcd_regions_init(&rs, cpu, &gcd_backend_cpu), 0);
-    char name[64], why[256];
-    shm_make(name, 8192);
-    uint64_t id;
-    assert_int_equal(gcd_regions_register(rs, 1, getuid(), name, 8192, &id, why, sizeof why),
-                     GCD_OK);
-    shm_unlink(name); /* the registry keeps its own mapping */
+    char why[256];
+    int fd = memfd_make(8192);
+    uint64_t id, again;
+    assert_int_equal(gcd_regions_register(rs, 1, fd, 8192, &id, why, sizeof why), GCD_OK);
+    /* One object is one region, whoever registers it again. */
+    assert_int_equal(gcd_regions_register(rs, 2, fd, 8192, &again, why, sizeof why),
+                     GCD_INVALID_ARGUMENT);
+    assert_non_null(strstr(why, "registered already"));
+    assert_int_equal(gcd_regions_has_object(rs, 0, 0, &again), 0);
+    close(fd); /* the registry keeps its own mapping */
 
     /* Another connection's region reads as one never made: no prober learns which exist. */
     gcd_region *r;
@@ -113,10 +117,9 @@ static void test_regions(void **state)
     assert_int_equal(bytes, 0);
 
     /* A departed client's regions go; one still in use goes with its last reference. */
-    shm_make(name, 4096);
-    assert_int_equal(gcd_regions_register(rs, 3, getuid(), name, 4096, &id, why, sizeof why),
-                     GCD_OK);
-    shm_unlink(name);
+    fd = memfd_make(4096);
+    assert_int_equal(gcd_regions_register(rs, 3, fd, 4096, &id, why, sizeof why), GCD_OK);
+    close(fd);
     assert_int_equal(gcd_regions_acquire(rs, 3, id, &r, why, sizeof why), GCD_OK);
     gcd_regions_drop_owner(rs, 3);
     assert_int_equal(gcd_regions_list(rs, 3, list, 4), 0);

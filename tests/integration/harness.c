@@ -171,6 +171,8 @@ static void daemon_remove_files(const th_daemon *d)
     char sock[300];
     snprintf(sock, sizeof sock, "%s/gpucd.sock", d->dir);
     unlink(sock);
+    snprintf(sock, sizeof sock, "%s/gpucd.sock.fd", d->dir); /* the descriptor socket */
+    unlink(sock);
     rmdir(d->dir);
 }
 

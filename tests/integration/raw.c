@@ -1,13 +1,16 @@
 /* raw.c - see raw.h. */
 #include "raw.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -17,6 +20,7 @@ void th_raw_open(th_raw *r, const char *url)
 {
     memset(r, 0, sizeof *r);
     r->next_id = 1;
+    snprintf(r->url, sizeof r->url, "%s", url);
     if (nng_req0_open(&r->sock) != 0 ||
         nng_socket_set_ms(r->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE) != 0 ||
         nng_socket_set_ms(r->sock, NNG_OPT_RECVTIMEO, 20000) != 0 ||
@@ -72,31 +76,135 @@ Gpucd__V1__Reply *th_raw_call(th_raw *r, Gpucd__V1__Request *req, const void *pa
     return rep;
 }
 
-void *th_shm_create(char name[64], size_t size, int mode)
+void th_memfd_make(th_region *reg, size_t size, unsigned seals)
 {
-    snprintf(name, 64, "/gpucd-test-%d-%016llx", (int)getpid(),
-             (unsigned long long)th_rand_u64());
-    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, (mode_t)mode);
-    if (fd < 0 || fchmod(fd, (mode_t)mode) != 0 || ftruncate(fd, (off_t)size) != 0) {
-        fprintf(stderr, "shm %s failed\n", name);
+    memset(reg, 0, sizeof *reg);
+    reg->size = size;
+    reg->fd = memfd_create("gpucd-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (reg->fd < 0 || ftruncate(reg->fd, (off_t)size) != 0 ||
+        (seals != 0 && fcntl(reg->fd, F_ADD_SEALS, (int)seals) != 0)) {
+        fprintf(stderr, "raw: memfd of %zu bytes: %s\n", size, strerror(errno));
         exit(1);
     }
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) {
-        fprintf(stderr, "mmap failed\n");
+    reg->base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, reg->fd, 0);
+    if (reg->base == MAP_FAILED) {
+        fprintf(stderr, "raw: mmap: %s\n", strerror(errno));
         exit(1);
     }
-    return p;
 }
 
-Gpucd__V1__Reply *th_raw_register(th_raw *r, const char *name, uint64_t size)
+void th_region_free(th_region *reg)
+{
+    munmap(reg->base, reg->size);
+    close(reg->fd);
+}
+
+int th_fdpass_connect(const char *url)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    const size_t n = strlen(url + 6) + strlen(FDPASS_SUFFIX);
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (strncmp(url, "ipc://", 6) != 0 || n >= sizeof sa.sun_path || s < 0) {
+        fprintf(stderr, "raw: no descriptor socket for %s\n", url);
+        exit(1);
+    }
+    memcpy(sa.sun_path, url + 6, n - strlen(FDPASS_SUFFIX));
+    memcpy(sa.sun_path + n - strlen(FDPASS_SUFFIX), FDPASS_SUFFIX, strlen(FDPASS_SUFFIX));
+    struct timeval tv = {20, 0};
+    if (setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+        connect(s, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        fprintf(stderr, "raw: cannot connect to %s: %s\n", sa.sun_path, strerror(errno));
+        exit(1);
+    }
+    return s;
+}
+
+int th_fdpass(const char *url, const void *msg, size_t len, const int *fds, int nfds,
+              fdpass_answer *ans, int *fd)
+{
+    if (fd != NULL)
+        *fd = -1;
+    if (nfds > 32) {
+        fprintf(stderr, "raw: at most 32 descriptors a message\n");
+        exit(1);
+    }
+    int s = th_fdpass_connect(url);
+    union {
+        char bytes[CMSG_SPACE(32 * sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    memset(&ctl, 0, sizeof ctl);
+    struct iovec iov = {(void *)msg, len};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (nfds > 0) {
+        mh.msg_control = ctl.bytes;
+        mh.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+        memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
+    }
+    if (sendmsg(s, &mh, MSG_NOSIGNAL) != (ssize_t)len) {
+        close(s);
+        return -1;
+    }
+    memset(ans, 0, sizeof *ans);
+    struct iovec aiov = {ans, sizeof *ans};
+    struct msghdr am = {.msg_iov = &aiov, .msg_iovlen = 1, .msg_control = ctl.bytes,
+                        .msg_controllen = sizeof ctl.bytes};
+    const ssize_t n = recvmsg(s, &am, MSG_CMSG_CLOEXEC);
+    close(s);
+    if (n != (ssize_t)sizeof *ans)
+        return -1;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&am); cm != NULL; cm = CMSG_NXTHDR(&am, cm)) {
+        int got;
+        memcpy(&got, CMSG_DATA(cm), sizeof got);
+        if (fd != NULL && *fd < 0)
+            *fd = got;
+        else
+            close(got);
+    }
+    ans->message[sizeof ans->message - 1] = '\0';
+    return 0;
+}
+
+int th_fdpass_region(const char *url, const th_region *reg, uint64_t *token, fdpass_answer *ans)
+{
+    fdpass_request req = {.magic = FDPASS_MAGIC, .version = FDPASS_VERSION,
+                          .op = FDPASS_OP_REGION, .size = reg->size};
+    if (th_fdpass(url, &req, sizeof req, &reg->fd, 1, ans, NULL) != 0 ||
+        ans->status != GPUCD__V1__STATUS__OK)
+        return -1;
+    *token = ans->token;
+    return 0;
+}
+
+Gpucd__V1__Reply *th_raw_register(th_raw *r, uint64_t token, uint64_t size)
 {
     Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
     Gpucd__V1__RegionRegister reg = GPUCD__V1__REGION_REGISTER__INIT;
-    reg.name = (char *)name;
+    reg.token = token;
     reg.size = size;
     req.op_case = GPUCD__V1__REQUEST__OP_REGION_REGISTER;
     req.region_register = &reg;
     return th_raw_call(r, &req, NULL, 0);
+}
+
+void th_raw_region(th_raw *r, size_t size, th_region *reg)
+{
+    th_memfd_make(reg, size, F_SEAL_SHRINK | F_SEAL_GROW);
+    uint64_t token;
+    fdpass_answer ans;
+    if (th_fdpass_region(r->url, reg, &token, &ans) != 0) {
+        fprintf(stderr, "raw: the memfd was refused: %s\n", ans.message);
+        exit(1);
+    }
+    Gpucd__V1__Reply *rep = th_raw_register(r, token, size);
+    if (rep == NULL || rep->status != GPUCD__V1__STATUS__OK) {
+        fprintf(stderr, "raw: region_register failed: %s\n", rep ? rep->message : "no reply");
+        exit(1);
+    }
+    reg->id = rep->region_id;
+    gpucd__v1__reply__free_unpacked(rep, NULL);
 }

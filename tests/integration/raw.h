@@ -9,11 +9,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fdpass_wire.h"
 #include "gpucd.pb-c.h"
 
 typedef struct th_raw {
     nng_socket sock;
     uint64_t next_id;
+    char url[256];
 } th_raw;
 
 void th_raw_open(th_raw *r, const char *url);
@@ -25,9 +27,35 @@ Gpucd__V1__Reply *th_raw_send_bytes(th_raw *r, const void *bytes, size_t len, in
 Gpucd__V1__Reply *th_raw_call(th_raw *r, Gpucd__V1__Request *req, const void *payload,
                               size_t payload_len);
 
-/* A fresh shared-memory object of size bytes with the given mode, mapped; name in name[64]. */
-void *th_shm_create(char name[64], size_t size, int mode);
-/* Registers a region by name on this socket; returns the reply. */
-Gpucd__V1__Reply *th_raw_register(th_raw *r, const char *name, uint64_t size);
+/* A memfd of a test's: its descriptor (kept open, so tests can try to resize it), mapping, id. */
+typedef struct th_region {
+    int fd;
+    uint8_t *base;
+    size_t size;
+    uint64_t id; /* 0 until registered */
+} th_region;
+
+/* A memfd of size bytes with `seals` added (F_SEAL_*; 0: none), mapped. */
+void th_memfd_make(th_region *reg, size_t size, unsigned seals);
+/* Unmaps and closes it. */
+void th_region_free(th_region *reg);
+
+/* A connection to the descriptor socket next to the ipc:// url; exits on failure. */
+int th_fdpass_connect(const char *url);
+/*
+ * One exchange on the descriptor socket next to the ipc:// url: sends len
+ * bytes of msg with nfds (at most 32) descriptors, reads the answer into *ans and, when it
+ * carries one, its descriptor into *fd (else -1; fd may be NULL).  0, or -1
+ * when no answer came (the daemon closed the connection).
+ */
+int th_fdpass(const char *url, const void *msg, size_t len, const int *fds, int nfds,
+              fdpass_answer *ans, int *fd);
+/* Passes reg's memfd (FDPASS_OP_REGION, reg->size); 0 with the token, or -1 with *ans's reason. */
+int th_fdpass_region(const char *url, const th_region *reg, uint64_t *token,
+                     fdpass_answer *ans);
+/* RegionRegister naming a token; returns the reply. */
+Gpucd__V1__Reply *th_raw_register(th_raw *r, uint64_t token, uint64_t size);
+/* A sealed memfd region of size bytes registered on r, the library's way; exits on failure. */
+void th_raw_region(th_raw *r, size_t size, th_region *reg);
 
 #endif

@@ -103,6 +103,7 @@ static Gpucd__V1__TensorRef *ref_payload(ref *r, Gpucd__V1__DType dt, uint64_t o
 }
 
 /* A registered region of 1 MiB for this socket. */
+static th_region region_;
 static uint64_t region_id_;
 static uint8_t *region_base_;
 enum { REGION_SIZE = 1 << 20 };
@@ -367,37 +368,37 @@ static void test_out_of_range_observation(void **state)
     expect_ping();
 }
 
+/* RegionRegister by name, as clients registered regions before they were memfds. */
+static Gpucd__V1__Reply *register_name(const char *name)
+{
+    Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
+    Gpucd__V1__RegionRegister reg = GPUCD__V1__REGION_REGISTER__INIT;
+    reg.name = (char *)name;
+    reg.size = 4096;
+    req.op_case = GPUCD__V1__REQUEST__OP_REGION_REGISTER;
+    req.region_register = &reg;
+    return th_raw_call(&raw_, &req, NULL, 0);
+}
+
 static void test_hostile_regions(void **state)
 {
-    char name[64];
-    /* Readable by others: refused. */
-    void *p = th_shm_create(name, 4096, 0644);
-    expect(th_raw_register(&raw_, name, 4096), GPUCD__V1__STATUS__PERMISSION_DENIED, "mode 644");
-    /* Size differs from the object's. */
-    shm_unlink(name);
-    munmap(p, 4096);
-    p = th_shm_create(name, 4096, 0600);
-    expect(th_raw_register(&raw_, name, 8192), GPUCD__V1__STATUS__INVALID_ARGUMENT, "not the 8192");
-    /* Owned by another uid (arranged only when the test runs as root). */
-    if (geteuid() == 0) {
-        int fd = shm_open(name, O_RDWR, 0);
-        assert_true(fd >= 0);
-        assert_int_equal(fchown(fd, 65534, 65534), 0);
-        close(fd);
-        expect(th_raw_register(&raw_, name, 4096), GPUCD__V1__STATUS__PERMISSION_DENIED,
-               "owned by uid 65534");
-    } else {
-        fprintf(stderr, "not root: the other-uid region case is not arranged\n");
-    }
-    shm_unlink(name);
-    munmap(p, 4096);
-    /* Names that try to escape, and names that do not exist. */
-    expect(th_raw_register(&raw_, "/gpucd-../../etc/passwd", 4096),
-           GPUCD__V1__STATUS__INVALID_ARGUMENT, "region name");
-    expect(th_raw_register(&raw_, "/dev/shm/x", 4096), GPUCD__V1__STATUS__INVALID_ARGUMENT,
-           "region name");
-    expect(th_raw_register(&raw_, "/gpucd-does-not-exist", 4096), GPUCD__V1__STATUS__NOT_FOUND,
-           "cannot open");
+    /* A memfd of another size than declared (test_memfd has every other hostile descriptor). */
+    th_region reg;
+    th_memfd_make(&reg, 4096, F_SEAL_SHRINK | F_SEAL_GROW);
+    fdpass_request pass = {.magic = FDPASS_MAGIC, .version = FDPASS_VERSION,
+                           .op = FDPASS_OP_REGION, .size = 8192};
+    fdpass_answer ans;
+    assert_int_equal(th_fdpass(raw_.url, &pass, sizeof pass, &reg.fd, 1, &ans, NULL), 0);
+    assert_int_equal(ans.status, GPUCD__V1__STATUS__INVALID_ARGUMENT);
+    assert_non_null(strstr(ans.message, "not the 8192 declared"));
+    th_region_free(&reg);
+    /* Names, whatever they try (escapes, objects that do not exist): none is opened. */
+    const char *named = "named shared-memory regions are not accepted";
+    expect(register_name("/gpucd-../../etc/passwd"), GPUCD__V1__STATUS__INVALID_ARGUMENT, named);
+    expect(register_name("/dev/shm/x"), GPUCD__V1__STATUS__INVALID_ARGUMENT, named);
+    expect(register_name("/gpucd-does-not-exist"), GPUCD__V1__STATUS__INVALID_ARGUMENT, named);
+    /* A token nobody was given. */
+    expect(th_raw_register(&raw_, 42, 4096), GPUCD__V1__STATUS__NOT_FOUND, "no memfd is pending");
     /* Another connection's region is not ours to use, nor to know of. */
     conv_req c;
     conv_req_init(&c);
@@ -631,14 +632,9 @@ static int group_setup(void **state)
     th_daemon_start(&daemon_, extra);
     th_raw_open(&raw_, daemon_.ipc_url);
     th_raw_open(&other_, daemon_.ipc_url);
-    char name[64];
-    region_base_ = th_shm_create(name, REGION_SIZE, 0600);
-    Gpucd__V1__Reply *rep = th_raw_register(&raw_, name, REGION_SIZE);
-    shm_unlink(name);
-    if (rep == NULL || rep->status != 0)
-        return -1;
-    region_id_ = rep->region_id;
-    gpucd__v1__reply__free_unpacked(rep, NULL);
+    th_raw_region(&raw_, REGION_SIZE, &region_);
+    region_base_ = region_.base;
+    region_id_ = region_.id;
     return 0;
 }
 
@@ -646,7 +642,7 @@ static int group_teardown(void **state)
 {
     th_raw_close(&other_);
     th_raw_close(&raw_);
-    munmap(region_base_, REGION_SIZE);
+    th_region_free(&region_);
     return th_daemon_stop_checked(&daemon_);
 }
 

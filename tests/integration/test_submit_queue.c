@@ -3,12 +3,11 @@
  * library's record-ending calls go through the queue, right and concurrent,
  * failures with their message; that the socket serves them when the daemon
  * has queues off; that a lost daemon fails a queued call at once and a new
- * one gets a new queue (and removes the killed one's wake page); and, on a
+ * one gets a new queue; and, on a
  * bare socket writing the shared memory by hand, every hostile queue and
  * cell: each refused with a clear answer where there is a slot to answer
  * into, counted where there is none, the daemon serving on.
  */
-#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
@@ -207,19 +206,6 @@ static int cut_calls(th_daemon *d, gpucd_client *c, gpucd_region *r, int n)
     return cut;
 }
 
-static int wake_pages_of(long pid)
-{
-    char prefix[64];
-    snprintf(prefix, sizeof prefix, "gpucd-wake-%ld-", pid);
-    DIR *d = opendir("/dev/shm");
-    int n = 0;
-    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;)
-        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
-    if (d != NULL)
-        closedir(d);
-    return n;
-}
-
 /* A daemon at a fixed URL in a fresh folder, restarted as a supervisor would. */
 typedef struct fixed_url {
     char dir[32], url[128];
@@ -241,6 +227,8 @@ static void fixed_url_remove(const fixed_url *f)
     char sock[200];
     snprintf(sock, sizeof sock, "%s/fixed.sock", f->dir);
     unlink(sock);
+    snprintf(sock, sizeof sock, "%s/fixed.sock" FDPASS_SUFFIX, f->dir); /* a killed daemon's */
+    unlink(sock);
     rmdir(f->dir);
 }
 
@@ -251,19 +239,15 @@ static void test_lost_daemon_fails_a_queued_call_at_once(void **state)
     fixed_url_init(&f);
     th_daemon first;
     th_daemon_start(&first, f.extra);
-    const long first_pid = (long)first.pid;
-    assert_int_equal(wake_pages_of(first_pid), 1);
     gpucd_client *c = th_mh_connect(f.url, 0, 5000);
     gpucd_region *r;
     assert_int_equal(gpucd_region_create(c, th_mh_slice_bytes(), &r), 0);
     th_mh_encode_and_check(c, r, 0); /* the queue is open from here */
     assert_int_equal(th_mh_stat(c, "submit_queues"), 1);
     assert_int_equal(cut_calls(&first, c, r, 1), 1);
-    assert_int_equal(wake_pages_of(first_pid), 1); /* nobody removed it */
 
     th_daemon second;
     th_daemon_start(&second, f.extra);
-    assert_int_equal(wake_pages_of(first_pid), 0); /* the new daemon did */
     th_wait_for_reconnect(c);
     assert_int_equal(gpucd_region_destroy(r), GPUCD_ENOT_FOUND); /* unmapped all the same */
     assert_int_equal(gpucd_region_create(c, th_mh_slice_bytes(), &r), 0);
@@ -319,6 +303,7 @@ static void test_records_come_back_after_reconnects(void **state)
 
 typedef struct hand {
     th_raw raw;
+    th_region area_reg, data_reg;
     uint64_t area_id, data_id;
     submit_area *area;
     uint8_t *data; /* a 64 KiB region for tensors */
@@ -346,45 +331,41 @@ static void expect(Gpucd__V1__Reply *rep, Gpucd__V1__Status status, const char *
     gpucd__v1__reply__free_unpacked(rep, NULL);
 }
 
-static uint64_t raw_region(th_raw *raw, size_t size, void **base)
-{
-    char name[64];
-    *base = th_shm_create(name, size, 0600);
-    Gpucd__V1__Reply *rep = th_raw_register(raw, name, size);
-    assert_non_null(rep);
-    assert_int_equal(rep->status, GPUCD__V1__STATUS__OK);
-    uint64_t id = rep->region_id;
-    gpucd__v1__reply__free_unpacked(rep, NULL);
-    shm_unlink(name);
-    return id;
-}
-
 static void hand_open(hand *h)
 {
     memset(h, 0, sizeof *h);
     th_raw_open(&h->raw, th_group_daemon.ipc_url);
-    h->area_id = raw_region(&h->raw, sizeof(submit_area), (void **)&h->area);
-    h->data_id = raw_region(&h->raw, 65536, (void **)&h->data);
+    th_raw_region(&h->raw, sizeof(submit_area), &h->area_reg);
+    th_raw_region(&h->raw, 65536, &h->data_reg);
+    h->area_id = h->area_reg.id;
+    h->area = (submit_area *)h->area_reg.base;
+    h->data_id = h->data_reg.id;
+    h->data = h->data_reg.base;
     for (uint64_t i = 0; i < SUBMIT_SLOTS; i++)
         atomic_store(&h->area->cells[i].seq, i);
     Gpucd__V1__Reply *rep = open_queue(&h->raw, h->area_id);
     assert_non_null(rep);
     assert_int_equal(rep->status, GPUCD__V1__STATUS__OK);
     assert_int_equal(rep->result_case, GPUCD__V1__REPLY__RESULT_SUBMIT_QUEUE);
-    int fd = shm_open(rep->submit_queue->wake_name, O_RDWR, 0);
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+    fdpass_request req = {.magic = FDPASS_MAGIC, .version = FDPASS_VERSION,
+                          .op = FDPASS_OP_WAKE};
+    fdpass_answer ans;
+    int fd;
+    assert_int_equal(th_fdpass(h->raw.url, &req, sizeof req, NULL, 0, &ans, &fd), 0);
+    assert_int_equal(ans.status, GPUCD__V1__STATUS__OK);
     assert_true(fd >= 0);
     h->wake = mmap(NULL, SUBMIT_WAKE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     assert_true(h->wake != MAP_FAILED);
-    gpucd__v1__reply__free_unpacked(rep, NULL);
 }
 
 static void hand_close(hand *h)
 {
     th_raw_close(&h->raw);
     munmap(h->wake, SUBMIT_WAKE_BYTES);
-    munmap(h->area, sizeof(submit_area));
-    munmap(h->data, 65536);
+    th_region_free(&h->area_reg);
+    th_region_free(&h->data_reg);
 }
 
 /* Queues slot's buffer as it is, under the cell's claims id and len, and wakes the daemon. */
@@ -528,11 +509,11 @@ static void test_hostile_queue_opens(void **state)
     th_raw raw;
     th_raw_open(&raw, th_group_daemon.ipc_url);
     expect(open_queue(&raw, 987654), GPUCD__V1__STATUS__NOT_FOUND, "no region 987654");
-    void *small_base;
-    uint64_t small = raw_region(&raw, 4096, &small_base);
-    expect(open_queue(&raw, small), GPUCD__V1__STATUS__INVALID_ARGUMENT, "a queue takes");
-    void *area;
-    uint64_t id = raw_region(&raw, sizeof(submit_area), &area);
+    th_region small, area;
+    th_raw_region(&raw, 4096, &small);
+    expect(open_queue(&raw, small.id), GPUCD__V1__STATUS__INVALID_ARGUMENT, "a queue takes");
+    th_raw_region(&raw, sizeof(submit_area), &area);
+    const uint64_t id = area.id;
     Gpucd__V1__Reply *rep = open_queue(&raw, id);
     assert_non_null(rep);
     assert_int_equal(rep->status, GPUCD__V1__STATUS__OK);
@@ -559,8 +540,8 @@ static void test_hostile_queue_opens(void **state)
     th_raw_close(&remote);
     expect_ping(&raw);
     th_raw_close(&raw);
-    munmap(small_base, 4096);
-    munmap(area, sizeof(submit_area));
+    th_region_free(&small);
+    th_region_free(&area);
 }
 
 static void test_hostile_cells(void **state)

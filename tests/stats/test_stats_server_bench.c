@@ -101,15 +101,11 @@ static void test_timed_iterations_keep_the_result(void **state)
     conv_case *c = malloc(sizeof *c);
     conv_case_init(c);
     size_t yoff = (sizeof c->x + 63) / 64 * 64, size = yoff + sizeof c->y;
-    char name[64];
-    uint8_t *base = th_shm_create(name, size, 0600);
-    Gpucd__V1__Reply *rep = th_raw_register(&r, name, size);
-    shm_unlink(name);
-    assert_non_null(rep);
-    assert_int_equal(rep->status, GPUCD__V1__STATUS__OK);
+    th_region reg;
+    th_raw_region(&r, size, &reg);
+    uint8_t *base = reg.base;
     Gpucd__V1__RegionSlice sx = GPUCD__V1__REGION_SLICE__INIT, sy = GPUCD__V1__REGION_SLICE__INIT;
-    sx.region_id = sy.region_id = rep->region_id;
-    gpucd__v1__reply__free_unpacked(rep, NULL);
+    sx.region_id = sy.region_id = reg.id;
     sy.offset = yoff;
     memcpy(base, c->x, sizeof c->x);
     memset(base + yoff, 0xff, sizeof c->y); /* NaN: unwritten elements cannot match */
@@ -122,7 +118,7 @@ static void test_timed_iterations_keep_the_result(void **state)
     uint32_t iters = 2 + (uint32_t)(th_rand_u64() % 20);
     c->req.bench_warmup = 3;
     c->req.bench_iterations = iters;
-    rep = th_raw_call(&r, &c->req, c->w, sizeof c->w);
+    Gpucd__V1__Reply *rep = th_raw_call(&r, &c->req, c->w, sizeof c->w);
     assert_non_null(rep);
     if (rep->status != GPUCD__V1__STATUS__OK)
         fail_msg("status %d: %s", rep->status, rep->message);
@@ -133,7 +129,7 @@ static void test_timed_iterations_keep_the_result(void **state)
     assert_memory_equal(base + yoff, c->want, sizeof c->want);
     /* one request, counted once however many times it ran */
     assert_true(ok_count("conv2d_forward") - before == 1);
-    munmap(base, size);
+    th_region_free(&reg);
     free(c);
     th_raw_close(&r);
 }
