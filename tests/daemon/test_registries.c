@@ -200,14 +200,13 @@ static void test_ids_differ_between_registries(void **state)
     gcd_regions *ra, *rb;
     assert_int_equal(gcd_regions_init(&ra, cpu, &gcd_backend_cpu), 0);
     assert_int_equal(gcd_regions_init(&rb, cpu, &gcd_backend_cpu), 0);
-    char name[64], why[256];
+    char why[256];
     uint64_t ida, idb;
-    shm_make(name, 4096);
-    assert_int_equal(gcd_regions_register(ra, 1, getuid(), name, 4096, &ida, why, sizeof why),
-                     GCD_OK);
-    assert_int_equal(gcd_regions_register(rb, 1, getuid(), name, 4096, &idb, why, sizeof why),
-                     GCD_OK);
-    shm_unlink(name);
+    int fa = memfd_make(4096), fb = memfd_make(4096);
+    assert_int_equal(gcd_regions_register(ra, 1, fa, 4096, &ida, why, sizeof why), GCD_OK);
+    assert_int_equal(gcd_regions_register(rb, 1, fb, 4096, &idb, why, sizeof why), GCD_OK);
+    close(fa);
+    close(fb);
     assert_true(ida != idb);
     gcd_region *r;
     assert_int_equal(gcd_regions_acquire(rb, 1, ida, &r, why, sizeof why), GCD_NOT_FOUND);
