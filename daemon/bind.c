@@ -174,7 +174,7 @@ static gcd_status bind_one(const gcd_bind_ctx *ctx, const gcd_ref *ref, int outp
         return GCD_OK;
     }
     case GPUCD__V1__TENSOR_REF__WHERE_RESIDENT: {
-        st = gcd_residents_acquire(d->residents, ctx->pipe, ctx->uid, ref->resident,
+        st = gcd_residents_acquire(d->residents, ctx->pipe, ctx->uid, ref->resident, output,
                                    &b->resident, why, whylen);
         if (st != GCD_OK)
             return st;

@@ -232,8 +232,8 @@ static gcd_status do_tensor_get(const gcd_bind_ctx *ctx, const Gpucd__V1__Tensor
 {
     gcd_daemon *d = ctx->daemon;
     gcd_resident *r;
-    gcd_status st = gcd_residents_acquire(d->residents, ctx->pipe, ctx->uid, m->id, &r, rs->why,
-                                          sizeof rs->why);
+    gcd_status st = gcd_residents_acquire(d->residents, ctx->pipe, ctx->uid, m->id, 0, &r,
+                                          rs->why, sizeof rs->why);
     if (st != GCD_OK)
         return st;
     /* The destination says where; by default the reply payload, with the tensor's own shape. */

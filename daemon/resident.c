@@ -162,7 +162,8 @@ static gcd_status resident_find(gcd_residents *rs, uint32_t caller, uint32_t uid
         if (uid == GCD_UID_REMOTE || r->owner_uid != uid)
             break;
         if (owner_only) {
-            snprintf(why, whylen, "resident tensor %llu: only the connection that made it frees it",
+            snprintf(why, whylen,
+                     "resident tensor %llu: only the connection that made it frees or writes it",
                      (unsigned long long)id);
             return GCD_PERMISSION_DENIED;
         }
@@ -174,11 +175,11 @@ static gcd_status resident_find(gcd_residents *rs, uint32_t caller, uint32_t uid
 }
 
 gcd_status gcd_residents_acquire(gcd_residents *rs, uint32_t caller, uint32_t uid, uint64_t id,
-                                 gcd_resident **out, char *why, size_t whylen)
+                                 int write, gcd_resident **out, char *why, size_t whylen)
 {
     pthread_mutex_lock(&rs->lock);
     size_t i;
-    gcd_status status = resident_find(rs, caller, uid, id, 0, &i, why, whylen);
+    gcd_status status = resident_find(rs, caller, uid, id, write, &i, why, whylen);
     if (status == GCD_OK) {
         rs->items[i]->refs++;
         *out = rs->items[i];

@@ -45,9 +45,13 @@ void gcd_residents_set_quota(gcd_residents *rs, gcd_quota *q);
 gcd_status gcd_residents_create(gcd_residents *rs, uint32_t owner, uint32_t uid,
                                 const gk_tensor *shape, gcd_resident **out, char *why,
                                 size_t whylen);
-/* Takes a reference without locking (the caller locks in id order with gcd_resident_lock). */
+/*
+ * Takes a reference without locking (the caller locks in id order with gcd_resident_lock).
+ * Connections of the owner's uid may read it (workers share a learner's weights); only the
+ * connection that made it may write it (write != 0), as only it may free it.
+ */
 gcd_status gcd_residents_acquire(gcd_residents *rs, uint32_t caller, uint32_t uid, uint64_t id,
-                                 gcd_resident **out, char *why, size_t whylen);
+                                 int write, gcd_resident **out, char *why, size_t whylen);
 void gcd_residents_release(gcd_residents *rs, gcd_resident *r);
 /* Unlists the tensor; only its owner may (caller's peer uid names the refusal). */
 gcd_status gcd_residents_free(gcd_residents *rs, uint32_t caller, uint32_t uid, uint64_t id,

@@ -146,16 +146,22 @@ static void test_residents(void **state)
 
     gcd_resident *b;
     /* Same uid on another local connection: shared (workers sharing weights). */
-    assert_int_equal(gcd_residents_acquire(rs, 2, 1000, id, &b, why, sizeof why), GCD_OK);
+    assert_int_equal(gcd_residents_acquire(rs, 2, 1000, id, 0, &b, why, sizeof why), GCD_OK);
+    gcd_residents_release(rs, b);
+    /* ... for reading: only the connection that made it writes it. */
+    assert_int_equal(gcd_residents_acquire(rs, 2, 1000, id, 1, &b, why, sizeof why),
+                     GCD_PERMISSION_DENIED);
+    assert_non_null(strstr(why, "only the connection that made it"));
+    assert_int_equal(gcd_residents_acquire(rs, 1, 1000, id, 1, &b, why, sizeof why), GCD_OK);
     gcd_residents_release(rs, b);
     /* Another uid, or a remote peer: not theirs, and to them it reads as one never made. */
     char why_missing[256];
-    assert_int_equal(gcd_residents_acquire(rs, 3, 1001, id + 100, &b, why_missing,
+    assert_int_equal(gcd_residents_acquire(rs, 3, 1001, id + 100, 0, &b, why_missing,
                                            sizeof why_missing),
                      GCD_NOT_FOUND);
-    assert_int_equal(gcd_residents_acquire(rs, 3, 1001, id, &b, why, sizeof why), GCD_NOT_FOUND);
+    assert_int_equal(gcd_residents_acquire(rs, 3, 1001, id, 0, &b, why, sizeof why), GCD_NOT_FOUND);
     assert_same_refusal(why, id, why_missing, id + 100);
-    assert_int_equal(gcd_residents_acquire(rs, 4, GCD_UID_REMOTE, id, &b, why, sizeof why),
+    assert_int_equal(gcd_residents_acquire(rs, 4, GCD_UID_REMOTE, id, 0, &b, why, sizeof why),
                      GCD_NOT_FOUND);
     assert_same_refusal(why, id, why_missing, id + 100);
     assert_int_equal(gcd_residents_free(rs, 3, 1001, id, why, sizeof why), GCD_NOT_FOUND);
@@ -172,9 +178,9 @@ static void test_residents(void **state)
     assert_non_null(strstr(why, "limit"));
 
     /* Freed while in use: the storage stays until the last user lets go. */
-    assert_int_equal(gcd_residents_acquire(rs, 1, 1000, id, &b, why, sizeof why), GCD_OK);
+    assert_int_equal(gcd_residents_acquire(rs, 1, 1000, id, 0, &b, why, sizeof why), GCD_OK);
     assert_int_equal(gcd_residents_free(rs, 1, 1000, id, why, sizeof why), GCD_OK);
-    assert_int_equal(gcd_residents_acquire(rs, 1, 1000, id, &a, why, sizeof why), GCD_NOT_FOUND);
+    assert_int_equal(gcd_residents_acquire(rs, 1, 1000, id, 0, &a, why, sizeof why), GCD_NOT_FOUND);
     uint64_t count, bytes;
     gcd_residents_totals(rs, &count, &bytes);
     assert_int_equal(count, 1);
@@ -223,7 +229,7 @@ static void test_ids_differ_between_registries(void **state)
     assert_true(a->id != b->id);
     gcd_residents_release(ta, a);
     gcd_residents_release(tb, b);
-    assert_int_equal(gcd_residents_acquire(tb, 1, 1000, a->id, &b, why, sizeof why),
+    assert_int_equal(gcd_residents_acquire(tb, 1, 1000, a->id, 0, &b, why, sizeof why),
                      GCD_NOT_FOUND);
     gcd_residents_fini(ta);
     gcd_residents_fini(tb);

@@ -318,6 +318,34 @@ static void test_others_ids_read_as_missing(void **state)
     assert_int_equal(th_daemon_stop(&d), 0);
 }
 
+/*
+ * Another connection of the same uid may read a resident tensor (workers share a learner's
+ * weights) but not write it: an operation's output naming it is refused and the bytes stay.
+ */
+static void test_others_tensors_are_read_only(void **state)
+{
+    (void)state;
+    th_daemon d;
+    th_daemon_start(&d, NULL);
+    gpucd_client *owner = connect_to(d.ipc_url), *other = connect_to(d.ipc_url);
+    const uint64_t tensor = put_row(owner, 7.0f);
+    expect_row(other, tensor, 7.0f); /* reading is sharing */
+    gpucd_tensor out = gpucd_tensor_resident(tensor, GPUCD_F32, 2, TH_SHAPE(1, ROW));
+    assert_int_equal(embed_into(other, &out), GPUCD_EPERMISSION_DENIED);
+    if (strstr(gpucd_errmsg(other), "only the connection that made it") == NULL)
+        fail_msg("refusal does not say why: %s", gpucd_errmsg(other));
+    expect_row(owner, tensor, 7.0f);
+    assert_int_equal(embed_into(owner, &out), 0); /* the owner still writes it */
+    float row[ROW];
+    gpucd_tensor back = gpucd_tensor_host(row, GPUCD_F32, 2, TH_SHAPE(1, ROW));
+    assert_int_equal(gpucd_tensor_get(other, tensor, &back), 0);
+    for (int i = 0; i < ROW; i++)
+        assert_true(row[i] == -1.0f); /* row 0 of embed_into's table */
+    gpucd_close(other);
+    gpucd_close(owner);
+    assert_int_equal(th_daemon_stop(&d), 0);
+}
+
 /* gpucd_connect's code and message; the client closed again. */
 static outcome connect_outcome(const char *url, const gpucd_options *opts)
 {
@@ -568,6 +596,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_stale_ids_after_restart),
         cmocka_unit_test(test_ids_differ_between_daemons),
         cmocka_unit_test(test_others_ids_read_as_missing),
+        cmocka_unit_test(test_others_tensors_are_read_only),
         cmocka_unit_test_teardown(test_daemon_uid_checked, environment_reset),
         cmocka_unit_test_teardown(test_default_dir_checked, environment_reset),
         cmocka_unit_test(test_impostor_refused),
