@@ -53,14 +53,15 @@ typedef enum act {
     ACT_GARBAGE,
     ACT_SHRINK,
     ACT_ALIAS,
+    ACT_TRESPASS,
     ACT_KILL,
     ACT_RESTART,
     ACT_COUNT
 } act;
 
-static const char *const act_names[ACT_COUNT] = {"flip",    "flood",  "quota", "disconnect",
-                                                 "garbage", "shrink", "alias", "kill",
-                                                 "restart"};
+static const char *const act_names[ACT_COUNT] = {
+    "flip", "flood", "quota", "disconnect", "garbage", "shrink", "alias", "trespass", "kill",
+    "restart"};
 
 enum { MAX_CLIENTS = 32 };
 
@@ -197,6 +198,7 @@ typedef struct good {
     unsigned conn_gen; /* gen when c connected */
     unsigned made_gen; /* gen when the objects below were made */
     int ready;
+    int stuck; /* a call timed out: the connection is made again */
     gpucd_region *r;
     uint8_t *area; /* the region's bytes, or host_area over tcp */
     uint8_t *host_area;
@@ -235,6 +237,9 @@ static int good_answer(good *g, int rv, int right, const char *what, unsigned ge
                          rv == GPUCD_ECONNREFUSED || rv == GPUCD_EUNAVAILABLE ||
                          rv == GPUCD_ERESOURCE_EXHAUSTED ||
                          (restarted && (rv == GPUCD_ENOT_FOUND || rv == GPUCD_EPERMISSION_DENIED));
+    /* nng 1.5.2 now and then never accepts a connection (see test_bad_input): a client that
+     * waited a whole timeout connects again, as a real one would. */
+    g->stuck |= rv == GPUCD_ETIMEDOUT;
     if (!expected) {
         atomic_fetch_add(&sh->wrong, 1);
         fprintf(stderr, "chaos: client %d: %s refused unexpectedly: %s: %s (daemon gen %u)\n",
@@ -274,10 +279,13 @@ static int good_put_known(good *g, int k)
                     "tensor_put (known)");
 }
 
-/* Lets go of the objects; those of a daemon since restarted are gone already. */
+/* Lets go of the objects; those of a daemon since restarted are gone already, and those of
+ * a connection about to be closed go with it. */
 static void good_drop(good *g)
 {
     const int same_daemon = gen_now() == g->made_gen;
+    /* The tcp:// port is the daemon's: after a restart, connect to the new one. */
+    const int reconnect = g->stuck || (g->remote && gen_now() != g->conn_gen);
     uint64_t *ids[KNOWN + 3 + NM_WEIGHTS];
     int n = 0;
     for (int k = 0; k < KNOWN; k++)
@@ -286,7 +294,7 @@ static void good_drop(good *g)
     for (int k = 0; k < NM_WEIGHTS; k++)
         ids[n++] = &g->nm_ids[k];
     for (int k = 0; k < n; k++) {
-        if (*ids[k] != 0 && same_daemon && g->c != NULL)
+        if (*ids[k] != 0 && same_daemon && !reconnect && g->c != NULL)
             gpucd_tensor_free(g->c, *ids[k]);
         *ids[k] = 0;
     }
@@ -294,11 +302,11 @@ static void good_drop(good *g)
         gpucd_region_destroy(g->r); /* unmapped whatever the daemon says */
     g->r = NULL;
     g->area = NULL;
-    /* The tcp:// port is the daemon's: after a restart, connect to the new one. */
-    if (g->c != NULL && g->remote && gen_now() != g->conn_gen) {
+    if (g->c != NULL && reconnect) {
         gpucd_close(g->c);
         g->c = NULL;
     }
+    g->stuck = 0;
 }
 
 static int good_make(good *g)
@@ -900,28 +908,38 @@ static void role_disconnect(void)
 
 /* ---- hostile: garbage and hand-made bad requests ---------------------------------------- */
 
+/* A buffer of random bytes, 64-byte aligned for payloads. */
+typedef struct noise {
+    uint8_t b[4096] __attribute__((aligned(64)));
+} noise;
+
+static void noise_fill(noise *n)
+{
+    for (size_t i = 0; i < sizeof n->b; i += 8) {
+        uint64_t z = th_rand_u64();
+        memcpy(n->b + i, &z, 8);
+    }
+}
+
 /* One bad message on raw; returns 0 when no reply came (the socket is to be opened again). */
 static int garbage_send(th_raw *raw)
 {
-    uint8_t buf[4096] __attribute__((aligned(64)));
-    for (size_t i = 0; i < sizeof buf; i += 8) {
-        uint64_t z = th_rand_u64();
-        memcpy(buf + i, &z, 8);
-    }
+    noise buf;
+    noise_fill(&buf);
     Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
     rref a, b, o;
     int err = 0;
     Gpucd__V1__Reply *rep = NULL;
     fault(ACT_GARBAGE);
-    switch (th_rand_u64() % 7) {
+    switch (th_rand_u64() % 4) {
     case 0: /* bytes */
-        rep = th_raw_send_bytes(raw, buf, th_rand_u64() % 256, &err);
+        rep = th_raw_send_bytes(raw, buf.b, th_rand_u64() % 256, &err);
         break;
     case 1: { /* a valid prefix, then anything */
-        memcpy(buf, "GPCD", 4);
+        memcpy(buf.b, "GPCD", 4);
         const uint32_t hl = (uint32_t)(th_rand_u64() % 300);
-        memcpy(buf + 4, &hl, 4);
-        rep = th_raw_send_bytes(raw, buf, 8 + th_rand_u64() % 400, &err);
+        memcpy(buf.b + 4, &hl, 4);
+        rep = th_raw_send_bytes(raw, buf.b, 8 + th_rand_u64() % 400, &err);
         break;
     }
     case 2: { /* another protocol version */
@@ -932,7 +950,7 @@ static int garbage_send(th_raw *raw)
         rep = th_raw_call(raw, &req, NULL, 0);
         break;
     }
-    case 3: { /* regions of anyone (small ids), anywhere, of any dtype and shape */
+    default: { /* regions of anyone (small ids), anywhere, of any dtype and shape */
         Gpucd__V1__Conv2dForward op = GPUCD__V1__CONV2D_FORWARD__INIT;
         Gpucd__V1__Conv2dParams params = GPUCD__V1__CONV2D_PARAMS__INIT;
         params.stride_h = params.stride_w = 1;
@@ -949,9 +967,26 @@ static int garbage_send(th_raw *raw)
         rep = th_raw_call(raw, &req, NULL, 0);
         break;
     }
-    case 4: { /* writes into anyone's resident tensor of the well-behaved clients' shape */
+    }
+    return reply_status(rep) >= 0;
+}
+
+/*
+ * One request on others' objects by guessed id: a write into a resident tensor of the
+ * well-behaved clients' shape, a free, an unregister.  Returns as garbage_send.
+ */
+static int trespass_send(th_raw *raw)
+{
+    noise buf;
+    noise_fill(&buf);
+    Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
+    rref a, b, o;
+    Gpucd__V1__Reply *rep = NULL;
+    fault(ACT_TRESPASS);
+    switch (th_rand_u64() % 3) {
+    case 0: { /* out (KNOWN_ROWS, KNOWN_COLS): rows of a table of noise */
         Gpucd__V1__EmbeddingForward op = GPUCD__V1__EMBEDDING_FORWARD__INIT;
-        int32_t *idx = (int32_t *)buf;
+        int32_t *idx = (int32_t *)buf.b;
         for (int i = 0; i < KNOWN_ROWS; i++)
             idx[i] = i;
         op.indices = rref_payload(&a, GPUCD__V1__DTYPE__I32, 0, 1, TH_SHAPE(KNOWN_ROWS));
@@ -961,10 +996,10 @@ static int garbage_send(th_raw *raw)
                                TH_SHAPE(KNOWN_ROWS, KNOWN_COLS));
         req.op_case = GPUCD__V1__REQUEST__OP_EMBEDDING_FORWARD;
         req.embedding_forward = &op;
-        rep = th_raw_call(raw, &req, buf, 64 + KNOWN_N * 4);
+        rep = th_raw_call(raw, &req, buf.b, 64 + KNOWN_N * 4);
         break;
     }
-    case 5: { /* frees anyone's resident tensor */
+    case 1: {
         Gpucd__V1__TensorFree op = GPUCD__V1__TENSOR_FREE__INIT;
         op.id = 1 + th_rand_u64() % 512;
         req.op_case = GPUCD__V1__REQUEST__OP_TENSOR_FREE;
@@ -972,7 +1007,7 @@ static int garbage_send(th_raw *raw)
         rep = th_raw_call(raw, &req, NULL, 0);
         break;
     }
-    default: { /* unregisters anyone's region */
+    default: {
         Gpucd__V1__RegionUnregister op = GPUCD__V1__REGION_UNREGISTER__INIT;
         op.region_id = 1 + th_rand_u64() % 512;
         req.op_case = GPUCD__V1__REQUEST__OP_REGION_UNREGISTER;
@@ -984,7 +1019,9 @@ static int garbage_send(th_raw *raw)
     return reply_status(rep) >= 0;
 }
 
-static void role_garbage(void)
+/* Sends send's messages over ipc:// and now and then tcp://, each socket opened again when
+ * its daemon went away. */
+static void role_raw(int (*send)(th_raw *))
 {
     th_raw ipc, tcp;
     char url[64];
@@ -992,11 +1029,11 @@ static void role_garbage(void)
     th_raw_open(&ipc, ipc_url); /* exits when nothing listens: the test starts another */
     th_raw_open(&tcp, url);
     while (!stopping()) {
-        if (!garbage_send(&ipc)) {
+        if (!send(&ipc)) {
             th_raw_close(&ipc);
             th_raw_open(&ipc, ipc_url);
         }
-        if (th_rand_u64() % 4 == 0 && !garbage_send(&tcp)) {
+        if (th_rand_u64() % 4 == 0 && !send(&tcp)) {
             th_raw_close(&tcp);
             tcp_url(url);
             th_raw_open(&tcp, url);
@@ -1136,7 +1173,10 @@ static int role_main(char **argv)
         role_disconnect();
         break;
     case ACT_GARBAGE:
-        role_garbage();
+        role_raw(garbage_send);
+        break;
+    case ACT_TRESPASS:
+        role_raw(trespass_send);
         break;
     case ACT_SHRINK:
         role_regions(act_shrink);
@@ -1291,25 +1331,35 @@ static int stats_pair(const char *json, const char *key, uint64_t *count, uint64
     return 0;
 }
 
-/* Once everyone left, the daemon holds nothing of theirs: waits 120 s of wall time for it. */
+/*
+ * Once everyone left, the daemon holds nothing of theirs: waits 120 s of wall time for it,
+ * on a new connection after each failed try (see good_answer).
+ */
 static void expect_nothing_held(void)
 {
     uint64_t rc = 0, rb = 0, tc = 0, tb = 0;
-    int got = 0;
-    gpucd_client *c = connect_to(ipc_url, 30000);
-    for (const uint64_t until = now_ms() + 120000; c != NULL && now_ms() < until; sleep_ms(200)) {
+    int got = 0, tries = 0;
+    char why[256] = "";
+    for (const uint64_t until = now_ms() + 120000; now_ms() < until; sleep_ms(200)) {
+        gpucd_client *c = connect_to(ipc_url, 10000);
         char *json = NULL;
-        if (gpucd_stats_json(c, &json) != 0)
+        tries++;
+        if (c == NULL || gpucd_stats_json(c, &json) != 0) {
+            snprintf(why, sizeof why, "%s", gpucd_errmsg(c));
+            gpucd_close(c);
             continue;
+        }
+        gpucd_close(c);
         got = stats_pair(json, "regions", &rc, &rb) == 0 &&
               stats_pair(json, "resident_tensors", &tc, &tb) == 0;
         free(json);
         if (got && rc == 0 && rb == 0 && tc == 0 && tb == 0)
             break;
     }
-    gpucd_close(c);
+    if (tries > 1)
+        printf("chaos: the stats at the end took %d tries\n", tries);
     if (!got)
-        failure("no stats from the daemon at the end: %s", gpucd_errmsg(NULL));
+        failure("no stats from the daemon at the end: %s", why);
     else if (rc != 0 || rb != 0 || tc != 0 || tb != 0)
         failure("120 s after everyone left the daemon still holds %llu regions (%llu bytes) and "
                 "%llu resident tensors (%llu bytes)",
@@ -1387,8 +1437,10 @@ int main(int argc, char **argv)
     for (int i = 0; i < n_clients; i++)
         procs[n++] = (proc){.role = -1, .slot = i};
     for (int a = 0; a < ACT_KILL; a++)
-        if (acts & (1u << a))
-            procs[n++] = (proc){.role = a, .slot = n};
+        if (acts & (1u << a)) {
+            procs[n] = (proc){.role = a, .slot = n};
+            n++;
+        }
     for (int i = 0; i < n; i++)
         proc_spawn(&procs[i]);
 
