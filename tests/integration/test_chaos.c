@@ -643,6 +643,14 @@ static Gpucd__V1__TensorRef *rref_resident(rref *r, Gpucd__V1__DType dt, uint64_
     return &r->t;
 }
 
+/* th_raw_open with a send timeout too: a request socket whose daemon is gone for good
+ * would wait for it forever. */
+static void chaos_raw_open(th_raw *raw, const char *url)
+{
+    th_raw_open(raw, url); /* exits when nothing listens: the test starts another */
+    nng_socket_set_ms(raw->sock, NNG_OPT_SENDTIMEO, 20000);
+}
+
 /* The reply's status (and frees it); -1 when none came. */
 static int reply_status(Gpucd__V1__Reply *rep)
 {
@@ -1026,17 +1034,17 @@ static void role_raw(int (*send)(th_raw *))
     th_raw ipc, tcp;
     char url[64];
     tcp_url(url);
-    th_raw_open(&ipc, ipc_url); /* exits when nothing listens: the test starts another */
-    th_raw_open(&tcp, url);
+    chaos_raw_open(&ipc, ipc_url);
+    chaos_raw_open(&tcp, url);
     while (!stopping()) {
         if (!send(&ipc)) {
             th_raw_close(&ipc);
-            th_raw_open(&ipc, ipc_url);
+            chaos_raw_open(&ipc, ipc_url);
         }
         if (th_rand_u64() % 4 == 0 && !send(&tcp)) {
             th_raw_close(&tcp);
             tcp_url(url);
-            th_raw_open(&tcp, url);
+            chaos_raw_open(&tcp, url);
         }
     }
     th_raw_close(&ipc);
@@ -1126,7 +1134,7 @@ static void act_alias(th_raw *raw)
 static void role_regions(void (*act_fn)(th_raw *))
 {
     th_raw raw;
-    th_raw_open(&raw, ipc_url); /* exits when nothing listens: the test starts another */
+    chaos_raw_open(&raw, ipc_url);
     while (!stopping()) {
         act_fn(&raw);
         /* a socket that lost its daemon is opened again */
@@ -1136,7 +1144,7 @@ static void role_regions(void (*act_fn)(th_raw *))
         req.ping = &ping;
         if (reply_status(th_raw_call(&raw, &req, NULL, 0)) < 0) {
             th_raw_close(&raw);
-            th_raw_open(&raw, ipc_url);
+            chaos_raw_open(&raw, ipc_url);
         }
         sleep_ms(10);
     }
@@ -1464,6 +1472,13 @@ int main(int argc, char **argv)
     }
     printf("chaos: everyone leaves at %.1f s\n", (double)(now_ms() - t0) / 1000);
     atomic_store(&sh->stop, 1);
+    if (d.pid <= 0) /* died: the clients' calls may wait for it for good */
+        for (int i = 0; i < n; i++)
+            if (procs[i].pid > 0) {
+                kill(procs[i].pid, SIGKILL);
+                waitpid(procs[i].pid, NULL, 0);
+                procs[i].pid = 0;
+            }
     for (const uint64_t until = now_ms() + 120000; now_ms() < until; sleep_ms(50)) {
         procs_reap(procs, n, 0);
         daemon_died(&d);
