@@ -78,6 +78,7 @@ typedef struct chaos_shared {
 
 static chaos_shared *sh;
 static char ipc_url[200];
+static int verbose; /* CHAOS_VERBOSE=1: every refusal of a well-behaved call is printed */
 
 static uint64_t now_ms(void)
 {
@@ -240,11 +241,15 @@ static int good_answer(good *g, int rv, int right, const char *what, unsigned ge
     /* nng 1.5.2 now and then never accepts a connection (see test_bad_input): a client that
      * waited a whole timeout connects again, as a real one would. */
     g->stuck |= rv == GPUCD_ETIMEDOUT;
-    if (!expected) {
+    /* An id of the old daemon that names another client's object of another shape. */
+    if (restarted && rv == GPUCD_EINVALID_ARGUMENT)
+        atomic_fetch_add(&sh->stale, 1);
+    if (!expected)
         atomic_fetch_add(&sh->wrong, 1);
-        fprintf(stderr, "chaos: client %d: %s refused unexpectedly: %s: %s (daemon gen %u)\n",
-                g->slot, what, gpucd_strerror(rv), gpucd_errmsg(g->c), gen0);
-    }
+    if (!expected || verbose)
+        fprintf(stderr, "chaos: client %d: %s refused%s: %s: %s (daemon gen %u, now %u)\n",
+                g->slot, what, expected ? "" : " unexpectedly", gpucd_strerror(rv),
+                gpucd_errmsg(g->c), gen0, gen_now());
     g->ready = 0;
     return 0;
 }
@@ -563,6 +568,10 @@ static void role_good(int slot, int clients)
             sleep_ms(20);
             continue;
         }
+        /* Now and then a pause, as a worker's own step: a restart may then pass unseen
+         * between two calls, and the next call use the old daemon's ids. */
+        if (th_rand_u64() % 64 == 0)
+            sleep_ms(100 + (int)(th_rand_u64() % 1500));
         const int pick = (int)(th_rand_u64() % 24);
         if (pick < 6)
             good_multihot(g, 0);
@@ -1159,6 +1168,7 @@ static int role_main(char **argv)
     /* argv: self daemon --chaos-role ROLE SLOT CLIENTS FD SEED URL */
     const int role = atoi(argv[3]), slot = atoi(argv[4]), clients = atoi(argv[5]);
     setenv("GPUCD_TEST_SEED", argv[7], 1);
+    verbose = getenv("CHAOS_VERBOSE") != NULL && atoi(getenv("CHAOS_VERBOSE")) != 0;
     th_seed();
     sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED, atoi(argv[6]), 0);
     if (sh == MAP_FAILED)
