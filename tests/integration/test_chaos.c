@@ -14,6 +14,7 @@
  * used it); all share one page of counters (a memfd).  What is checked does not depend on
  * timing: a refusal or a lost call is counted, never a latency.  The last line is the summary.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -1217,6 +1218,10 @@ typedef struct proc {
 } proc;
 
 static int shared_fd, n_clients;
+/* Every process started, for the shared-memory names a killed one may have left. */
+enum { MAX_SPAWNED = 1 << 14 };
+static pid_t spawned[MAX_SPAWNED];
+static int n_spawned;
 
 static void proc_spawn(proc *p)
 {
@@ -1237,6 +1242,37 @@ static void proc_spawn(proc *p)
         _exit(127);
     }
     p->pid = pid;
+    if (n_spawned < MAX_SPAWNED)
+        spawned[n_spawned++] = pid;
+}
+
+/* Removes the objects a process killed between creating and unlinking one left in /dev/shm
+ * (the library's "gpucd-PID-...", th_shm_create's "gpucd-test-PID-..."). */
+static void shm_sweep(void)
+{
+    DIR *dir = opendir("/dev/shm");
+    for (struct dirent *e; dir != NULL && (e = readdir(dir)) != NULL;) {
+        const char *rest = e->d_name;
+        if (strncmp(rest, "gpucd-test-", 11) == 0)
+            rest += 11;
+        else if (strncmp(rest, "gpucd-", 6) == 0)
+            rest += 6;
+        else
+            continue;
+        char *end;
+        const long pid = strtol(rest, &end, 10);
+        if (end == rest || *end != '-')
+            continue;
+        for (int i = 0; i < n_spawned; i++)
+            if (spawned[i] == (pid_t)pid) {
+                char path[300];
+                snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+                unlink(path);
+                break;
+            }
+    }
+    if (dir != NULL)
+        closedir(dir);
 }
 
 static const char *proc_name(const proc *p)
@@ -1510,19 +1546,21 @@ int main(int argc, char **argv)
         kill(procs[i].pid, SIGKILL);
         waitpid(procs[i].pid, NULL, 0);
     }
-    if (!daemon_died(&d)) {
+    const int died = daemon_died(&d);
+    if (!died) {
         expect_nothing_held();
         const int rc = th_daemon_stop(&d);
         if (rc != 0)
             failure("the daemon exited with %d on SIGTERM at the end", rc);
     }
+    shm_sweep();
     char sock[128];
     snprintf(sock, sizeof sock, "%s/chaos.sock", dir);
     unlink(sock);
     rmdir(dir);
 
     const unsigned last_gen = atomic_load(&sh->gen);
-    for (int i = 0; i < n_clients; i++)
+    for (int i = 0; i < n_clients && !died; i++)
         if (atomic_load(&sh->last_ok_gen[i]) != last_gen)
             failure("well-behaved client %d got no OK answer from the last daemon", i);
     const unsigned long long wrong = atomic_load(&sh->wrong), stale = atomic_load(&sh->stale);
