@@ -3,16 +3,18 @@
  * well-behaved client processes (CHAOS_CLIENTS, default 8, the last one over tcp://) check
  * every answer against the CPU kernels and re-read resident tensors of known contents, while
  * hostile processes flip their own input bytes mid-request, flood connections and quotas,
- * disconnect mid-request, send garbage and hand-made bad requests, shrink and alias regions,
- * and are SIGKILLed at random moments (and replaced); the daemon is restarted twice at the
- * same URL.  Pass: the daemon never died unasked, every OK answer was right, no stale id
- * reached another client's object, every well-behaved client got an OK answer from the last
- * daemon, and once everyone left the daemon holds no region and no resident tensor.
+ * disconnect mid-request, send garbage and hand-made bad requests, write into and free
+ * others' objects by guessed ids, shrink and alias regions, and are SIGKILLed at random
+ * moments (and replaced); the daemon is restarted twice at the same URL.  Pass: the daemon
+ * never died unasked, every OK answer was right, no stale id reached another client's
+ * object, every well-behaved client got an OK answer from the last daemon, and once everyone
+ * left the daemon holds no region and no resident tensor.
  *
- * CHAOS_ACTS=flip,flood,... picks the acts (act_names; default all).  Every process is this
- * program run again with --chaos-role (nng may not be used in a child forked after its parent
- * used it); all share one page of counters (a memfd).  What is checked does not depend on
- * timing: a refusal or a lost call is counted, never a latency.  The last line is the summary.
+ * CHAOS_ACTS=flip,flood,... picks the acts (act_names; default all); CHAOS_VERBOSE=1 prints
+ * every refusal a well-behaved client gets.  Every process is this program run again with
+ * --chaos-role (nng may not be used in a child forked after its parent used it); all share
+ * one page of counters (a memfd).  What is checked does not depend on timing: a refusal or a
+ * lost call is counted, never a latency.  The last line is the summary.
  */
 #include <dirent.h>
 #include <errno.h>
