@@ -1068,59 +1068,73 @@ static void role_raw(int (*send)(th_raw *))
     exit(0);
 }
 
-/*
- * ---- hostile: a region shrunk under the daemon, and one object registered twice ----------
- *
- * Written against today's registration by name (th_shm_create, th_raw_register); the
- * registration by sealed memfd over the side socket replaces it.  PORT each act (one
- * function) to it: what the act does stays the same.
- */
+/* ---- hostile: a region shrunk under the daemon, and one object registered twice -------- */
 enum { SHRINK_B = 16, SHRINK_BYTES = 1 << 20, SHRINK_OUT = 65536 };
 
-/* PORT: shrink.  A registered region truncated, then used (on main today: SIGBUS). */
+/* reg passed over the descriptor socket and claimed on raw; NULL when the daemon refused it. */
+static Gpucd__V1__Reply *register_memfd(th_raw *raw, const th_region *reg)
+{
+    uint64_t token;
+    fdpass_answer ans;
+    if (th_fdpass_region(raw->url, reg, &token, &ans) != 0)
+        return NULL;
+    return th_raw_register(raw, token, reg->size);
+}
+
+/*
+ * Shrink: a region resized after it was registered, then used.  Half the memfds carry the
+ * seals the daemon asks for, whose ftruncate must fail; the others, unsealed, must never be
+ * registered.  Either way the daemon may not die of a page it lost.
+ */
 static void act_shrink(th_raw *raw)
 {
-    char name[64];
-    uint8_t *p = th_shm_create(name, SHRINK_BYTES, 0600);
-    th_fill_nmmo3_obs(p, SHRINK_B);
-    Gpucd__V1__Reply *rep = th_raw_register(raw, name, SHRINK_BYTES);
-    int fd = shm_open(name, O_RDWR, 0);
-    shm_unlink(name);
-    if (rep != NULL && rep->status == GPUCD__V1__STATUS__OK && fd >= 0) {
+    const int sealed = (int)(th_rand_u64() % 2);
+    th_region reg;
+    th_memfd_make(&reg, SHRINK_BYTES, sealed ? F_SEAL_SHRINK | F_SEAL_GROW : 0);
+    th_fill_nmmo3_obs(reg.base, SHRINK_B);
+    Gpucd__V1__Reply *rep = register_memfd(raw, &reg);
+    fault(ACT_SHRINK);
+    const int registered = rep != NULL && rep->status == GPUCD__V1__STATUS__OK;
+    const int shrunk = ftruncate(reg.fd, th_rand_u64() % 2 ? 0 : SHRINK_OUT / 2) == 0;
+    if (registered && shrunk) {
+        atomic_fetch_add(&sh->wrong, 1);
+        fprintf(stderr, "chaos: shrink: a registered region (%s) could be resized\n",
+                sealed ? "sealed" : "unsealed");
+    }
+    if (registered) {
         const uint64_t id = rep->region_id;
-        fault(ACT_SHRINK);
-        /* A region the daemon sealed refuses, as it should; the request goes all the same. */
-        (void)!ftruncate(fd, th_rand_u64() % 2 ? 0 : SHRINK_OUT / 2);
         reply_status(raw_multihot(raw, id, 0, id, SHRINK_OUT, SHRINK_B)); /* any answer */
         raw_unregister(raw, id);
     }
     if (rep != NULL)
         gpucd__v1__reply__free_unpacked(rep, NULL);
-    if (fd >= 0)
-        close(fd);
-    munmap(p, SHRINK_BYTES); /* never touched again: its pages are gone */
+    th_region_free(&reg); /* unmapping never touches the pages a shrink took */
 }
 
 enum { ALIAS_B = 2, ALIAS_BYTES = 1 << 20 };
 
 /*
- * PORT: alias.  One object registered as two regions, the output in one over the input in
- * the other: a daemon that cannot tell must not answer OK with a wrong answer.
+ * Alias: one object registered as two regions (the same memfd, or a dup of it), the output in
+ * one over the input in the other: a daemon that cannot tell must not answer OK with a wrong
+ * answer.  It should refuse the second registration.
  */
 static void act_alias(th_raw *raw)
 {
-    char name[64];
-    uint8_t *p = th_shm_create(name, ALIAS_BYTES, 0600);
+    th_region reg;
+    th_memfd_make(&reg, ALIAS_BYTES, F_SEAL_SHRINK | F_SEAL_GROW);
     uint8_t obs[ALIAS_B * 1707];
     th_fill_nmmo3_obs(obs, ALIAS_B);
-    memcpy(p, obs, sizeof obs);
-    Gpucd__V1__Reply *a = th_raw_register(raw, name, ALIAS_BYTES);
-    Gpucd__V1__Reply *b = th_raw_register(raw, name, ALIAS_BYTES);
-    shm_unlink(name);
+    memcpy(reg.base, obs, sizeof obs);
+    th_region again = reg;
+    again.fd = th_rand_u64() % 2 ? dup(reg.fd) : reg.fd;
+    Gpucd__V1__Reply *a = register_memfd(raw, &reg);
+    Gpucd__V1__Reply *b = again.fd >= 0 ? register_memfd(raw, &again) : NULL;
+    if (again.fd != reg.fd && again.fd >= 0)
+        close(again.fd);
     const int both = a != NULL && a->status == GPUCD__V1__STATUS__OK && b != NULL &&
                      b->status == GPUCD__V1__STATUS__OK;
+    fault(ACT_ALIAS);
     if (both) {
-        fault(ACT_ALIAS);
         Gpucd__V1__Reply *rep = raw_multihot(raw, a->region_id, 0, b->region_id, 0, ALIAS_B);
         if (rep != NULL && rep->status == GPUCD__V1__STATUS__OK) {
             const size_t n = (size_t)ALIAS_B * 59 * 11 * 15;
@@ -1129,7 +1143,7 @@ static void act_alias(th_raw *raw)
             gk_tensor gw = gk_tensor_make(want, GK_F32, 4, TH_SHAPE(ALIAS_B, 59, 11, 15));
             gk_err err;
             check_ref(gk_cpu_multihot_encode(&gk_nmmo3_layout, &go, &gw, &err), &err, "multihot");
-            if (memcmp(p, want, n * 4) != 0) {
+            if (memcmp(reg.base, want, n * 4) != 0) {
                 atomic_fetch_add(&sh->wrong, 1);
                 fprintf(stderr, "chaos: alias: the output over its own input in an alias region "
                                 "answered OK, but the answer is wrong\n");
@@ -1144,7 +1158,7 @@ static void act_alias(th_raw *raw)
         raw_unregister(raw, b->region_id);
     reply_status(a);
     reply_status(b);
-    munmap(p, ALIAS_BYTES);
+    th_region_free(&reg);
 }
 
 static void role_regions(void (*act_fn)(th_raw *))
@@ -1248,33 +1262,31 @@ static void proc_spawn(proc *p)
         spawned[n_spawned++] = pid;
 }
 
-/* Removes the objects a process killed between creating and unlinking one left in /dev/shm
- * (the library's "gpucd-PID-...", th_shm_create's "gpucd-test-PID-..."). */
-static void shm_sweep(void)
+/* Objects named in /dev/shm by a process of this test: there must be none (regions and queue
+ * pages are memfds), however it ended.  Counts them, removing each. */
+static int shm_leftovers(void)
 {
+    int n = 0;
     DIR *dir = opendir("/dev/shm");
     for (struct dirent *e; dir != NULL && (e = readdir(dir)) != NULL;) {
-        const char *rest = e->d_name;
-        if (strncmp(rest, "gpucd-test-", 11) == 0)
-            rest += 11;
-        else if (strncmp(rest, "gpucd-", 6) == 0)
-            rest += 6;
-        else
+        if (strncmp(e->d_name, "gpucd-", 6) != 0)
             continue;
         char *end;
-        const long pid = strtol(rest, &end, 10);
-        if (end == rest || *end != '-')
+        const long pid = strtol(e->d_name + 6, &end, 10);
+        if (end == e->d_name + 6 || *end != '-')
             continue;
         for (int i = 0; i < n_spawned; i++)
             if (spawned[i] == (pid_t)pid) {
                 char path[300];
                 snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
                 unlink(path);
+                n++;
                 break;
             }
     }
     if (dir != NULL)
         closedir(dir);
+    return n;
 }
 
 static const char *proc_name(const proc *p)
@@ -1555,9 +1567,13 @@ int main(int argc, char **argv)
         if (rc != 0)
             failure("the daemon exited with %d on SIGTERM at the end", rc);
     }
-    shm_sweep();
+    const int leftovers = shm_leftovers();
+    if (leftovers != 0)
+        failure("%d objects named in /dev/shm by the test's processes", leftovers);
     char sock[128];
     snprintf(sock, sizeof sock, "%s/chaos.sock", dir);
+    unlink(sock);
+    snprintf(sock, sizeof sock, "%s/chaos.sock.fd", dir);
     unlink(sock);
     rmdir(dir);
 
