@@ -21,6 +21,7 @@ typedef struct gcd_daemon {
     gcd_stats stats;
     struct gcd_batcher *batcher; /* NULL: every request runs alone */
     struct gcd_submitq *submitq; /* NULL: --submit-queues 0, or not started */
+    struct gcd_conns *conns;     /* the connections alive now (conns.h) */
     gcd_cpu_latency cpu_latency; /* --cpu-latency-us, as held */
     atomic_int ready;    /* kernels warm, buffers allocated, not draining */
     atomic_int draining; /* refusing new work */

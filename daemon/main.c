@@ -13,6 +13,7 @@
 #include <uv.h>
 
 #include "batcher.h"
+#include "conns.h"
 #include "daemon.h"
 #include "http_stats.h"
 #include "log.h"
@@ -130,7 +131,8 @@ int main(int argc, char **argv)
     }
     d->ops->describe(d->backend, &d->device);
     if (gcd_regions_init(&d->regions, d->backend, d->ops) != 0 ||
-        gcd_residents_init(&d->residents, d->backend, d->ops, d->cfg.resident_mb << 20) != 0) {
+        gcd_residents_init(&d->residents, d->backend, d->ops, d->cfg.resident_mb << 20) != 0 ||
+        gcd_conns_init(&d->conns) != 0) {
         gcd_log_error("out of memory");
         return 1;
     }
@@ -168,6 +170,7 @@ int main(int argc, char **argv)
     gcd_http_stats_stop(m.http); /* before the backend it reports on closes */
     if (d->batcher != NULL)
         gcd_batcher_fini(d->batcher);
+    gcd_conns_fini(d->conns);
     gcd_residents_fini(d->residents);
     gcd_regions_fini(d->regions);
     d->ops->close(d->backend);

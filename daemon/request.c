@@ -14,6 +14,7 @@
 #include "batcher.h"
 #include "bind.h"
 #include "clock.h"
+#include "conns.h"
 #include "decode.h"
 #include "doorbell.h"
 #include "log.h"
@@ -514,6 +515,8 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
             rs->kind = kind_of(req);
             if (refuse)
                 st = fail(rs, GCD_UNAVAILABLE, "the daemon is shutting down");
+            else if (!gcd_conns_live(d->conns, ctx.pipe))
+                st = fail(rs, GCD_UNAVAILABLE, "the connection closed before its request ran");
             else
                 st = dispatch(&ctx, req, rs, &bound);
         }
@@ -547,6 +550,7 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
                                            st == GCD_OK ? bound.out_payload_len : 0);
 
     gcd_unbind(&ctx, &bound, st == GCD_OK);
+    gcd_conns_sweep(d, ctx.pipe); /* what it made for a connection that left meanwhile */
     if (req != NULL)
         gpucd__v1__request__free_unpacked(req, NULL);
     free(aligned_payload);

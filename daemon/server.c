@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "conns.h"
 #include "log.h"
 #include "request.h"
 #include "submitq.h"
@@ -136,15 +137,15 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
         if (atomic_load(&d->draining))
             nng_pipe_close(p);
     } else if (ev == NNG_PIPE_EV_ADD_POST) {
+        if (gcd_conns_add(d->conns, id) != 0) { /* its requests would never run */
+            gcd_log_error("no memory to list client %u; closing it", id);
+            nng_pipe_close(p);
+        }
         atomic_fetch_add(&d->stats.clients, 1);
         gcd_log_debug("client %u connected", id);
     } else if (ev == NNG_PIPE_EV_REM_POST) {
         atomic_fetch_sub(&d->stats.clients, 1);
-        /* Regions first: a queue opened on one of them meanwhile sees it gone (submitq.c). */
-        gcd_regions_drop_owner(d->regions, id);
-        if (d->submitq != NULL)
-            gcd_submitq_drop_owner(d->submitq, id);
-        gcd_residents_drop_owner(d->residents, id);
+        gcd_conns_remove(d, id);
         gcd_log_debug("client %u disconnected", id);
     }
 }
