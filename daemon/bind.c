@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "status.h"
 
@@ -240,6 +241,38 @@ static void lock_residents(gcd_bound *bound)
     }
 }
 
+/*
+ * Inline outputs of PAYLOAD_MAP_MIN bytes and more are mapped, not taken from
+ * the heap: the pages come zeroed (never a byte of another client's data),
+ * become memory only where the kernel writes, which is after the operation's
+ * checks, and go back to the system when unmapped.  A request that declares a
+ * huge output its inputs cannot produce is refused having cost no memory.
+ * Smaller ones come from the heap and are zeroed.
+ */
+enum { PAYLOAD_MAP_MIN = 1 << 20 };
+
+static uint8_t *payload_alloc(size_t n)
+{
+    if (n < PAYLOAD_MAP_MIN) {
+        uint8_t *p = aligned_alloc(WIRE_ALIGN, n);
+        if (p != NULL)
+            memset(p, 0, n);
+        return p;
+    }
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p != MAP_FAILED ? p : NULL;
+}
+
+static void payload_free(uint8_t *p, size_t n)
+{
+    if (p == NULL)
+        return;
+    if (n < PAYLOAD_MAP_MIN)
+        free(p);
+    else
+        munmap(p, n);
+}
+
 gcd_status gcd_bind(const gcd_bind_ctx *ctx, gcd_op *op, const gcd_ref *const refs[],
                     const char *const names[], gcd_bound *bound, char *why, size_t whylen)
 {
@@ -291,14 +324,11 @@ gcd_status gcd_bind(const gcd_bind_ctx *ctx, gcd_op *op, const gcd_ref *const re
                      total, (unsigned long long)limit);
             st = GCD_MESSAGE_TOO_LARGE;
         } else if (total > 0) {
-            bound->out_payload = aligned_alloc(WIRE_ALIGN, total);
+            bound->out_payload = payload_alloc(total);
             if (bound->out_payload == NULL) {
                 snprintf(why, whylen, "out of memory for %zu bytes of inline outputs", total);
                 st = GCD_RESOURCE_EXHAUSTED;
             } else {
-                /* Zeroed: the padding between outputs must never carry stale heap bytes
-                 * (another client's data) to this client. */
-                memset(bound->out_payload, 0, total);
                 bound->out_payload_len = total;
                 for (int i = 0; i < op->nargs; i++)
                     if (bound->b[i].to_payload)
@@ -333,7 +363,7 @@ void gcd_unbind(const gcd_bind_ctx *ctx, gcd_bound *bound, int success)
     if (bound->doorbell.region != NULL)
         gcd_regions_release(d->regions, bound->doorbell.region);
     memset(&bound->doorbell, 0, sizeof bound->doorbell);
-    free(bound->out_payload);
+    payload_free(bound->out_payload, bound->out_payload_len);
     bound->out_payload = NULL;
     bound->out_payload_len = 0;
 }

@@ -47,7 +47,8 @@ typedef struct gcd_bound {
 
 /*
  * Binds every present slot of op (refs from gcd_decode_compute, or built by the
- * caller for single-tensor operations), allocates the reply payload and new
+ * caller for single-tensor operations), allocates the reply payload (zeroed; a
+ * large one is mapped: memory only where the kernel writes) and new
  * resident tensors, and locks the resident tensors used (in id order).  On
  * failure everything taken is released.
  */

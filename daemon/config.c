@@ -132,6 +132,11 @@ static const config_option config_options[] = {
      "decodes it",
      /* nng refuses receive limits of 4 GiB and more (with the error-reply slack) */
      CONFIG_NUMBER(max_message_mb, 1, 2048)},
+    {"inflight-mb", "MB",
+     "most bytes of messages and inline replies the requests in flight may hold, all clients "
+     "together (default 2048); a request beyond it is refused RESOURCE_EXHAUSTED. At least 3 x "
+     "--max-message-mb serves the largest request with the largest reply",
+     CONFIG_NUMBER(inflight_mb, 1, 1u << 20)},
     {"max-inflight", "N",
      "requests received and served at once through the socket, and as many again from the "
      "submission queues (default 64)",
@@ -260,6 +265,7 @@ void gcd_config_defaults(gcd_config *cfg)
     cfg->workspace_mb = GCD_WORKSPACE_AUTO;
     cfg->resident_mb = 16384;
     cfg->max_message_mb = 256;
+    cfg->inflight_mb = 2048;
     cfg->max_inflight = 64;
     cfg->submit_queues = 1;
     cfg->max_batch = 32768;

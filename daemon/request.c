@@ -47,6 +47,7 @@ typedef struct reply_state {
     Gpucd__V1__StatsReply stats;
     Gpucd__V1__SubmitQueue submit_queue;
     char *stats_json;
+    uint64_t inline_held; /* bytes taken from the daemon's in-flight budget */
     /* the reply payload (inline outputs), owned by the bound request */
     const uint8_t *payload;
     size_t payload_len;
@@ -62,6 +63,40 @@ static gcd_status fail(reply_state *rs, gcd_status st, const char *fmt, ...)
     vsnprintf(rs->why, sizeof rs->why, fmt, ap);
     va_end(ap);
     return st;
+}
+
+/*
+ * Takes n bytes of the daemon-wide budget of inline bytes in flight
+ * (--inflight-mb: request messages, their aligned copies and inline replies),
+ * given back when the request ends; what for names them in the refusal.
+ */
+static gcd_status inline_take(gcd_daemon *d, reply_state *rs, uint64_t n, const char *what)
+{
+    const uint64_t limit = d->cfg.inflight_mb << 20;
+    uint64_t used = atomic_load_explicit(&d->inline_bytes, memory_order_relaxed);
+    do {
+        if (n > limit || used > limit - n)
+            return fail(rs, GCD_RESOURCE_EXHAUSTED,
+                        "%s of %" PRIu64 " bytes would exceed --inflight-mb %" PRIu64 " (the "
+                        "inline bytes of all requests in flight, %" PRIu64 " held now); retry "
+                        "later, or use regions or resident tensors",
+                        what, n, d->cfg.inflight_mb, used);
+    } while (!atomic_compare_exchange_weak_explicit(&d->inline_bytes, &used, used + n,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    rs->inline_held += n;
+    return GCD_OK;
+}
+
+/* Room for the aligned copy of a len-byte payload (see gcd_request_handle), in the budget. */
+static gcd_status payload_align(gcd_daemon *d, reply_state *rs, size_t len, uint8_t **out)
+{
+    gcd_status st = inline_take(d, rs, len, "the aligned copy of a payload");
+    if (st != GCD_OK)
+        return st;
+    *out = aligned_alloc(WIRE_ALIGN, wire_align_up(len));
+    if (*out == NULL)
+        return fail(rs, GCD_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte payload", len);
+    return GCD_OK;
 }
 
 static gcd_req_kind kind_of(const Gpucd__V1__Request *req)
@@ -240,6 +275,8 @@ static gcd_status do_tensor_get(const gcd_bind_ctx *ctx, const Gpucd__V1__Tensor
                                             "resident tensor %" PRIu64 "'s",
                   m->id);
     }
+    if (st == GCD_OK)
+        st = inline_take(d, rs, bound->out_payload_len, "tensor_get: the inline reply");
     if (st == GCD_OK) {
         gk_err err = {{0}};
         uint64_t t0 = gcd_now_us();
@@ -338,6 +375,9 @@ static gcd_status do_compute(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *
     int rc = gcd_op_check(&op, &err);
     if (rc != 0)
         return fail(rs, gcd_status_from_gk(rc), "%s: %s", desc->name, err.msg);
+    st = inline_take(d, rs, bound->out_payload_len, "the inline outputs");
+    if (st != GCD_OK)
+        return st;
     gcd_run_timing t = {0};
     if (d->batcher != NULL && gcd_batcher_accepts(&op)) {
         /* Merged with others; the batcher counts the batches it runs. */
@@ -484,16 +524,16 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
         st = fail(rs, GCD_RESOURCE_EXHAUSTED, "a message of %zu bytes exceeds the daemon's "
                                               "--max-message-mb %" PRIu64,
                   nng_msg_len(msg), d->cfg.max_message_mb);
+    } else if ((st = inline_take(d, rs, nng_msg_len(msg), "a message")) != GCD_OK) {
+        /* refused: rs->why names the budget */
     } else if (wire_split(nng_msg_body(msg), nng_msg_len(msg), &header, &header_len, &payload,
                           &payload_len, &why) != 0) {
         st = fail(rs, GCD_BAD_MESSAGE, "%s", why);
     } else if ((req = gpucd__v1__request__unpack(NULL, header_len, header)) == NULL) {
         st = fail(rs, GCD_BAD_MESSAGE, "the request header is not a valid gpucd.v1.Request");
     } else if (payload_len > 0 && (uintptr_t)payload % WIRE_ALIGN != 0 &&
-               (aligned_payload = aligned_alloc(WIRE_ALIGN, wire_align_up(payload_len))) ==
-                   NULL) {
-        st = fail(rs, GCD_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte payload",
-                  payload_len);
+               (st = payload_align(d, rs, payload_len, &aligned_payload)) != GCD_OK) {
+        /* refused: rs->why says why */
     } else {
         /*
          * nng's REP protocol strips its routing header from the front of the
@@ -565,6 +605,7 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
     gcd_stats_observe(s, rs->kind, GCD_PHASE_TOTAL, rs->timings.total_us);
     if (rep != NULL)
         atomic_fetch_add_explicit(&s->bytes_out, nng_msg_len(rep), memory_order_relaxed);
+    atomic_fetch_sub_explicit(&d->inline_bytes, rs->inline_held, memory_order_relaxed);
     reply_state_free(rs);
     free(rs);
     return rep;

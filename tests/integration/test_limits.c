@@ -122,6 +122,16 @@ static void raw_open_timeout(th_raw *r, const char *url, int timeout_ms)
     assert_int_equal(nng_socket_set_ms(r->sock, NNG_OPT_RECVTIMEO, timeout_ms), 0);
 }
 
+/* A ping carrying len bytes of payload (which the daemon receives and ignores). */
+static Gpucd__V1__Reply *ping_with(th_raw *r, const void *payload, size_t len)
+{
+    Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
+    Gpucd__V1__Ping ping = GPUCD__V1__PING__INIT;
+    req.op_case = GPUCD__V1__REQUEST__OP_PING;
+    req.ping = &ping;
+    return th_raw_call(r, &req, payload, len);
+}
+
 /* ---- a huge declared inline output ------------------------------------------ */
 
 enum { HUGE_THREADS = 16, HUGE_CALLS = 4 };
@@ -199,11 +209,7 @@ static void *flood_thread(void *arg)
     uint8_t *payload = th_xmalloc(FLOOD_BYTES);
     memset(payload, 0x5a, FLOOD_BYTES);
     for (int i = 0; i < FLOOD_CALLS; i++) {
-        Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
-        Gpucd__V1__Ping ping = GPUCD__V1__PING__INIT;
-        req.op_case = GPUCD__V1__REQUEST__OP_PING;
-        req.ping = &ping;
-        Gpucd__V1__Reply *rep = th_raw_call(&r, &req, payload, FLOOD_BYTES);
+        Gpucd__V1__Reply *rep = ping_with(&r, payload, FLOOD_BYTES);
         if (rep != NULL)
             gpucd__v1__reply__free_unpacked(rep, NULL);
     }
@@ -244,6 +250,35 @@ static void test_memory_returns_after_a_flood(void **state)
     gpucd_client *c = th_connect(d.ipc_url);
     assert_int_equal(gpucd_ping(c, NULL), 0);
     gpucd_close(c);
+    assert_int_equal(th_daemon_stop(&d), 0);
+}
+
+/* ---- the in-flight budget --------------------------------------------------- */
+
+static void test_inflight_budget_refuses_by_name(void **state)
+{
+    th_daemon d;
+    th_daemon_start(&d, (const char *const[]){"--inflight-mb", "8", NULL});
+    th_raw r;
+    raw_open_timeout(&r, d.tcp_url, 20000);
+    const size_t big = 12 << 20, small = 1 << 20;
+    uint8_t *payload = th_xmalloc(big);
+    memset(payload, 1, big);
+    Gpucd__V1__Reply *rep = ping_with(&r, payload, big);
+    assert_non_null(rep);
+    assert_int_equal(rep->status, GPUCD__V1__STATUS__RESOURCE_EXHAUSTED);
+    if (strstr(rep->message, "--inflight-mb 8") == NULL)
+        fail_msg("the refusal does not name the budget: %s", rep->message);
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+    /* What the refused request held is back: a smaller one fits again, many times. */
+    for (int i = 0; i < 20; i++) {
+        rep = ping_with(&r, payload, small);
+        assert_non_null(rep);
+        assert_int_equal(rep->status, GPUCD__V1__STATUS__OK);
+        gpucd__v1__reply__free_unpacked(rep, NULL);
+    }
+    free(payload);
+    th_raw_close(&r);
     assert_int_equal(th_daemon_stop(&d), 0);
 }
 
@@ -301,12 +336,8 @@ static void test_bench_warmup_is_capped_and_pings_go_on(void **state)
     raw_open_timeout(&p, d.tcp_url, 10000);
     int pings = 0;
     for (int joined = 0; joined < BENCH_THREADS;) {
-        Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
-        Gpucd__V1__Ping ping = GPUCD__V1__PING__INIT;
-        req.op_case = GPUCD__V1__REQUEST__OP_PING;
-        req.ping = &ping;
         uint64_t t0 = now_ms();
-        Gpucd__V1__Reply *rep = th_raw_call(&p, &req, NULL, 0);
+        Gpucd__V1__Reply *rep = ping_with(&p, NULL, 0);
         if (rep == NULL || rep->status != GPUCD__V1__STATUS__OK)
             fail_msg("ping %d during the benchmarks: no answer within 10 s", pings);
         gpucd__v1__reply__free_unpacked(rep, NULL);
@@ -528,6 +559,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_huge_inline_output_is_refused_cheaply),
         cmocka_unit_test(test_memory_returns_after_a_flood),
+        cmocka_unit_test(test_inflight_budget_refuses_by_name),
         cmocka_unit_test(test_bench_warmup_is_capped_and_pings_go_on),
         cmocka_unit_test(test_closed_connection_leaves_nothing),
         cmocka_unit_test(test_drain_deadline_answers_unavailable),
