@@ -320,27 +320,46 @@ static gcd_status do_submit_queue_open(const gcd_bind_ctx *ctx,
 enum { BENCH_MAX_WARMUP = 1000, BENCH_MAX_ITERATIONS = 10000, BENCH_MAX_US = 10000000 };
 
 /*
- * Server-side benchmarking (Request.bench_iterations): the checked op runs again,
- * warm-up first, then timed by the backend's own compute timing (events on a
- * GPU), so that a remote client sees device time without the transport.  The
- * outputs are rewritten with the same values (every kernel is deterministic).
+ * A request with bench_iterations holds its worker for up to BENCH_MAX_US: at
+ * most a quarter of the workers (at least one) run such requests at once, so
+ * that the others always have workers; the rest are refused at once.
  */
-static gcd_status bench_repeat(gcd_daemon *d, gcd_op *op, const Gpucd__V1__Request *req,
-                               reply_state *rs, const char *name)
+static gcd_status bench_enter(gcd_daemon *d, const Gpucd__V1__Request *req, reply_state *rs)
 {
-    if (req->bench_iterations == 0)
-        return GCD_OK;
     if (req->bench_warmup > BENCH_MAX_WARMUP || req->bench_iterations > BENCH_MAX_ITERATIONS)
         return fail(rs, GCD_INVALID_ARGUMENT, "bench_warmup %u / bench_iterations %u: at most "
                                               "%d / %d",
                     req->bench_warmup, req->bench_iterations, BENCH_MAX_WARMUP,
                     BENCH_MAX_ITERATIONS);
+    const int max = d->workers / 4 > 0 ? d->workers / 4 : 1;
+    if (atomic_fetch_add(&d->bench_running, 1) >= max) {
+        atomic_fetch_sub(&d->bench_running, 1);
+        return fail(rs, GCD_RESOURCE_EXHAUSTED, "%d benchmark requests (bench_iterations) run "
+                                                "already, the most at once (a quarter of the "
+                                                "%d workers); retry later",
+                    max, d->workers);
+    }
+    return GCD_OK;
+}
+
+/*
+ * Server-side benchmarking (Request.bench_iterations): the checked op runs again,
+ * warm-up first, then timed by the backend's own compute timing (events on a
+ * GPU), so that a remote client sees device time without the transport.  The
+ * outputs are rewritten with the same values (every kernel is deterministic).
+ * Warm-up and timed runs together stop after BENCH_MAX_US of wall time, with
+ * at least one timed run.
+ */
+static gcd_status bench_repeat(gcd_daemon *d, gcd_op *op, const Gpucd__V1__Request *req,
+                               reply_state *rs, const char *name)
+{
     gk_err err = {{0}};
     gcd_run_timing t;
-    for (uint32_t i = 0; i < req->bench_warmup; i++)
+    const uint64_t t0 = gcd_now_us();
+    for (uint32_t i = 0; i < req->bench_warmup && gcd_now_us() - t0 < BENCH_MAX_US; i++)
         if (d->ops->run(d->backend, op, &t, &err) != 0)
             return fail(rs, GCD_DEVICE_ERROR, "%s: bench warm-up: %s", name, err.msg);
-    uint64_t t0 = gcd_now_us(), sum = 0;
+    uint64_t sum = 0;
     uint32_t n = 0;
     while (n < req->bench_iterations && (n == 0 || gcd_now_us() - t0 < BENCH_MAX_US)) {
         int rc = d->ops->run(d->backend, op, &t, &err);
@@ -352,6 +371,46 @@ static gcd_status bench_repeat(gcd_daemon *d, gcd_op *op, const Gpucd__V1__Reque
     }
     rs->timings.bench_compute_us = (double)sum / n;
     rs->timings.bench_iterations = n;
+    return GCD_OK;
+}
+
+/* Runs a bound and checked op (and its benchmark runs); describes its outputs. */
+static gcd_status compute_run(gcd_daemon *d, gcd_op *op, const gcd_ref *const refs[],
+                              const Gpucd__V1__Request *req, reply_state *rs,
+                              const gcd_bound *bound)
+{
+    const gcd_op_desc *desc = &gcd_op_descs[op->kind];
+    gk_err err = {{0}};
+    gcd_run_timing t = {0};
+    int rc;
+    if (d->batcher != NULL && gcd_batcher_accepts(op)) {
+        /* Merged with others; the batcher counts the batches it runs. */
+        rc = gcd_batcher_run(d->batcher, op, &t, &rs->timings.batch_wait_us, &err);
+    } else {
+        rc = d->ops->run(d->backend, op, &t, &err);
+        /* A request run alone is a batch of its rows: the first dimension of its
+         * first argument (x, obs, indices, E). */
+        if (rc == 0) {
+            atomic_fetch_add_explicit(&d->stats.batches, 1, memory_order_relaxed);
+            if (op->args[0].t.ndim > 0)
+                atomic_fetch_add_explicit(&d->stats.batch_rows, (uint64_t)op->args[0].t.shape[0],
+                                          memory_order_relaxed);
+        }
+    }
+    rs->backend_wait_us = t.wait_us;
+    rs->timings.copy_in_us = t.copy_in_us;
+    rs->timings.compute_us = t.compute_us;
+    rs->timings.copy_out_us = t.copy_out_us;
+    if (rc != 0)
+        return fail(rs, gcd_status_from_gk(rc), "%s: %s", desc->name, err.msg);
+    if (req->bench_iterations != 0) {
+        gcd_status st = bench_repeat(d, op, req, rs, desc->name);
+        if (st != GCD_OK)
+            return st;
+    }
+    for (int i = 0; i < op->nargs; i++)
+        if (op->args[i].output && refs[i] != NULL)
+            describe_output(rs, bound, op, i);
     return GCD_OK;
 }
 
@@ -378,34 +437,14 @@ static gcd_status do_compute(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *
     st = inline_take(d, rs, bound->out_payload_len, "the inline outputs");
     if (st != GCD_OK)
         return st;
-    gcd_run_timing t = {0};
-    if (d->batcher != NULL && gcd_batcher_accepts(&op)) {
-        /* Merged with others; the batcher counts the batches it runs. */
-        rc = gcd_batcher_run(d->batcher, &op, &t, &rs->timings.batch_wait_us, &err);
-    } else {
-        rc = d->ops->run(d->backend, &op, &t, &err);
-        /* A request run alone is a batch of its rows: the first dimension of its
-         * first argument (x, obs, indices, E). */
-        if (rc == 0) {
-            atomic_fetch_add_explicit(&d->stats.batches, 1, memory_order_relaxed);
-            if (op.args[0].t.ndim > 0)
-                atomic_fetch_add_explicit(&d->stats.batch_rows, (uint64_t)op.args[0].t.shape[0],
-                                          memory_order_relaxed);
-        }
-    }
-    rs->backend_wait_us = t.wait_us;
-    rs->timings.copy_in_us = t.copy_in_us;
-    rs->timings.compute_us = t.compute_us;
-    rs->timings.copy_out_us = t.copy_out_us;
-    if (rc != 0)
-        return fail(rs, gcd_status_from_gk(rc), "%s: %s", desc->name, err.msg);
-    st = bench_repeat(d, &op, req, rs, desc->name);
+    if (req->bench_iterations == 0)
+        return compute_run(d, &op, refs, req, rs, bound);
+    st = bench_enter(d, req, rs);
     if (st != GCD_OK)
         return st;
-    for (int i = 0; i < op.nargs; i++)
-        if (op.args[i].output && refs[i] != NULL)
-            describe_output(rs, bound, &op, i);
-    return GCD_OK;
+    st = compute_run(d, &op, refs, req, rs, bound);
+    atomic_fetch_sub(&d->bench_running, 1);
+    return st;
 }
 
 /* ---- dispatch --------------------------------------------------------------- */

@@ -176,7 +176,8 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
     srv->d = d;
     srv->loop = loop;
     srv->nslots = d->cfg.max_inflight;
-    if (gcd_workers_start(&srv->workers, workers_wanted(&d->cfg), d->cfg.spin_us) != 0) {
+    d->workers = workers_wanted(&d->cfg);
+    if (gcd_workers_start(&srv->workers, d->workers, d->cfg.spin_us) != 0) {
         snprintf(err, errlen, "cannot start the worker threads");
         free(srv);
         return -1;
