@@ -1,8 +1,9 @@
 /*
  * main.c - gpucd: parse the configuration, open the backend (kernels warm,
- * buffers allocated), serve until SIGINT/SIGTERM, drain, exit 0.  A second
- * signal exits at once.  A backend that loses its device makes the daemon
- * drain and exit 3, for a supervisor to restart it.
+ * buffers allocated), serve until SIGINT/SIGTERM, drain, exit 0, or 4 when
+ * the drain's deadline cut requests off.  A second signal exits at once.  A
+ * backend that loses its device makes the daemon drain and exit 3, for a
+ * supervisor to restart it.
  */
 #include <inttypes.h>
 #include <malloc.h>
@@ -31,11 +32,13 @@ typedef struct gcd_main {
     int exit_code;
 } gcd_main;
 
-enum { DEVICE_WATCH_MS = 50, EXIT_DEVICE_LOST = 3 };
+enum { DEVICE_WATCH_MS = 50, EXIT_DEVICE_LOST = 3, EXIT_CUT_OFF = 4 };
 
 static void drained(void *arg)
 {
     gcd_main *m = arg;
+    if (m->exit_code == 0 && gcd_server_cut_off(m->server) > 0)
+        m->exit_code = EXIT_CUT_OFF;
     uv_stop(&m->loop);
 }
 

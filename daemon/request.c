@@ -529,15 +529,38 @@ static void reply_state_free(reply_state *rs)
     free(rs->stats_json);
 }
 
-nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int refuse,
-                            gcd_outcome *out)
+void gcd_outcome_open(gcd_outcome *out)
+{
+    atomic_store(&out->id, 0);
+    atomic_store(&out->answer, GCD_ANSWER_OPEN);
+}
+
+int gcd_outcome_cut(gcd_outcome *out)
+{
+    int expected = GCD_ANSWER_OPEN;
+    return atomic_compare_exchange_strong(&out->answer, &expected, GCD_ANSWER_CUT);
+}
+
+/* 1 when the worker answers the request: it was not cut off, and now cannot be. */
+static int outcome_take(gcd_outcome *out)
+{
+    int expected = GCD_ANSWER_OPEN;
+    if (atomic_compare_exchange_strong(&out->answer, &expected, GCD_ANSWER_WORKER))
+        return 1;
+    return expected != GCD_ANSWER_CUT;
+}
+
+static nng_msg *request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int refuse,
+                               gcd_outcome *out)
 {
     uint64_t t_start = gcd_now_us();
     out->by_record = 0;
+    out->cut = 0;
     out->status = GCD_RESOURCE_EXHAUSTED;
     reply_state *rs = calloc(1, sizeof *rs);
     if (rs == NULL) {
         nng_msg_free(msg);
+        out->cut = !outcome_take(out);
         return NULL;
     }
     gpucd__v1__reply__init(&rs->rep);
@@ -584,6 +607,7 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
             payload = aligned_payload;
         }
         rs->rep.id = req->id;
+        atomic_store(&out->id, req->id);
         ctx.payload = payload;
         ctx.payload_len = payload_len;
         if (req->version != GPUCD__V1__VERSION__VERSION_CURRENT) {
@@ -616,17 +640,20 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
     rs->rep.timings = &rs->timings;
     /* A doorbell is bound only after the request decoded, so req is there. */
     out->status = st;
-    out->by_record = bound.doorbell.region != NULL && st == GCD_OK && req->record_only;
-    if (bound.doorbell.region != NULL) {
+    out->cut = !outcome_take(out); /* then its one answer was the drain's */
+    out->by_record =
+        !out->cut && bound.doorbell.region != NULL && st == GCD_OK && req->record_only;
+    if (!out->cut && bound.doorbell.region != NULL) {
         /* Counted first: a caller that wakes on its record may read the stats at once. */
         atomic_fetch_add_explicit(&d->stats.doorbells, 1, memory_order_relaxed);
         if (out->by_record)
             atomic_fetch_add_explicit(&d->stats.record_answers, 1, memory_order_relaxed);
         gcd_doorbell_ring(&bound, rs->rep.id, st, &rs->timings);
     }
-    nng_msg *rep = out->by_record ? NULL
-                              : reply_pack(rs, st == GCD_OK ? bound.out_payload : NULL,
-                                           st == GCD_OK ? bound.out_payload_len : 0);
+    nng_msg *rep = out->by_record || out->cut
+                       ? NULL
+                       : reply_pack(rs, st == GCD_OK ? bound.out_payload : NULL,
+                                    st == GCD_OK ? bound.out_payload_len : 0);
 
     gcd_unbind(&ctx, &bound, st == GCD_OK);
     gcd_conns_sweep(d, ctx.pipe); /* what it made for a connection that left meanwhile */
@@ -650,6 +677,14 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
     return rep;
 }
 
+nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int refuse,
+                            gcd_outcome *out)
+{
+    atomic_init(&out->answer, GCD_ANSWER_NONE);
+    atomic_init(&out->id, 0);
+    return request_handle(d, msg, t_recv, refuse, out);
+}
+
 nng_msg *gcd_request_serve(gcd_daemon *d, nng_msg *msg, uint64_t t_recv,
                            const atomic_int *refuse, gcd_outcome *out)
 {
@@ -657,7 +692,7 @@ nng_msg *gcd_request_serve(gcd_daemon *d, nng_msg *msg, uint64_t t_recv,
     const int refusing = atomic_load(refuse);
     atomic_fetch_sub_explicit(&st->queued, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&st->inflight, 1, memory_order_relaxed); /* after the load above */
-    nng_msg *reply = gcd_request_handle(d, msg, t_recv, refusing, out);
+    nng_msg *reply = request_handle(d, msg, t_recv, refusing, out);
     atomic_fetch_sub_explicit(&st->inflight, 1, memory_order_relaxed);
     return reply;
 }

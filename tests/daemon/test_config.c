@@ -100,6 +100,23 @@ static void test_bad_flags(void **state)
     expect_error(19, many, "at most 8");
 }
 
+static void test_inflight_budget_and_drain_deadline(void **state)
+{
+    gcd_config cfg;
+    char err[512];
+    const char *none[] = {"gpucd"};
+    assert_int_equal(parse(&cfg, err, sizeof err, 1, none), 0);
+    assert_int_equal(cfg.inflight_mb, 2048);
+    assert_int_equal(cfg.drain_timeout_s, 10);
+    const char *argv[] = {"gpucd", "--inflight-mb", "64", "--drain-timeout-s=0"};
+    assert_int_equal(parse(&cfg, err, sizeof err, 4, argv), 0);
+    assert_int_equal(cfg.inflight_mb, 64);
+    assert_int_equal(cfg.drain_timeout_s, 0);
+    expect_error(3, (const char *[]){"gpucd", "--inflight-mb", "0"}, "1..1048576");
+    expect_error(3, (const char *[]){"gpucd", "--drain-timeout-s", "3601"}, "0..3600");
+    expect_error(3, (const char *[]){"gpucd", "--drain-timeout-s", "-1"}, "--drain-timeout-s -1");
+}
+
 static void write_file(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
@@ -141,6 +158,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_and_flags),
         cmocka_unit_test(test_bad_flags),
+        cmocka_unit_test(test_inflight_budget_and_drain_deadline),
         cmocka_unit_test(test_config_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
