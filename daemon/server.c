@@ -148,13 +148,15 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
     if (ev == NNG_PIPE_EV_ADD_PRE) {
         /* Draining: refuse new connections (closing the listeners would also
          * close the connections whose replies are still on their way). */
-        if (atomic_load(&d->draining))
+        if (atomic_load(&d->draining)) {
             nng_pipe_close(p);
-    } else if (ev == NNG_PIPE_EV_ADD_POST) {
-        if (gcd_conns_add(d->conns, id) != 0) { /* its requests would never run */
+        } else if (gcd_conns_add(d->conns, id) != 0) {
+            /* Listed here, not at ADD_POST: nng starts receiving on a pipe before ADD_POST
+             * runs.  An unlisted connection's requests would never run. */
             gcd_log_error("no memory to list client %u; closing it", id);
             nng_pipe_close(p);
         }
+    } else if (ev == NNG_PIPE_EV_ADD_POST) {
         atomic_fetch_add(&d->stats.clients, 1);
         gcd_log_debug("client %u connected", id);
     } else if (ev == NNG_PIPE_EV_REM_POST) {
