@@ -145,6 +145,10 @@ static const config_option config_options[] = {
      "on SIGTERM, requests still unanswered after S seconds are cut off: answered UNAVAILABLE, "
      "and the daemon exits 4 (default 10)",
      CONFIG_NUMBER(drain_timeout_s, 0, 3600)},
+    {"bench-max-s", "S",
+     "a request's server-side benchmark runs (bench_warmup, bench_iterations) stop after S "
+     "seconds of wall time (default 10)",
+     CONFIG_NUMBER(bench_max_s, 1, 600)},
     {"submit-queues", "0|1",
      "1: local clients may queue requests in shared memory, polled by one daemon thread, "
      "instead of sending them through the socket (default 1)",
@@ -272,6 +276,7 @@ void gcd_config_defaults(gcd_config *cfg)
     cfg->inflight_mb = 2048;
     cfg->max_inflight = 64;
     cfg->drain_timeout_s = 10;
+    cfg->bench_max_s = 10;
     cfg->submit_queues = 1;
     cfg->max_batch = 32768;
     cfg->spin_us = GCD_SPIN_AUTO;

@@ -317,10 +317,10 @@ static gcd_status do_submit_queue_open(const gcd_bind_ctx *ctx,
 
 /* ---- compute operations ----------------------------------------------------- */
 
-enum { BENCH_MAX_WARMUP = 1000, BENCH_MAX_ITERATIONS = 10000, BENCH_MAX_US = 10000000 };
+enum { BENCH_MAX_WARMUP = 1000, BENCH_MAX_ITERATIONS = 10000 };
 
 /*
- * A request with bench_iterations holds its worker for up to BENCH_MAX_US: at
+ * A request with bench_iterations holds its worker for up to --bench-max-s: at
  * most a quarter of the workers (at least one) run such requests at once, so
  * that the others always have workers; the rest are refused at once.
  */
@@ -347,7 +347,7 @@ static gcd_status bench_enter(gcd_daemon *d, const Gpucd__V1__Request *req, repl
  * warm-up first, then timed by the backend's own compute timing (events on a
  * GPU), so that a remote client sees device time without the transport.  The
  * outputs are rewritten with the same values (every kernel is deterministic).
- * Warm-up and timed runs together stop after BENCH_MAX_US of wall time, with
+ * Warm-up and timed runs together stop after --bench-max-s of wall time, with
  * at least one timed run.
  */
 static gcd_status bench_repeat(gcd_daemon *d, gcd_op *op, const Gpucd__V1__Request *req,
@@ -355,13 +355,13 @@ static gcd_status bench_repeat(gcd_daemon *d, gcd_op *op, const Gpucd__V1__Reque
 {
     gk_err err = {{0}};
     gcd_run_timing t;
-    const uint64_t t0 = gcd_now_us();
-    for (uint32_t i = 0; i < req->bench_warmup && gcd_now_us() - t0 < BENCH_MAX_US; i++)
+    const uint64_t t0 = gcd_now_us(), max_us = (uint64_t)d->cfg.bench_max_s * 1000000;
+    for (uint32_t i = 0; i < req->bench_warmup && gcd_now_us() - t0 < max_us; i++)
         if (d->ops->run(d->backend, op, &t, &err) != 0)
             return fail(rs, GCD_DEVICE_ERROR, "%s: bench warm-up: %s", name, err.msg);
     uint64_t sum = 0;
     uint32_t n = 0;
-    while (n < req->bench_iterations && (n == 0 || gcd_now_us() - t0 < BENCH_MAX_US)) {
+    while (n < req->bench_iterations && (n == 0 || gcd_now_us() - t0 < max_us)) {
         int rc = d->ops->run(d->backend, op, &t, &err);
         if (rc != 0)
             return fail(rs, gcd_status_from_gk(rc), "%s: bench iteration %u: %s", name, n,

@@ -340,7 +340,7 @@ static void *bench_thread(void *arg)
 static void test_bench_warmup_is_capped_and_pings_go_on(void **state)
 {
     th_daemon d;
-    th_daemon_start(&d, NULL);
+    th_daemon_start(&d, (const char *const[]){"--bench-max-s", "2", NULL});
     bench_call calls[BENCH_THREADS];
     pthread_t threads[BENCH_THREADS];
     for (int i = 0; i < BENCH_THREADS; i++) {
@@ -376,9 +376,9 @@ static void test_bench_warmup_is_capped_and_pings_go_on(void **state)
         } else if (calls[i].status != GPUCD__V1__STATUS__RESOURCE_EXHAUSTED) {
             fail_msg("bench %d: status %d: %s", i, calls[i].status, calls[i].why);
         }
-        /* 10 s of benchmark a request, and time to spare for a loaded machine. */
-        if (calls[i].ms > 30000)
-            fail_msg("bench %d took %llu ms, beyond the 10 s cap", i,
+        /* 2 s of benchmark a request, and time to spare for a loaded machine. */
+        if (calls[i].ms > 20000)
+            fail_msg("bench %d took %llu ms, beyond the 2 s cap", i,
                      (unsigned long long)calls[i].ms);
     }
     assert_true(ran >= 1);
@@ -389,8 +389,8 @@ static void test_bench_warmup_is_capped_and_pings_go_on(void **state)
 
 /*
  * Every worker held for seconds, on any machine: a benchmark request writing
- * resident tensor Y holds its write lock for its 10 s, and 15 requests reading
- * Y wait for that lock, each on a worker.
+ * resident tensor Y holds its write lock for its --bench-max-s, and 15
+ * requests reading Y wait for that lock, each on a worker.
  */
 enum { READERS = 15, GONE_CLIENTS = 20 };
 
@@ -440,7 +440,8 @@ static void raw_send_only(th_raw *r, Gpucd__V1__Request *req, const void *payloa
 static void test_closed_connection_leaves_nothing(void **state)
 {
     th_daemon d;
-    th_daemon_start(&d, NULL); /* 64 contexts, 16 workers */
+    /* 64 contexts, 16 workers; the benchmark holding them runs 3 s. */
+    th_daemon_start(&d, (const char *const[]){"--bench-max-s", "3", NULL});
     gpucd_client *c = th_connect(d.ipc_url);
     float y0[8 * 128 * 3 * 4];
     th_fill_f32(y0, sizeof y0 / 4);
@@ -542,8 +543,9 @@ static int log_contains(const th_daemon *d, const char *what)
 static void test_drain_deadline_answers_unavailable(void **state)
 {
     th_daemon d;
-    th_daemon_start(&d, (const char *const[]){"--drain-timeout-s", "1", NULL});
-    /* A benchmark of thousands of runs: seconds, beyond the 1 s deadline. */
+    th_daemon_start(&d, (const char *const[]){"--drain-timeout-s", "1", "--bench-max-s", "4",
+                                              NULL});
+    /* A benchmark of thousands of runs: 4 s, beyond the 1 s deadline. */
     bench_call bc = {.url = d.tcp_url, .warmup = 1000, .iterations = 10000};
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, bench_thread, &bc), 0);
