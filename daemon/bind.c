@@ -242,18 +242,19 @@ static void lock_residents(gcd_bound *bound)
 }
 
 /*
- * Inline outputs of PAYLOAD_MAP_MIN bytes and more are mapped, not taken from
- * the heap: the pages come zeroed (never a byte of another client's data),
- * become memory only where the kernel writes, which is after the operation's
- * checks, and go back to the system when unmapped.  A request that declares a
- * huge output its inputs cannot produce is refused having cost no memory.
- * Smaller ones come from the heap and are zeroed.
+ * The reply payload is zeroed: the padding between outputs, and whatever a
+ * kernel leaves unwritten, must never carry stale heap bytes (another client's
+ * data).  One of PAYLOAD_MAP_MIN bytes or more is first only a mapping the
+ * operation's checks see (its pages untouched: no memory), and moves to the
+ * heap once they passed (gcd_bound_payload_commit): a request that declares
+ * a huge output its inputs cannot produce is refused having cost no memory.
  */
 enum { PAYLOAD_MAP_MIN = 1 << 20 };
 
-static uint8_t *payload_alloc(size_t n)
+static uint8_t *payload_alloc(size_t n, int *mapped)
 {
-    if (n < PAYLOAD_MAP_MIN) {
+    *mapped = n >= PAYLOAD_MAP_MIN;
+    if (!*mapped) {
         uint8_t *p = aligned_alloc(WIRE_ALIGN, n);
         if (p != NULL)
             memset(p, 0, n);
@@ -263,14 +264,31 @@ static uint8_t *payload_alloc(size_t n)
     return p != MAP_FAILED ? p : NULL;
 }
 
-static void payload_free(uint8_t *p, size_t n)
+static void payload_free(uint8_t *p, size_t n, int mapped)
 {
     if (p == NULL)
         return;
-    if (n < PAYLOAD_MAP_MIN)
-        free(p);
-    else
+    if (mapped)
         munmap(p, n);
+    else
+        free(p);
+}
+
+void gcd_bound_payload_commit(gcd_op *op, gcd_bound *bound)
+{
+    if (!bound->out_payload_mapped)
+        return;
+    const size_t n = bound->out_payload_len;
+    uint8_t *heap = aligned_alloc(WIRE_ALIGN, n);
+    if (heap == NULL)
+        return; /* the mapping serves as well, its pages faulted in as the kernel writes */
+    memset(heap, 0, n);
+    for (int i = 0; i < op->nargs; i++)
+        if (bound->b[i].to_payload)
+            op->args[i].t.data = heap + bound->b[i].payload_offset;
+    munmap(bound->out_payload, n);
+    bound->out_payload = heap;
+    bound->out_payload_mapped = 0;
 }
 
 gcd_status gcd_bind(const gcd_bind_ctx *ctx, gcd_op *op, const gcd_ref *const refs[],
@@ -324,7 +342,7 @@ gcd_status gcd_bind(const gcd_bind_ctx *ctx, gcd_op *op, const gcd_ref *const re
                      total, (unsigned long long)limit);
             st = GCD_MESSAGE_TOO_LARGE;
         } else if (total > 0) {
-            bound->out_payload = payload_alloc(total);
+            bound->out_payload = payload_alloc(total, &bound->out_payload_mapped);
             if (bound->out_payload == NULL) {
                 snprintf(why, whylen, "out of memory for %zu bytes of inline outputs", total);
                 st = GCD_RESOURCE_EXHAUSTED;
@@ -363,9 +381,10 @@ void gcd_unbind(const gcd_bind_ctx *ctx, gcd_bound *bound, int success)
     if (bound->doorbell.region != NULL)
         gcd_regions_release(d->regions, bound->doorbell.region);
     memset(&bound->doorbell, 0, sizeof bound->doorbell);
-    payload_free(bound->out_payload, bound->out_payload_len);
+    payload_free(bound->out_payload, bound->out_payload_len, bound->out_payload_mapped);
     bound->out_payload = NULL;
     bound->out_payload_len = 0;
+    bound->out_payload_mapped = 0;
 }
 
 void gcd_bound_describe(const gcd_bound *bound, int i, const gk_tensor *t,

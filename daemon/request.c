@@ -278,6 +278,7 @@ static gcd_status do_tensor_get(const gcd_bind_ctx *ctx, const Gpucd__V1__Tensor
     if (st == GCD_OK)
         st = inline_take(d, rs, bound->out_payload_len, "tensor_get: the inline reply");
     if (st == GCD_OK) {
+        gcd_bound_payload_commit(&op, bound);
         gk_err err = {{0}};
         uint64_t t0 = gcd_now_us();
         pthread_rwlock_rdlock(&r->use);
@@ -437,6 +438,7 @@ static gcd_status do_compute(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *
     st = inline_take(d, rs, bound->out_payload_len, "the inline outputs");
     if (st != GCD_OK)
         return st;
+    gcd_bound_payload_commit(&op, bound);
     if (req->bench_iterations == 0)
         return compute_run(d, &op, refs, req, rs, bound);
     st = bench_enter(d, req, rs);
