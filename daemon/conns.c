@@ -1,4 +1,4 @@
-/* conns.c - see conns.h.  A sorted array: one search per request, a move per connection. */
+/* conns.c - see conns.h.  A sorted array: two searches a request, a move a connection. */
 #include "conns.h"
 
 #include <pthread.h>
