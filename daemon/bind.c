@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "status.h"
 
@@ -240,6 +241,56 @@ static void lock_residents(gcd_bound *bound)
     }
 }
 
+/*
+ * The reply payload is zeroed: the padding between outputs, and whatever a
+ * kernel leaves unwritten, must never carry stale heap bytes (another client's
+ * data).  One of PAYLOAD_MAP_MIN bytes or more is first only a mapping the
+ * operation's checks see (its pages untouched: no memory), and moves to the
+ * heap once they passed (gcd_bound_payload_commit): a request that declares
+ * a huge output its inputs cannot produce is refused having cost no memory.
+ */
+enum { PAYLOAD_MAP_MIN = 1 << 20 };
+
+static uint8_t *payload_alloc(size_t n, int *mapped)
+{
+    *mapped = n >= PAYLOAD_MAP_MIN;
+    if (!*mapped) {
+        uint8_t *p = aligned_alloc(WIRE_ALIGN, n);
+        if (p != NULL)
+            memset(p, 0, n);
+        return p;
+    }
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p != MAP_FAILED ? p : NULL;
+}
+
+static void payload_free(uint8_t *p, size_t n, int mapped)
+{
+    if (p == NULL)
+        return;
+    if (mapped)
+        munmap(p, n);
+    else
+        free(p);
+}
+
+void gcd_bound_payload_commit(gcd_op *op, gcd_bound *bound)
+{
+    if (!bound->out_payload_mapped)
+        return;
+    const size_t n = bound->out_payload_len;
+    uint8_t *heap = aligned_alloc(WIRE_ALIGN, n);
+    if (heap == NULL)
+        return; /* the mapping serves as well, its pages faulted in as the kernel writes */
+    memset(heap, 0, n);
+    for (int i = 0; i < op->nargs; i++)
+        if (bound->b[i].to_payload)
+            op->args[i].t.data = heap + bound->b[i].payload_offset;
+    munmap(bound->out_payload, n);
+    bound->out_payload = heap;
+    bound->out_payload_mapped = 0;
+}
+
 gcd_status gcd_bind(const gcd_bind_ctx *ctx, gcd_op *op, const gcd_ref *const refs[],
                     const char *const names[], gcd_bound *bound, char *why, size_t whylen)
 {
@@ -294,15 +345,13 @@ gcd_status gcd_bind(const gcd_bind_ctx *ctx, gcd_op *op, const gcd_ref *const re
             const gcd_charge c = {.n = {[GCD_QUOTA_INFLIGHT_BYTES] = total}};
             st = gcd_quota_take(ctx->daemon->quota, ctx->pipe, &c, &bound->out_payload_held, why,
                                 whylen);
-            if (st == GCD_OK && (bound->out_payload = aligned_alloc(WIRE_ALIGN, total)) == NULL) {
+            if (st == GCD_OK &&
+                (bound->out_payload = payload_alloc(total, &bound->out_payload_mapped)) == NULL) {
                 gcd_quota_give(ctx->daemon->quota, bound->out_payload_held, &c);
                 bound->out_payload_held = NULL;
                 snprintf(why, whylen, "out of memory for %zu bytes of inline outputs", total);
                 st = GCD_RESOURCE_EXHAUSTED;
             } else if (st == GCD_OK) {
-                /* Zeroed: the padding between outputs must never carry stale heap bytes
-                 * (another client's data) to this client. */
-                memset(bound->out_payload, 0, total);
                 bound->out_payload_len = total;
                 for (int i = 0; i < op->nargs; i++)
                     if (bound->b[i].to_payload)
@@ -340,9 +389,10 @@ void gcd_unbind(const gcd_bind_ctx *ctx, gcd_bound *bound, int success)
     const gcd_charge c = {.n = {[GCD_QUOTA_INFLIGHT_BYTES] = bound->out_payload_len}};
     gcd_quota_give(d->quota, bound->out_payload_held, &c);
     bound->out_payload_held = NULL;
-    free(bound->out_payload);
+    payload_free(bound->out_payload, bound->out_payload_len, bound->out_payload_mapped);
     bound->out_payload = NULL;
     bound->out_payload_len = 0;
+    bound->out_payload_mapped = 0;
 }
 
 void gcd_bound_describe(const gcd_bound *bound, int i, const gk_tensor *t,

@@ -44,11 +44,13 @@ typedef struct gcd_bound {
     uint8_t *out_payload; /* the reply payload, 64-byte aligned */
     size_t out_payload_len;
     gcd_quota_conn *out_payload_held; /* its bytes in flight, charged to the caller */
+    int out_payload_mapped; /* still the mapping its checks saw (gcd_bound_payload_commit) */
 } gcd_bound;
 
 /*
  * Binds every present slot of op (refs from gcd_decode_compute, or built by the
- * caller for single-tensor operations), allocates the reply payload and new
+ * caller for single-tensor operations), allocates the reply payload (zeroed; a
+ * large one only mapped until gcd_bound_payload_commit) and new
  * resident tensors, and locks the resident tensors used (in id order).  On
  * failure everything taken is released.
  */
@@ -66,6 +68,13 @@ gcd_status gcd_bind_region_bytes(const gcd_bind_ctx *ctx, const Gpucd__V1__Regio
 
 /* True when a and b share bytes of one region or one resident tensor. */
 int gcd_bindings_overlap(const gcd_binding *a, const gcd_binding *b);
+
+/*
+ * After the operation's checks passed, before it runs: a large reply payload
+ * moves from its mapping (untouched, no memory yet) to the heap, zeroed, and
+ * op's inline outputs with it.  Without memory for that it stays mapped.
+ */
+void gcd_bound_payload_commit(gcd_op *op, gcd_bound *bound);
 
 /* Unlocks and releases; new resident tensors are kept only when success. */
 void gcd_unbind(const gcd_bind_ctx *ctx, gcd_bound *bound, int success);

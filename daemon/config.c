@@ -192,10 +192,23 @@ static const config_option config_options[] = {
      "decodes it",
      /* nng refuses receive limits of 4 GiB and more (with the error-reply slack) */
      CONFIG_NUMBER(max_message_mb, 1, 2048)},
+    {"inflight-mb", "MB",
+     "most bytes of messages and inline replies the requests in flight may hold, all clients "
+     "together (default 2048); a request beyond it is refused RESOURCE_EXHAUSTED. At least 3 x "
+     "--max-message-mb serves the largest request with the largest reply",
+     CONFIG_NUMBER(inflight_mb, 1, 1u << 20)},
     {"max-inflight", "N",
      "requests received and served at once through the socket, and as many again from the "
      "submission queues (default 64)",
      CONFIG_NUMBER(max_inflight, 1, 4096)},
+    {"drain-timeout-s", "S",
+     "on SIGTERM, requests still unanswered after S seconds are cut off: answered UNAVAILABLE, "
+     "and the daemon exits 4 (default 10)",
+     CONFIG_NUMBER(drain_timeout_s, 0, 3600)},
+    {"bench-max-s", "S",
+     "a request's server-side benchmark runs (bench_warmup, bench_iterations) stop after S "
+     "seconds of wall time (default 10)",
+     CONFIG_NUMBER(bench_max_s, 1, 600)},
     {"submit-queues", "0|1",
      "1: local clients may queue requests in shared memory, polled by one daemon thread, "
      "instead of sending them through the socket (default 1)",
@@ -352,7 +365,10 @@ void gcd_config_defaults(gcd_config *cfg)
     cfg->workspace_mb = GCD_WORKSPACE_AUTO;
     cfg->resident_mb = 16384;
     cfg->max_message_mb = 256;
+    cfg->inflight_mb = 2048;
     cfg->max_inflight = 64;
+    cfg->drain_timeout_s = 10;
+    cfg->bench_max_s = 10;
     cfg->submit_queues = 1;
     cfg->max_batch = 32768;
     cfg->spin_us = GCD_SPIN_AUTO;
@@ -379,6 +395,9 @@ void gcd_config_usage(FILE *out)
         fprintf(out, "  %-30s %s\n", flag, o->help);
     }
     fprintf(out, "  %-30s %s\n", "--help", "print this help and exit");
+    fprintf(out, "\nexit status: 0 drained with every request answered, 1 could not start, 2 bad "
+                 "options, 3 the device was lost,\n4 drained but --drain-timeout-s cut requests "
+                 "off, 128+N a second signal N\n");
 }
 
 int gcd_config_parse_args(gcd_config *cfg, int argc, char **argv, char *err, size_t errlen)

@@ -31,7 +31,10 @@ typedef struct gcd_config {
     uint64_t workspace_mb;
     uint64_t resident_mb;
     uint64_t max_message_mb;
+    uint64_t inflight_mb;     /* inline bytes all requests in flight may hold together */
     uint32_t max_inflight;
+    uint32_t drain_timeout_s; /* a drain cuts off the requests still running after this */
+    uint32_t bench_max_s;     /* wall time of one request's server-side benchmark runs */
     uint32_t submit_queues;   /* 1: local clients may submit through shared memory (submitq.h) */
     uint64_t batch_window_us; /* 0: no dynamic batching */
     uint64_t max_batch;       /* rows of one merged launch */

@@ -15,6 +15,7 @@
 #include "batcher.h"
 #include "bind.h"
 #include "clock.h"
+#include "conns.h"
 #include "decode.h"
 #include "doorbell.h"
 #include "fdpass.h"
@@ -49,6 +50,7 @@ typedef struct reply_state {
     Gpucd__V1__StatsReply stats;
     Gpucd__V1__SubmitQueue submit_queue;
     char *stats_json;
+    uint64_t inline_held; /* bytes taken from the daemon's in-flight budget */
     /* the reply payload (inline outputs), owned by the bound request */
     const uint8_t *payload;
     size_t payload_len;
@@ -64,6 +66,40 @@ static gcd_status fail(reply_state *rs, gcd_status st, const char *fmt, ...)
     vsnprintf(rs->why, sizeof rs->why, fmt, ap);
     va_end(ap);
     return st;
+}
+
+/*
+ * Takes n bytes of the daemon-wide budget of inline bytes in flight
+ * (--inflight-mb: request messages, their aligned copies and inline replies),
+ * given back when the request ends; what for names them in the refusal.
+ */
+static gcd_status inline_take(gcd_daemon *d, reply_state *rs, uint64_t n, const char *what)
+{
+    const uint64_t limit = d->cfg.inflight_mb << 20;
+    uint64_t used = atomic_load_explicit(&d->inline_bytes, memory_order_relaxed);
+    do {
+        if (n > limit || used > limit - n)
+            return fail(rs, GCD_RESOURCE_EXHAUSTED,
+                        "%s of %" PRIu64 " bytes would exceed --inflight-mb %" PRIu64 " (the "
+                        "inline bytes of all requests in flight, %" PRIu64 " held now); retry "
+                        "later, or use regions or resident tensors",
+                        what, n, d->cfg.inflight_mb, used);
+    } while (!atomic_compare_exchange_weak_explicit(&d->inline_bytes, &used, used + n,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    rs->inline_held += n;
+    return GCD_OK;
+}
+
+/* Room for the aligned copy of a len-byte payload (see gcd_request_handle), in the budget. */
+static gcd_status payload_align(gcd_daemon *d, reply_state *rs, size_t len, uint8_t **out)
+{
+    gcd_status st = inline_take(d, rs, len, "the aligned copy of a payload");
+    if (st != GCD_OK)
+        return st;
+    *out = aligned_alloc(WIRE_ALIGN, wire_align_up(len));
+    if (*out == NULL)
+        return fail(rs, GCD_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte payload", len);
+    return GCD_OK;
 }
 
 static gcd_req_kind kind_of(const Gpucd__V1__Request *req)
@@ -262,7 +298,10 @@ static gcd_status do_tensor_get(const gcd_bind_ctx *ctx, const Gpucd__V1__Tensor
                                             "resident tensor %" PRIu64 "'s",
                   m->id);
     }
+    if (st == GCD_OK)
+        st = inline_take(d, rs, bound->out_payload_len, "tensor_get: the inline reply");
     if (st == GCD_OK) {
+        gcd_bound_payload_commit(&op, bound);
         gk_err err = {{0}};
         uint64_t t0 = gcd_now_us();
         pthread_rwlock_rdlock(&r->use);
@@ -300,32 +339,51 @@ static gcd_status do_submit_queue_open(const gcd_bind_ctx *ctx,
 
 /* ---- compute operations ----------------------------------------------------- */
 
-enum { BENCH_MAX_WARMUP = 1000, BENCH_MAX_ITERATIONS = 10000, BENCH_MAX_US = 10000000 };
+enum { BENCH_MAX_WARMUP = 1000, BENCH_MAX_ITERATIONS = 10000 };
+
+/*
+ * A request with bench_iterations holds its worker for up to --bench-max-s: at
+ * most a quarter of the workers (at least one) run such requests at once, so
+ * that the others always have workers; the rest are refused at once.
+ */
+static gcd_status bench_enter(gcd_daemon *d, const Gpucd__V1__Request *req, reply_state *rs)
+{
+    if (req->bench_warmup > BENCH_MAX_WARMUP || req->bench_iterations > BENCH_MAX_ITERATIONS)
+        return fail(rs, GCD_INVALID_ARGUMENT, "bench_warmup %u / bench_iterations %u: at most "
+                                              "%d / %d",
+                    req->bench_warmup, req->bench_iterations, BENCH_MAX_WARMUP,
+                    BENCH_MAX_ITERATIONS);
+    const int max = d->workers / 4 > 0 ? d->workers / 4 : 1;
+    if (atomic_fetch_add(&d->bench_running, 1) >= max) {
+        atomic_fetch_sub(&d->bench_running, 1);
+        return fail(rs, GCD_RESOURCE_EXHAUSTED, "%d benchmark requests (bench_iterations) run "
+                                                "already, the most at once (a quarter of the "
+                                                "%d workers); retry later",
+                    max, d->workers);
+    }
+    return GCD_OK;
+}
 
 /*
  * Server-side benchmarking (Request.bench_iterations): the checked op runs again,
  * warm-up first, then timed by the backend's own compute timing (events on a
  * GPU), so that a remote client sees device time without the transport.  The
  * outputs are rewritten with the same values (every kernel is deterministic).
+ * Warm-up and timed runs together stop after --bench-max-s of wall time, with
+ * at least one timed run.
  */
 static gcd_status bench_repeat(gcd_daemon *d, gcd_op *op, const Gpucd__V1__Request *req,
                                reply_state *rs, const char *name)
 {
-    if (req->bench_iterations == 0)
-        return GCD_OK;
-    if (req->bench_warmup > BENCH_MAX_WARMUP || req->bench_iterations > BENCH_MAX_ITERATIONS)
-        return fail(rs, GCD_INVALID_ARGUMENT, "bench_warmup %u / bench_iterations %u: at most "
-                                              "%d / %d",
-                    req->bench_warmup, req->bench_iterations, BENCH_MAX_WARMUP,
-                    BENCH_MAX_ITERATIONS);
     gk_err err = {{0}};
     gcd_run_timing t;
-    for (uint32_t i = 0; i < req->bench_warmup; i++)
+    const uint64_t t0 = gcd_now_us(), max_us = (uint64_t)d->cfg.bench_max_s * 1000000;
+    for (uint32_t i = 0; i < req->bench_warmup && gcd_now_us() - t0 < max_us; i++)
         if (d->ops->run(d->backend, op, &t, &err) != 0)
             return fail(rs, GCD_DEVICE_ERROR, "%s: bench warm-up: %s", name, err.msg);
-    uint64_t t0 = gcd_now_us(), sum = 0;
+    uint64_t sum = 0;
     uint32_t n = 0;
-    while (n < req->bench_iterations && (n == 0 || gcd_now_us() - t0 < BENCH_MAX_US)) {
+    while (n < req->bench_iterations && (n == 0 || gcd_now_us() - t0 < max_us)) {
         int rc = d->ops->run(d->backend, op, &t, &err);
         if (rc != 0)
             return fail(rs, gcd_status_from_gk(rc), "%s: bench iteration %u: %s", name, n,
@@ -335,6 +393,46 @@ static gcd_status bench_repeat(gcd_daemon *d, gcd_op *op, const Gpucd__V1__Reque
     }
     rs->timings.bench_compute_us = (double)sum / n;
     rs->timings.bench_iterations = n;
+    return GCD_OK;
+}
+
+/* Runs a bound and checked op (and its benchmark runs); describes its outputs. */
+static gcd_status compute_run(gcd_daemon *d, gcd_op *op, const gcd_ref *const refs[],
+                              const Gpucd__V1__Request *req, reply_state *rs,
+                              const gcd_bound *bound)
+{
+    const gcd_op_desc *desc = &gcd_op_descs[op->kind];
+    gk_err err = {{0}};
+    gcd_run_timing t = {0};
+    int rc;
+    if (d->batcher != NULL && gcd_batcher_accepts(op)) {
+        /* Merged with others; the batcher counts the batches it runs. */
+        rc = gcd_batcher_run(d->batcher, op, &t, &rs->timings.batch_wait_us, &err);
+    } else {
+        rc = d->ops->run(d->backend, op, &t, &err);
+        /* A request run alone is a batch of its rows: the first dimension of its
+         * first argument (x, obs, indices, E). */
+        if (rc == 0) {
+            atomic_fetch_add_explicit(&d->stats.batches, 1, memory_order_relaxed);
+            if (op->args[0].t.ndim > 0)
+                atomic_fetch_add_explicit(&d->stats.batch_rows, (uint64_t)op->args[0].t.shape[0],
+                                          memory_order_relaxed);
+        }
+    }
+    rs->backend_wait_us = t.wait_us;
+    rs->timings.copy_in_us = t.copy_in_us;
+    rs->timings.compute_us = t.compute_us;
+    rs->timings.copy_out_us = t.copy_out_us;
+    if (rc != 0)
+        return fail(rs, gcd_status_from_gk(rc), "%s: %s", desc->name, err.msg);
+    if (req->bench_iterations != 0) {
+        gcd_status st = bench_repeat(d, op, req, rs, desc->name);
+        if (st != GCD_OK)
+            return st;
+    }
+    for (int i = 0; i < op->nargs; i++)
+        if (op->args[i].output && refs[i] != NULL)
+            describe_output(rs, bound, op, i);
     return GCD_OK;
 }
 
@@ -358,34 +456,18 @@ static gcd_status do_compute(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *
     int rc = gcd_op_check(&op, &err);
     if (rc != 0)
         return fail(rs, gcd_status_from_gk(rc), "%s: %s", desc->name, err.msg);
-    gcd_run_timing t = {0};
-    if (d->batcher != NULL && gcd_batcher_accepts(&op)) {
-        /* Merged with others; the batcher counts the batches it runs. */
-        rc = gcd_batcher_run(d->batcher, &op, &t, &rs->timings.batch_wait_us, &err);
-    } else {
-        rc = d->ops->run(d->backend, &op, &t, &err);
-        /* A request run alone is a batch of its rows: the first dimension of its
-         * first argument (x, obs, indices, E). */
-        if (rc == 0) {
-            atomic_fetch_add_explicit(&d->stats.batches, 1, memory_order_relaxed);
-            if (op.args[0].t.ndim > 0)
-                atomic_fetch_add_explicit(&d->stats.batch_rows, (uint64_t)op.args[0].t.shape[0],
-                                          memory_order_relaxed);
-        }
-    }
-    rs->backend_wait_us = t.wait_us;
-    rs->timings.copy_in_us = t.copy_in_us;
-    rs->timings.compute_us = t.compute_us;
-    rs->timings.copy_out_us = t.copy_out_us;
-    if (rc != 0)
-        return fail(rs, gcd_status_from_gk(rc), "%s: %s", desc->name, err.msg);
-    st = bench_repeat(d, &op, req, rs, desc->name);
+    st = inline_take(d, rs, bound->out_payload_len, "the inline outputs");
     if (st != GCD_OK)
         return st;
-    for (int i = 0; i < op.nargs; i++)
-        if (op.args[i].output && refs[i] != NULL)
-            describe_output(rs, bound, &op, i);
-    return GCD_OK;
+    gcd_bound_payload_commit(&op, bound);
+    if (req->bench_iterations == 0)
+        return compute_run(d, &op, refs, req, rs, bound);
+    st = bench_enter(d, req, rs);
+    if (st != GCD_OK)
+        return st;
+    st = compute_run(d, &op, refs, req, rs, bound);
+    atomic_fetch_sub(&d->bench_running, 1);
+    return st;
 }
 
 /* ---- dispatch --------------------------------------------------------------- */
@@ -470,15 +552,38 @@ static void reply_state_free(reply_state *rs)
     free(rs->stats_json);
 }
 
-nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int refuse,
-                            gcd_outcome *out)
+void gcd_outcome_open(gcd_outcome *out)
+{
+    atomic_store(&out->id, 0);
+    atomic_store(&out->answer, GCD_ANSWER_OPEN);
+}
+
+int gcd_outcome_cut(gcd_outcome *out)
+{
+    int expected = GCD_ANSWER_OPEN;
+    return atomic_compare_exchange_strong(&out->answer, &expected, GCD_ANSWER_CUT);
+}
+
+/* 1 when the worker answers the request: it was not cut off, and now cannot be. */
+static int outcome_take(gcd_outcome *out)
+{
+    int expected = GCD_ANSWER_OPEN;
+    if (atomic_compare_exchange_strong(&out->answer, &expected, GCD_ANSWER_WORKER))
+        return 1;
+    return expected != GCD_ANSWER_CUT;
+}
+
+static nng_msg *request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int refuse,
+                               gcd_outcome *out)
 {
     uint64_t t_start = gcd_now_us();
     out->by_record = 0;
+    out->cut = 0;
     out->status = GCD_RESOURCE_EXHAUSTED;
     reply_state *rs = calloc(1, sizeof *rs);
     if (rs == NULL) {
         nng_msg_free(msg);
+        out->cut = !outcome_take(out);
         return NULL;
     }
     gpucd__v1__reply__init(&rs->rep);
@@ -510,16 +615,16 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
     } else if (gcd_quota_take(d->quota, ctx.pipe, &inflight, &held, rs->why, sizeof rs->why) !=
                GCD_OK) {
         st = GCD_RESOURCE_EXHAUSTED; /* the message names the quota */
+    } else if ((st = inline_take(d, rs, nng_msg_len(msg), "a message")) != GCD_OK) {
+        /* refused: rs->why names the budget */
     } else if (wire_split(nng_msg_body(msg), nng_msg_len(msg), &header, &header_len, &payload,
                           &payload_len, &why) != 0) {
         st = fail(rs, GCD_BAD_MESSAGE, "%s", why);
     } else if ((req = gpucd__v1__request__unpack(NULL, header_len, header)) == NULL) {
         st = fail(rs, GCD_BAD_MESSAGE, "the request header is not a valid gpucd.v1.Request");
     } else if (payload_len > 0 && (uintptr_t)payload % WIRE_ALIGN != 0 &&
-               (aligned_payload = aligned_alloc(WIRE_ALIGN, wire_align_up(payload_len))) ==
-                   NULL) {
-        st = fail(rs, GCD_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte payload",
-                  payload_len);
+               (st = payload_align(d, rs, payload_len, &aligned_payload)) != GCD_OK) {
+        /* refused: rs->why says why */
     } else {
         /*
          * nng's REP protocol strips its routing header from the front of the
@@ -531,6 +636,7 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
             payload = aligned_payload;
         }
         rs->rep.id = req->id;
+        atomic_store(&out->id, req->id);
         ctx.payload = payload;
         ctx.payload_len = payload_len;
         if (req->version != GPUCD__V1__VERSION__VERSION_CURRENT) {
@@ -541,6 +647,8 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
             rs->kind = kind_of(req);
             if (refuse)
                 st = fail(rs, GCD_UNAVAILABLE, "the daemon is shutting down");
+            else if (!gcd_conns_live(d->conns, ctx.pipe))
+                st = fail(rs, GCD_UNAVAILABLE, "the connection closed before its request ran");
             else
                 st = dispatch(&ctx, req, rs, &bound);
         }
@@ -561,19 +669,23 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
     rs->rep.timings = &rs->timings;
     /* A doorbell is bound only after the request decoded, so req is there. */
     out->status = st;
-    out->by_record = bound.doorbell.region != NULL && st == GCD_OK && req->record_only;
-    if (bound.doorbell.region != NULL) {
+    out->cut = !outcome_take(out); /* then its one answer was the drain's */
+    out->by_record =
+        !out->cut && bound.doorbell.region != NULL && st == GCD_OK && req->record_only;
+    if (!out->cut && bound.doorbell.region != NULL) {
         /* Counted first: a caller that wakes on its record may read the stats at once. */
         atomic_fetch_add_explicit(&d->stats.doorbells, 1, memory_order_relaxed);
         if (out->by_record)
             atomic_fetch_add_explicit(&d->stats.record_answers, 1, memory_order_relaxed);
         gcd_doorbell_ring(&bound, rs->rep.id, st, &rs->timings);
     }
-    nng_msg *rep = out->by_record ? NULL
-                              : reply_pack(rs, st == GCD_OK ? bound.out_payload : NULL,
-                                           st == GCD_OK ? bound.out_payload_len : 0);
+    nng_msg *rep = out->by_record || out->cut
+                       ? NULL
+                       : reply_pack(rs, st == GCD_OK ? bound.out_payload : NULL,
+                                    st == GCD_OK ? bound.out_payload_len : 0);
 
     gcd_unbind(&ctx, &bound, st == GCD_OK);
+    gcd_conns_sweep(d, ctx.pipe); /* what it made for a connection that left meanwhile */
     if (req != NULL)
         gpucd__v1__request__free_unpacked(req, NULL);
     free(aligned_payload);
@@ -589,9 +701,18 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int re
     gcd_stats_observe(s, rs->kind, GCD_PHASE_TOTAL, rs->timings.total_us);
     if (rep != NULL)
         atomic_fetch_add_explicit(&s->bytes_out, nng_msg_len(rep), memory_order_relaxed);
+    atomic_fetch_sub_explicit(&d->inline_bytes, rs->inline_held, memory_order_relaxed);
     reply_state_free(rs);
     free(rs);
     return rep;
+}
+
+nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int refuse,
+                            gcd_outcome *out)
+{
+    atomic_init(&out->answer, GCD_ANSWER_NONE);
+    atomic_init(&out->id, 0);
+    return request_handle(d, msg, t_recv, refuse, out);
 }
 
 nng_msg *gcd_request_serve(gcd_daemon *d, nng_msg *msg, uint64_t t_recv,
@@ -601,7 +722,7 @@ nng_msg *gcd_request_serve(gcd_daemon *d, nng_msg *msg, uint64_t t_recv,
     const int refusing = atomic_load(refuse);
     atomic_fetch_sub_explicit(&st->queued, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&st->inflight, 1, memory_order_relaxed); /* after the load above */
-    nng_msg *reply = gcd_request_handle(d, msg, t_recv, refusing, out);
+    nng_msg *reply = request_handle(d, msg, t_recv, refusing, out);
     atomic_fetch_sub_explicit(&st->inflight, 1, memory_order_relaxed);
     return reply;
 }

@@ -8,11 +8,28 @@
 
 #include "daemon.h"
 
+/* Who answers a request: its worker, or a drain whose deadline cut it off. */
+enum { GCD_ANSWER_NONE, GCD_ANSWER_OPEN, GCD_ANSWER_WORKER, GCD_ANSWER_CUT };
+
 /* What became of a request, besides the reply message. */
 typedef struct gcd_outcome {
     gcd_status status;
     int by_record; /* it succeeded and its completion record was its whole answer */
+    int cut;       /* a drain answered it instead (gcd_outcome_cut): no reply, no record */
+    /* GCD_ANSWER_OPEN from gcd_outcome_open until the worker or gcd_outcome_cut takes
+     * it; GCD_ANSWER_NONE (zero) for a request nothing can cut off. */
+    atomic_int answer;
+    atomic_uint_least64_t id; /* the request's id once decoded, 0 before */
 } gcd_outcome;
+
+/* A request received, not yet answered: from now on a drain may cut it off. */
+void gcd_outcome_open(gcd_outcome *out);
+/*
+ * Takes the answer of an open request from its worker, for a drain's deadline:
+ * 1 when the caller is now the one to answer it (the worker will send and
+ * write nothing), 0 when the worker answers or has answered.
+ */
+int gcd_outcome_cut(gcd_outcome *out);
 
 /*
  * Handles req (consumed) and returns the reply to send.  NULL when there is
@@ -21,6 +38,7 @@ typedef struct gcd_outcome {
  * error reply could be allocated).  t_recv is when the message arrived; the
  * difference to now is the request's queue time.  When refuse is true the
  * request is answered UNAVAILABLE without being run (the daemon is draining).
+ * Nothing can cut it off (out->answer is set to GCD_ANSWER_NONE).
  */
 nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *req, uint64_t t_recv, int refuse,
                             gcd_outcome *out);
@@ -29,7 +47,9 @@ nng_msg *gcd_request_handle(gcd_daemon *d, nng_msg *req, uint64_t t_recv, int re
  * gcd_request_handle for a request a worker took off a queue (counted queued
  * until now): refused or run is decided before it counts as in flight, so
  * that a request seen in flight is one the daemon runs to its end even if a
- * drain (*refuse) begins the next moment.
+ * drain (*refuse) begins the next moment.  out is the caller's: zeroed, or
+ * gcd_outcome_open when a drain may cut the request off (out->cut then says
+ * that it did, and NULL is returned).
  */
 nng_msg *gcd_request_serve(gcd_daemon *d, nng_msg *req, uint64_t t_recv,
                            const atomic_int *refuse, gcd_outcome *out);

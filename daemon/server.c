@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "conns.h"
 #include "fdpass.h"
 #include "log.h"
 #include "peer.h"
@@ -26,6 +27,7 @@ typedef enum slot_state {
     SLOT_RECV,    /* waiting in nng for a request */
     SLOT_QUEUED,  /* handed to the workers, waiting for one */
     SLOT_SEND,    /* reply handed to nng */
+    SLOT_CUT,     /* the drain's UNAVAILABLE reply handed to nng; the slot serves no more */
     SLOT_STOPPED, /* the socket is closed */
 } slot_state;
 
@@ -38,6 +40,7 @@ typedef struct server_slot {
     nng_msg *msg;
     uint64_t t_recv;
     slot_state state;
+    gcd_outcome out; /* of the request it serves; a drain may cut it off (request.h) */
 } server_slot;
 
 struct gcd_server {
@@ -51,6 +54,10 @@ struct gcd_server {
     atomic_int refuse;
     uv_timer_t drain_timer;
     uint64_t drain_start, drain_quiet_since; /* loop time, ms */
+    uint64_t cut_at;      /* loop time the deadline cut requests off, 0 before */
+    int cut;              /* requests the drain answered UNAVAILABLE at its deadline */
+    int unanswered;       /* requests still running when the socket closed */
+    atomic_int cut_sending; /* the drain's replies not yet handed to their connection */
     void (*drain_done)(void *arg);
     void *drain_arg;
 };
@@ -67,13 +74,18 @@ static void slot_aio_done(void *arg)
     server_slot *slot = arg;
     gcd_server *srv = slot->srv;
     int rv = nng_aio_result(slot->aio);
-    if (slot->state == SLOT_SEND) {
+    if (slot->state == SLOT_SEND || slot->state == SLOT_CUT) {
         if (rv != 0) { /* the client went away: its reply has nowhere to go */
             nng_msg_free(nng_aio_get_msg(slot->aio));
             gcd_log_debug("reply not delivered: %s", nng_strerror(rv));
         }
         atomic_fetch_sub(&srv->busy, 1);
-        slot_recv(slot);
+        if (slot->state == SLOT_SEND) {
+            slot_recv(slot);
+        } else { /* its worker may still run the request: the slot stays out of use */
+            slot->state = SLOT_STOPPED;
+            atomic_fetch_sub(&srv->cut_sending, 1);
+        }
         return;
     }
     if (rv == NNG_ECLOSED || rv == NNG_ECANCELED) {
@@ -90,6 +102,7 @@ static void slot_aio_done(void *arg)
     slot->state = SLOT_QUEUED;
     atomic_fetch_add(&srv->busy, 1);
     atomic_fetch_add_explicit(&srv->d->stats.queued, 1, memory_order_relaxed);
+    gcd_outcome_open(&slot->out);
     gcd_workers_submit(srv->workers, &slot->work);
 }
 
@@ -101,11 +114,13 @@ static void slot_work(gcd_work *work)
 {
     server_slot *slot = (server_slot *)work;
     gcd_server *srv = slot->srv;
-    gcd_outcome out;
-    nng_msg *reply = gcd_request_serve(srv->d, slot->msg, slot->t_recv, &srv->refuse, &out);
+    nng_msg *msg = slot->msg;
     slot->msg = NULL;
+    nng_msg *reply = gcd_request_serve(srv->d, msg, slot->t_recv, &srv->refuse, &slot->out);
+    if (slot->out.cut)
+        return; /* the drain answered it, and the slot is the drain's */
     if (reply == NULL) { /* answered by its completion record, or out of memory */
-        if (!out.by_record)
+        if (!slot->out.by_record)
             gcd_log_error("no memory for a reply; the client will time out");
         atomic_fetch_sub(&srv->busy, 1);
         slot_recv(slot); /* a REP context may receive again without replying */
@@ -138,13 +153,19 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
     if (ev == NNG_PIPE_EV_ADD_PRE) {
         /* Draining: refuse new connections (closing the listeners would also
          * close the connections whose replies are still on their way).  Past
-         * a connection limit: closed here, its descriptor freed at once. */
+         * a connection limit: closed here, its descriptor freed at once.  Listed
+         * here, not at ADD_POST: nng starts receiving on a pipe before ADD_POST
+         * runs, and an unlisted connection's requests would never run. */
         char peer[GCD_PEER_NAME_MAX], why[256];
         gcd_peer_name(p, peer, sizeof peer);
         if (atomic_load(&d->draining)) {
             nng_pipe_close(p);
         } else if (gcd_quota_connect(d->quota, id, peer, why, sizeof why) != 0) {
             gcd_log_debug("client %u (%s) refused: %s", id, peer, why);
+            nng_pipe_close(p);
+        } else if (gcd_conns_add(d->conns, id) != 0) {
+            gcd_quota_disconnect(d->quota, id);
+            gcd_log_error("no memory to list client %u; closing it", id);
             nng_pipe_close(p);
         } else {
             atomic_fetch_add(&d->stats.clients, 1);
@@ -162,11 +183,7 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
         if (!gcd_quota_disconnect(d->quota, id))
             return;
         atomic_fetch_sub(&d->stats.clients, 1);
-        /* Regions first: a queue opened on one of them meanwhile sees it gone (submitq.c). */
-        gcd_regions_drop_owner(d->regions, id);
-        if (d->submitq != NULL)
-            gcd_submitq_drop_owner(d->submitq, id);
-        gcd_residents_drop_owner(d->residents, id);
+        gcd_conns_remove(d, id);
         gcd_log_debug("client %u disconnected", id);
     }
 }
@@ -232,7 +249,8 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
     srv->d = d;
     srv->loop = loop;
     srv->nslots = d->cfg.max_inflight;
-    if (gcd_workers_start(&srv->workers, workers_wanted(&d->cfg), d->cfg.spin_us) != 0) {
+    d->workers = workers_wanted(&d->cfg);
+    if (gcd_workers_start(&srv->workers, d->workers, d->cfg.spin_us) != 0) {
         snprintf(err, errlen, "cannot start the worker threads");
         free(srv);
         return -1;
@@ -305,9 +323,41 @@ fail:
 /*
  * A reply's send completes when nng has queued it on the connection, not when
  * the bytes have left: the socket closes only after no request has been busy
- * for DRAIN_LINGER_MS (so the last replies flush), or after DRAIN_MAX_MS.
+ * for DRAIN_LINGER_MS (so the last replies flush).  At --drain-timeout-s every
+ * request of the socket not yet answered is cut off: answered UNAVAILABLE by
+ * the drain (its worker, still running it, then sends and writes nothing);
+ * DRAIN_FLUSH_MS later the socket closes whatever still runs (requests from
+ * the submission queues, whose callers then see their connection close).
  */
-enum { DRAIN_POLL_MS = 2, DRAIN_LINGER_MS = 200, DRAIN_MAX_MS = 10000 };
+enum { DRAIN_POLL_MS = 2, DRAIN_LINGER_MS = 200, DRAIN_FLUSH_MS = 1000 };
+
+/* The deadline: every open request of the socket answered UNAVAILABLE; how many. */
+static int drain_cut_off(gcd_server *srv)
+{
+    int n = 0;
+    for (uint32_t i = 0; i < srv->nslots; i++) {
+        server_slot *slot = &srv->slots[i];
+        if (!gcd_outcome_cut(&slot->out))
+            continue;
+        char why[128];
+        snprintf(why, sizeof why, "cut off: the daemon is shutting down and its drain deadline "
+                                  "(--drain-timeout-s %u) passed",
+                 srv->d->cfg.drain_timeout_s);
+        nng_msg *rep = gcd_request_error_reply(atomic_load(&slot->out.id), GCD_UNAVAILABLE, why);
+        n++;
+        if (rep == NULL) { /* no memory: the caller sees its connection close */
+            gcd_log_error("no memory for a cut-off reply");
+            atomic_fetch_sub(&srv->busy, 1);
+            slot->state = SLOT_STOPPED;
+            continue;
+        }
+        atomic_fetch_add(&srv->cut_sending, 1);
+        slot->state = SLOT_CUT;
+        nng_aio_set_msg(slot->aio, rep);
+        nng_ctx_send(slot->ctx, slot->aio);
+    }
+    return n;
+}
 
 static void drain_poll(uv_timer_t *timer)
 {
@@ -315,11 +365,24 @@ static void drain_poll(uv_timer_t *timer)
     uint64_t now = uv_now(srv->loop);
     if (atomic_load(&srv->busy) != 0)
         srv->drain_quiet_since = now;
-    if (now - srv->drain_quiet_since < DRAIN_LINGER_MS && now - srv->drain_start < DRAIN_MAX_MS)
+    if (srv->cut_at == 0 && now - srv->drain_start >= srv->d->cfg.drain_timeout_s * 1000ull) {
+        srv->cut = drain_cut_off(srv);
+        srv->cut_at = now > 0 ? now : 1;
+    }
+    if (now - srv->drain_quiet_since < DRAIN_LINGER_MS &&
+        (srv->cut_at == 0 || now - srv->cut_at < DRAIN_FLUSH_MS))
         return;
     uv_timer_stop(timer);
+    srv->unanswered = atomic_load(&srv->busy) - atomic_load(&srv->cut_sending);
     nng_close(srv->sock);
-    gcd_log_info("drained: every request answered");
+    const int lost = gcd_server_cut_off(srv);
+    if (lost == 0)
+        gcd_log_info("drained: every request answered");
+    else
+        gcd_log_warn("drained: %d request%s cut off by the %u s deadline (--drain-timeout-s): "
+                     "%d answered UNAVAILABLE, %d left to their connection's close",
+                     lost, lost == 1 ? "" : "s", srv->d->cfg.drain_timeout_s, srv->cut,
+                     srv->unanswered);
     srv->drain_done(srv->drain_arg);
 }
 
@@ -331,6 +394,8 @@ void gcd_server_drain(gcd_server *s, void (*done)(void *arg), void *arg)
     s->drain_start = s->drain_quiet_since = uv_now(s->loop);
     uv_timer_start(&s->drain_timer, drain_poll, 0, DRAIN_POLL_MS);
 }
+
+int gcd_server_cut_off(const gcd_server *s) { return s->cut + s->unanswered; }
 
 void gcd_server_free(gcd_server *s)
 {

@@ -203,6 +203,27 @@ static void test_listeners_checked(void **state)
     expect_error(3, (const char *[]){"gpucd", "--tls-ca", ""}, "--tls-ca");
 }
 
+static void test_budget_drain_and_bench_limits(void **state)
+{
+    gcd_config cfg;
+    char err[512];
+    const char *none[] = {"gpucd"};
+    assert_int_equal(parse(&cfg, err, sizeof err, 1, none), 0);
+    assert_int_equal(cfg.inflight_mb, 2048);
+    assert_int_equal(cfg.drain_timeout_s, 10);
+    assert_int_equal(cfg.bench_max_s, 10);
+    const char *argv[] = {"gpucd", "--inflight-mb", "64", "--drain-timeout-s=0",
+                          "--bench-max-s", "2"};
+    assert_int_equal(parse(&cfg, err, sizeof err, 6, argv), 0);
+    assert_int_equal(cfg.inflight_mb, 64);
+    assert_int_equal(cfg.drain_timeout_s, 0);
+    assert_int_equal(cfg.bench_max_s, 2);
+    expect_error(3, (const char *[]){"gpucd", "--bench-max-s", "0"}, "1..600");
+    expect_error(3, (const char *[]){"gpucd", "--inflight-mb", "0"}, "1..1048576");
+    expect_error(3, (const char *[]){"gpucd", "--drain-timeout-s", "3601"}, "0..3600");
+    expect_error(3, (const char *[]){"gpucd", "--drain-timeout-s", "-1"}, "--drain-timeout-s -1");
+}
+
 static void write_file(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
@@ -330,6 +351,7 @@ int main(void)
         cmocka_unit_test(test_defaults_and_flags),
         cmocka_unit_test(test_bad_flags),
         cmocka_unit_test(test_quota_flags),
+        cmocka_unit_test(test_budget_drain_and_bench_limits),
         cmocka_unit_test(test_config_file),
         cmocka_unit_test(test_listeners_checked),
         cmocka_unit_test(test_socket_dir),

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "clock.h"
+#include "conns.h"
 #include "daemon.h"
 #include "quota.h"
 #include "request.h"
@@ -31,8 +32,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     gk_err err;
     if (d->ops->open(&d->cfg, &d->backend, &err) != 0 ||
         gcd_regions_init(&d->regions, d->backend, d->ops) != 0 ||
-        gcd_residents_init(&d->residents, d->backend, d->ops, d->cfg.resident_mb << 20) != 0)
-        abort();
+        gcd_residents_init(&d->residents, d->backend, d->ops, d->cfg.resident_mb << 20) != 0 ||
+        gcd_conns_init(&d->conns) != 0 || gcd_conns_add(d->conns, 0) != 0)
+        abort(); /* a message with no connection comes from pipe 0, listed as alive */
     /* Every input comes from pipe 0, one connection that lasts, charged as the daemon's are. */
     gcd_quota_limits limits;
     gcd_quota_limits_from_config(&d->cfg, 1024, &limits);
