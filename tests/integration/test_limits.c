@@ -4,6 +4,7 @@
  * long server-side benchmarks, connections that close while their requests
  * wait for a worker, and a drain whose deadline cuts a request off.
  */
+#include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -462,7 +463,7 @@ static void test_closed_connection_leaves_nothing(void **state)
 
     /* Clients that ask for a resident tensor or a region, then leave before a worker is free. */
     th_raw gone[GONE_CLIENTS];
-    char names[GONE_CLIENTS][64];
+    th_region regs[GONE_CLIENTS];
     float src[256];
     th_fill_f32(src, 256);
     for (int i = 0; i < GONE_CLIENTS; i++) {
@@ -476,10 +477,13 @@ static void test_closed_connection_leaves_nothing(void **state)
             req.tensor_put = &put;
             raw_send_only(&gone[i], &req, src, sizeof src);
         } else {
-            void *p = th_shm_create(names[i], 1 << 16, 0600);
-            munmap(p, 1 << 16);
+            th_memfd_make(&regs[i], 1 << 16, F_SEAL_SHRINK | F_SEAL_GROW);
+            uint64_t token;
+            fdpass_answer ans;
+            if (th_fdpass_region(d.ipc_url, &regs[i], &token, &ans) != 0)
+                fail_msg("the memfd was refused: %s", ans.message);
             Gpucd__V1__RegionRegister reg = GPUCD__V1__REGION_REGISTER__INIT;
-            reg.name = names[i];
+            reg.token = token;
             reg.size = 1 << 16;
             req.op_case = GPUCD__V1__REQUEST__OP_REGION_REGISTER;
             req.region_register = &reg;
@@ -504,7 +508,7 @@ static void test_closed_connection_leaves_nothing(void **state)
     fprintf(stderr, "the workers were held %llu ms, %llu ms after the clients left\n",
             (unsigned long long)(first_done - t_busy), (unsigned long long)(first_done - t_closed));
     for (int i = 1; i < GONE_CLIENTS; i += 2)
-        shm_unlink(names[i]);
+        th_region_free(&regs[i]);
     assert_int_equal(gpucd_tensor_free(c, y), 0);
 
     /* Once the queued requests have run, only this client is left, holding nothing. */
