@@ -65,6 +65,27 @@ void th_seed(void)
     fprintf(stderr, "seed: GPUCD_TEST_SEED=%llu\n", (unsigned long long)th_state);
 }
 
+void th_fixed_url_init(th_fixed_url *f)
+{
+    snprintf(f->dir, sizeof f->dir, "/tmp/gpucd-fixed-XXXXXX");
+    if (mkdtemp(f->dir) == NULL)
+        th_die("mkdtemp %s: %s", f->dir, strerror(errno));
+    snprintf(f->url, sizeof f->url, "ipc://%s/fixed.sock", f->dir);
+    f->extra[0] = "--listen";
+    f->extra[1] = f->url;
+    f->extra[2] = NULL;
+}
+
+void th_fixed_url_remove(const th_fixed_url *f)
+{
+    char sock[200];
+    snprintf(sock, sizeof sock, "%s/fixed.sock", f->dir);
+    unlink(sock);
+    snprintf(sock, sizeof sock, "%s/fixed.sock.fd", f->dir); /* the descriptor socket */
+    unlink(sock);
+    rmdir(f->dir);
+}
+
 int th_free_tcp_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);

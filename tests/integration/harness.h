@@ -56,6 +56,17 @@ gpucd_client *th_connect(const char *url);
 /* The client redials on its own: pings until one goes through, 30 s of wall time at most. */
 void th_wait_for_reconnect(gpucd_client *c);
 
+/*
+ * A daemon at a fixed URL in a fresh folder, restarted as a supervisor would: start each one with
+ * th_daemon_start(&d, f.extra).  Removing it also removes what a killed daemon left there.
+ */
+typedef struct th_fixed_url {
+    char dir[32], url[128];
+    const char *extra[3];
+} th_fixed_url;
+void th_fixed_url_init(th_fixed_url *f);
+void th_fixed_url_remove(const th_fixed_url *f);
+
 /* A loopback tcp port nothing listens on at the moment (for a listener of the test's own). */
 int th_free_tcp_port(void);
 

@@ -74,30 +74,6 @@ static int embed_into(gpucd_client *c, gpucd_tensor *out)
     return gpucd_embedding_forward(c, &ti, &tt, out, NULL);
 }
 
-/* A daemon at a fixed URL in a fresh folder, restarted as a supervisor would. */
-typedef struct fixed_url {
-    char dir[32], url[128];
-    const char *extra[3];
-} fixed_url;
-
-static void fixed_url_init(fixed_url *f)
-{
-    snprintf(f->dir, sizeof f->dir, "/tmp/gpucd-id-XXXXXX");
-    assert_non_null(mkdtemp(f->dir));
-    snprintf(f->url, sizeof f->url, "ipc://%s/fixed.sock", f->dir);
-    f->extra[0] = "--listen";
-    f->extra[1] = f->url;
-    f->extra[2] = NULL;
-}
-
-static void fixed_url_remove(const fixed_url *f)
-{
-    char sock[200];
-    snprintf(sock, sizeof sock, "%s/fixed.sock", f->dir);
-    unlink(sock);
-    rmdir(f->dir);
-}
-
 /*
  * A client keeps its ids across a restart of the daemon at its URL; another client makes its
  * own on the new daemon.  The first client's stale ids name nothing there: each use is
@@ -106,8 +82,8 @@ static void fixed_url_remove(const fixed_url *f)
 static void test_stale_ids_after_restart(void **state)
 {
     (void)state;
-    fixed_url f;
-    fixed_url_init(&f);
+    th_fixed_url f;
+    th_fixed_url_init(&f);
     th_daemon first;
     th_daemon_start(&first, f.extra);
     gpucd_client *a = connect_to(f.url);
@@ -159,7 +135,7 @@ static void test_stale_ids_after_restart(void **state)
     gpucd_close(a);
     gpucd_close(b);
     assert_int_equal(th_daemon_stop(&second), 0);
-    fixed_url_remove(&f);
+    th_fixed_url_remove(&f);
 }
 
 enum { IDS_EACH = 4 };
@@ -533,8 +509,8 @@ static void test_impostor_refused(void **state)
                         "started: skipped\n");
         return;
     }
-    fixed_url f;
-    fixed_url_init(&f);
+    th_fixed_url f;
+    th_fixed_url_init(&f);
     char sock[200], expected[96];
     snprintf(sock, sizeof sock, "%s/fixed.sock", f.dir);
     snprintf(expected, sizeof expected, "runs as uid %d, expected 0", NOBODY);
@@ -573,7 +549,7 @@ static void test_impostor_refused(void **state)
     char byte;
     assert_int_equal(read(served, &byte, 1), 0); /* no request reached it */
     close(served);
-    fixed_url_remove(&f);
+    th_fixed_url_remove(&f);
 }
 
 /* Nothing a failed test set reaches the next: the harness's own connections use the defaults. */

@@ -206,37 +206,11 @@ static int cut_calls(th_daemon *d, gpucd_client *c, gpucd_region *r, int n)
     return cut;
 }
 
-/* A daemon at a fixed URL in a fresh folder, restarted as a supervisor would. */
-typedef struct fixed_url {
-    char dir[32], url[128];
-    const char *extra[3];
-} fixed_url;
-
-static void fixed_url_init(fixed_url *f)
-{
-    snprintf(f->dir, sizeof f->dir, "/tmp/gpucd-sq-XXXXXX");
-    assert_non_null(mkdtemp(f->dir));
-    snprintf(f->url, sizeof f->url, "ipc://%s/fixed.sock", f->dir);
-    f->extra[0] = "--listen";
-    f->extra[1] = f->url;
-    f->extra[2] = NULL;
-}
-
-static void fixed_url_remove(const fixed_url *f)
-{
-    char sock[200];
-    snprintf(sock, sizeof sock, "%s/fixed.sock", f->dir);
-    unlink(sock);
-    snprintf(sock, sizeof sock, "%s/fixed.sock" FDPASS_SUFFIX, f->dir); /* a killed daemon's */
-    unlink(sock);
-    rmdir(f->dir);
-}
-
 static void test_lost_daemon_fails_a_queued_call_at_once(void **state)
 {
     (void)state;
-    fixed_url f;
-    fixed_url_init(&f);
+    th_fixed_url f;
+    th_fixed_url_init(&f);
     th_daemon first;
     th_daemon_start(&first, f.extra);
     gpucd_client *c = th_mh_connect(f.url, 0, 5000);
@@ -257,7 +231,7 @@ static void test_lost_daemon_fails_a_queued_call_at_once(void **state)
     assert_int_equal(gpucd_region_destroy(r), 0);
     gpucd_close(c);
     assert_int_equal(th_daemon_stop(&second), 0);
-    fixed_url_remove(&f);
+    th_fixed_url_remove(&f);
 }
 
 /*
@@ -268,8 +242,8 @@ static void test_lost_daemon_fails_a_queued_call_at_once(void **state)
 static void test_records_come_back_after_reconnects(void **state)
 {
     (void)state;
-    fixed_url f;
-    fixed_url_init(&f);
+    th_fixed_url f;
+    th_fixed_url_init(&f);
     gpucd_client *c = NULL;
     gpucd_region *r = NULL;
     int cut = 0;
@@ -296,7 +270,7 @@ static void test_records_come_back_after_reconnects(void **state)
         gpucd_close(c);
         assert_int_equal(th_daemon_stop(&d), 0);
     }
-    fixed_url_remove(&f);
+    th_fixed_url_remove(&f);
 }
 
 /* ---- by hand, on a bare socket --------------------------------------------------------- */
