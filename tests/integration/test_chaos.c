@@ -1477,6 +1477,8 @@ int main(int argc, char **argv)
         return role_main(argv);
     }
     th_init(argc, argv);
+    /* Clients disconnect mid-reply by design: nng 1.5.2 loses such a reply (the file says how). */
+    setenv("LSAN_OPTIONS", "suppressions=" CHAOS_LSAN_SUPPRESSIONS ":print_suppressions=0", 1);
     const int seconds = env_int("CHAOS_SECONDS", 60, 1, 3600);
     n_clients = env_int("CHAOS_CLIENTS", 8, 1, MAX_CLIENTS);
     const unsigned acts = acts_parse();
