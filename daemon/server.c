@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "listen_watch.h"
 #include "log.h"
 #include "peer.h"
 #include "quota.h"
@@ -46,6 +47,7 @@ struct gcd_server {
     server_slot *slots;
     uint32_t nslots;
     gcd_workers *workers;
+    gcd_listen_watch *watch;
     atomic_int busy; /* slots between receiving a request and its reply going out */
     atomic_int refuse;
     uv_timer_t drain_timer;
@@ -132,9 +134,12 @@ static int workers_wanted(const gcd_config *cfg)
 /* nng thread: connections come and go; a departed client's regions and tensors go too. */
 static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
-    gcd_daemon *d = arg;
+    gcd_server *srv = arg;
+    gcd_daemon *d = srv->d;
     uint32_t id = (uint32_t)nng_pipe_id(p);
-    if (ev == NNG_PIPE_EV_ADD_PRE) {
+    if (ev == NNG_PIPE_EV_ADD_PRE && gcd_listen_watch_claim(srv->watch, p)) {
+        nng_pipe_close(p); /* the listener watch's probe: never a client */
+    } else if (ev == NNG_PIPE_EV_ADD_PRE) {
         /* Draining: refuse new connections (closing the listeners would also
          * close the connections whose replies are still on their way).  Past
          * a connection limit: closed here, its descriptor freed at once. */
@@ -189,8 +194,10 @@ static int server_tls_config(const gcd_config *cfg, nng_tls_config **out, char *
     return 0;
 }
 
-static int server_listen(gcd_server *srv, const char *url, char *err, size_t errlen)
+/* A started listener at url; the listener watch re-creates one with it too. */
+static int server_listen(void *arg, const char *url, nng_listener *out, char *err, size_t errlen)
 {
+    gcd_server *srv = arg;
     nng_listener l;
     nng_tls_config *tls = NULL;
     int is_tls = strncmp(url, "tls+tcp://", 10) == 0;
@@ -210,6 +217,7 @@ static int server_listen(gcd_server *srv, const char *url, char *err, size_t err
         return -1;
     }
     gcd_log_info("listening on %s", url);
+    *out = l;
     return 0;
 }
 
@@ -249,8 +257,8 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
         free(srv);
         return -1;
     }
-    nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_PRE, pipe_event, d);
-    nng_pipe_notify(srv->sock, NNG_PIPE_EV_REM_POST, pipe_event, d);
+    nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_PRE, pipe_event, srv);
+    nng_pipe_notify(srv->sock, NNG_PIPE_EV_REM_POST, pipe_event, srv);
     uv_timer_init(loop, &srv->drain_timer);
     srv->drain_timer.data = srv;
     srv->slots = calloc(srv->nslots, sizeof *srv->slots);
@@ -275,9 +283,19 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
         gcd_submitq_start(&d->submitq, d, srv->workers, &srv->busy, &srv->refuse, why,
                           sizeof why) != 0)
         gcd_log_warn("%s; serving without submission queues", why);
-    for (int i = 0; i < d->cfg.nlisten; i++)
-        if (server_listen(srv, d->cfg.listen[i], err, errlen) != 0)
+    if ((srv->watch = gcd_listen_watch_new(&d->stats, server_listen, srv)) == NULL) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < d->cfg.nlisten; i++) {
+        nng_listener l;
+        if (server_listen(srv, d->cfg.listen[i], &l, err, errlen) != 0)
             goto fail;
+        if (gcd_listen_watch_add(srv->watch, d->cfg.listen[i], l) != 0)
+            gcd_log_warn("listener %s not watched: too many listeners", d->cfg.listen[i]);
+    }
+    if (gcd_listen_watch_start(srv->watch) != 0)
+        gcd_log_warn("cannot start the listener watch: a stopped listener stays stopped");
     for (uint32_t i = 0; i < srv->nslots; i++)
         slot_recv(&srv->slots[i]);
     *out = srv;
@@ -312,6 +330,7 @@ static void drain_poll(uv_timer_t *timer)
 
 void gcd_server_drain(gcd_server *s, void (*done)(void *arg), void *arg)
 {
+    gcd_listen_watch_stop(s->watch); /* no listener made while the socket closes */
     atomic_store(&s->refuse, 1);
     s->drain_done = done;
     s->drain_arg = arg;
@@ -321,6 +340,7 @@ void gcd_server_drain(gcd_server *s, void (*done)(void *arg), void *arg)
 
 void gcd_server_free(gcd_server *s)
 {
+    gcd_listen_watch_free(s->watch);
     if (s->d->submitq != NULL)
         gcd_submitq_stop(s->d->submitq); /* nothing more is taken */
     gcd_workers_stop(s->workers); /* runs what is queued: every reply is built */
