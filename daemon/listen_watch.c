@@ -10,8 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -28,16 +26,20 @@ enum { WATCH_MAX = 16, PERIOD_MS = 1000, PROBE_MS = 3000 };
 static const uint8_t sp_req0[8] = {0, 'S', 'P', 0, 0, 48, 0, 0};
 static const uint8_t sp_rep0[8] = {0, 'S', 'P', 0, 0, 49, 0, 0};
 
+typedef enum watch_kind { WATCH_IPC, WATCH_TCP, WATCH_TLS } watch_kind;
+
 typedef struct watched {
     char url[512];
     nng_listener l;
-    bool ipc;
+    watch_kind kind;
+    bool unprobed; /* its TLS refused the probe: not watched */
 } watched;
 
 struct gcd_listen_watch {
     gcd_stats *stats;
     gcd_listen_fn listen;
     void *arg;
+    nng_tls_config *tls; /* the probe's, for tls+tcp:// listeners */
     watched ls[WATCH_MAX];
     int n;
     pthread_t thread;
@@ -47,14 +49,18 @@ struct gcd_listen_watch {
     bool stop;
     /* The probe under way: ipc (peer pid is ours) or tcp from probe_addr. */
     bool probing, probe_ipc, seen;
-    struct sockaddr_storage probe_addr;
+    nng_sockaddr probe_addr;
 };
 
-gcd_listen_watch *gcd_listen_watch_new(gcd_stats *stats, gcd_listen_fn listen, void *arg)
+gcd_listen_watch *gcd_listen_watch_new(gcd_stats *stats, gcd_listen_fn listen, void *arg,
+                                       nng_tls_config *tls)
 {
     gcd_listen_watch *w = calloc(1, sizeof *w);
     if (w == NULL)
         return NULL;
+    if (tls != NULL)
+        nng_tls_config_hold(tls);
+    w->tls = tls;
     w->stats = stats;
     w->listen = listen;
     w->arg = arg;
@@ -69,15 +75,21 @@ gcd_listen_watch *gcd_listen_watch_new(gcd_stats *stats, gcd_listen_fn listen, v
 
 int gcd_listen_watch_add(gcd_listen_watch *w, const char *url, nng_listener l)
 {
-    bool ipc = strncmp(url, "ipc://", 6) == 0;
-    if (!ipc && strncmp(url, "tcp://", 6) != 0)
+    watch_kind kind;
+    if (strncmp(url, "ipc://", 6) == 0)
+        kind = WATCH_IPC;
+    else if (strncmp(url, "tcp://", 6) == 0)
+        kind = WATCH_TCP;
+    else if (strncmp(url, "tls+tcp://", 10) == 0 && w->tls != NULL)
+        kind = WATCH_TLS;
+    else
         return 0;
     if (w->n == WATCH_MAX || strlen(url) >= sizeof w->ls[0].url)
         return -1;
     watched *x = &w->ls[w->n++];
     snprintf(x->url, sizeof x->url, "%s", url);
     x->l = l;
-    x->ipc = ipc;
+    x->kind = kind;
     return 0;
 }
 
@@ -94,17 +106,13 @@ static struct timespec deadline_in(int ms)
     return ts;
 }
 
-static bool same_addr(const nng_sockaddr *a, const struct sockaddr_storage *b)
+static bool same_addr(const nng_sockaddr *a, const nng_sockaddr *b)
 {
-    if (a->s_family == NNG_AF_INET && b->ss_family == AF_INET) {
-        const struct sockaddr_in *in = (const struct sockaddr_in *)b;
-        return a->s_in.sa_port == in->sin_port && a->s_in.sa_addr == in->sin_addr.s_addr;
-    }
-    if (a->s_family == NNG_AF_INET6 && b->ss_family == AF_INET6) {
-        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)b;
-        return a->s_in6.sa_port == in6->sin6_port &&
-               memcmp(a->s_in6.sa_addr, &in6->sin6_addr, 16) == 0;
-    }
+    if (a->s_family == NNG_AF_INET && b->s_family == NNG_AF_INET)
+        return a->s_in.sa_port == b->s_in.sa_port && a->s_in.sa_addr == b->s_in.sa_addr;
+    if (a->s_family == NNG_AF_INET6 && b->s_family == NNG_AF_INET6)
+        return a->s_in6.sa_port == b->s_in6.sa_port &&
+               memcmp(a->s_in6.sa_addr, b->s_in6.sa_addr, 16) == 0;
     return false;
 }
 
@@ -133,55 +141,50 @@ bool gcd_listen_watch_claim(gcd_listen_watch *w, nng_pipe p)
 }
 
 /* Where the probe dials: the listener's own address, loopback for a wildcard one. */
-static int probe_target(const watched *x, struct sockaddr_storage *ss, socklen_t *len)
+static int probe_url(const watched *x, char *out, size_t len)
 {
-    memset(ss, 0, sizeof *ss);
-    if (x->ipc) {
-        struct sockaddr_un *un = (struct sockaddr_un *)ss;
-        un->sun_family = AF_UNIX;
-        if (strlen(x->url + 6) >= sizeof un->sun_path)
-            return -1;
-        strcpy(un->sun_path, x->url + 6);
-        *len = sizeof *un;
+    if (x->kind == WATCH_IPC) {
+        snprintf(out, len, "%s", x->url);
         return 0;
     }
     nng_sockaddr sa;
+    char host[INET6_ADDRSTRLEN];
+    const char *scheme = x->kind == WATCH_TLS ? "tls+tcp" : "tcp";
+    static const uint8_t any6[16];
     if (nng_listener_get_addr(x->l, NNG_OPT_LOCADDR, &sa) != 0)
         return -1;
     if (sa.s_family == NNG_AF_INET) {
-        struct sockaddr_in *in = (struct sockaddr_in *)ss;
-        in->sin_family = AF_INET;
-        in->sin_port = sa.s_in.sa_port;
-        in->sin_addr.s_addr = sa.s_in.sa_addr != 0 ? sa.s_in.sa_addr : htonl(INADDR_LOOPBACK);
-        *len = sizeof *in;
+        uint32_t a = sa.s_in.sa_addr != 0 ? sa.s_in.sa_addr : htonl(INADDR_LOOPBACK);
+        inet_ntop(AF_INET, &a, host, sizeof host);
+        snprintf(out, len, "%s://%s:%u", scheme, host, ntohs(sa.s_in.sa_port));
         return 0;
     }
     if (sa.s_family == NNG_AF_INET6) {
-        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
-        in6->sin6_family = AF_INET6;
-        in6->sin6_port = sa.s_in6.sa_port;
-        static const uint8_t any[16];
-        if (memcmp(sa.s_in6.sa_addr, any, 16) == 0)
-            in6->sin6_addr = in6addr_loopback;
-        else
-            memcpy(&in6->sin6_addr, sa.s_in6.sa_addr, 16);
-        *len = sizeof *in6;
+        const void *a = memcmp(sa.s_in6.sa_addr, any6, 16) != 0 ? (const void *)sa.s_in6.sa_addr
+                                                                : (const void *)&in6addr_loopback;
+        inet_ntop(AF_INET6, a, host, sizeof host);
+        snprintf(out, len, "%s://[%s]:%u", scheme, host, ntohs(sa.s_in6.sa_port));
         return 0;
     }
     return -1;
 }
 
-/* Reads exactly n bytes (the socket's timeout bounds each read). */
-static int read_full(int fd, uint8_t *buf, size_t n)
+/* One step of the probe's stream, bounded by PROBE_MS; 0 or an nng error. */
+static int stream_io(nng_stream *st, nng_aio *aio, bool send, uint8_t *buf, size_t n)
 {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = recv(fd, buf + got, n - got, 0);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        got += (size_t)r;
+    size_t done = 0;
+    while (done < n) {
+        nng_iov iov = {.iov_buf = buf + done, .iov_len = n - done};
+        nng_aio_set_iov(aio, 1, &iov);
+        if (send)
+            nng_stream_send(st, aio);
+        else
+            nng_stream_recv(st, aio);
+        nng_aio_wait(aio);
+        int rv = nng_aio_result(aio);
+        if (rv != 0)
+            return rv;
+        done += nng_aio_count(aio);
     }
     return 0;
 }
@@ -190,55 +193,59 @@ static int read_full(int fd, uint8_t *buf, size_t n)
  * 0 when the socket added the probe's connection within PROBE_MS; -1 when the
  * listener is stopped: its transport completed the handshake and the socket
  * never got the connection, or nothing listens at its address; 1 when nothing
- * can be said (no descriptor, no header back: a daemon out of descriptors or
- * overloaded is not helped by a new listener).  The probe closes only after
- * reading the daemon's header, so its own handshake cannot fail the way that
- * stops a listener.
+ * can be said (no descriptor, no handshake: a daemon out of descriptors or
+ * overloaded is not helped by a new listener); 2 when a TLS handshake failed
+ * (its --tls-ca does not take the daemon's certificate for a client's).  The probe closes only after reading the daemon's
+ * header, so its own handshake cannot fail the way that stops a listener.
  */
 static int probe(gcd_listen_watch *w, const watched *x, char *why, size_t whylen)
 {
-    struct sockaddr_storage to;
-    socklen_t tolen;
+    char url[600];
+    nng_stream_dialer *dl = NULL;
+    nng_aio *aio = NULL;
+    nng_stream *st = NULL;
+    int rc = 1, rv;
     why[0] = '\0';
-    if (probe_target(x, &to, &tolen) != 0) {
+    if (probe_url(x, url, sizeof url) != 0) {
         snprintf(why, whylen, "no address to probe");
-        return 1; /* nothing to say about the listener: not restarted for it */
-    }
-    int fd = socket(to.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        snprintf(why, whylen, "socket: %s", strerror(errno));
         return 1;
     }
-    struct timeval tv = {.tv_sec = PROBE_MS / 1000, .tv_usec = (PROBE_MS % 1000) * 1000};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    struct timespec deadline = deadline_in(PROBE_MS);
-    int rc = 1;
-    uint8_t head[8];
-    struct sockaddr_storage local;
-    socklen_t llen = sizeof local;
-    if (connect(fd, (struct sockaddr *)&to, tolen) != 0) {
-        int e = errno; /* refused or gone: nothing listens there any more */
-        snprintf(why, whylen, "connect: %s", strerror(e));
-        close(fd);
-        return e == ECONNREFUSED || e == ENOENT ? -1 : 1;
+    if ((rv = nng_stream_dialer_alloc(&dl, url)) != 0 ||
+        (x->kind == WATCH_TLS &&
+         (rv = nng_stream_dialer_set_ptr(dl, NNG_OPT_TLS_CONFIG, w->tls)) != 0) ||
+        (rv = nng_aio_alloc(&aio, NULL, NULL)) != 0) {
+        snprintf(why, whylen, "cannot dial it: %s", nng_strerror(rv));
+        goto done;
     }
-    if (!x->ipc && getsockname(fd, (struct sockaddr *)&local, &llen) != 0) {
-        snprintf(why, whylen, "getsockname: %s", strerror(errno));
-        close(fd);
-        return 1;
+    nng_aio_set_timeout(aio, PROBE_MS);
+    nng_stream_dialer_dial(dl, aio);
+    nng_aio_wait(aio);
+    if ((rv = nng_aio_result(aio)) != 0) {
+        snprintf(why, whylen, "dialing it: %s", nng_strerror(rv));
+        if (rv == NNG_ECONNREFUSED || rv == NNG_ENOENT)
+            rc = -1; /* nothing listens there any more */
+        goto done;
+    }
+    st = nng_aio_get_output(aio, 0);
+    nng_sockaddr local;
+    if (x->kind != WATCH_IPC && (rv = nng_stream_get_addr(st, NNG_OPT_LOCADDR, &local)) != 0) {
+        snprintf(why, whylen, "the probe's own address: %s", nng_strerror(rv));
+        goto done;
     }
     pthread_mutex_lock(&w->mu);
     w->probing = true;
-    w->probe_ipc = x->ipc;
+    w->probe_ipc = x->kind == WATCH_IPC;
     w->seen = false;
-    if (!x->ipc)
-        w->probe_addr = local;
+    w->probe_addr = local;
     pthread_mutex_unlock(&w->mu);
-    if (send(fd, sp_req0, sizeof sp_req0, MSG_NOSIGNAL) != (ssize_t)sizeof sp_req0) {
-        snprintf(why, whylen, "sending the SP header: %s", strerror(errno));
-    } else if (read_full(fd, head, sizeof head) != 0) {
-        snprintf(why, whylen, "no SP header back within %d ms", PROBE_MS);
+    struct timespec deadline = deadline_in(PROBE_MS);
+    uint8_t head[8];
+    memcpy(head, sp_req0, sizeof head);
+    if ((rv = stream_io(st, aio, true, head, sizeof head)) != 0 ||
+        (rv = stream_io(st, aio, false, head, sizeof head)) != 0) {
+        snprintf(why, whylen, "%s handshake: %s", x->kind == WATCH_TLS ? "TLS or SP" : "SP",
+                 nng_strerror(rv));
+        rc = x->kind == WATCH_TLS ? 2 : 1;
     } else if (memcmp(head, sp_rep0, sizeof head) != 0) {
         snprintf(why, whylen, "a header not REP0's back");
     } else {
@@ -258,7 +265,13 @@ static int probe(gcd_listen_watch *w, const watched *x, char *why, size_t whylen
     pthread_mutex_lock(&w->mu);
     w->probing = false;
     pthread_mutex_unlock(&w->mu);
-    close(fd);
+done:
+    if (st != NULL) {
+        nng_stream_close(st);
+        nng_stream_free(st);
+    }
+    nng_aio_free(aio);
+    nng_stream_dialer_free(dl);
     return rc;
 }
 
@@ -270,7 +283,7 @@ static int probe(gcd_listen_watch *w, const watched *x, char *why, size_t whylen
 static int relisten(gcd_listen_watch *w, watched *x, char *err, size_t errlen)
 {
     nng_listener nl;
-    if (!x->ipc) {
+    if (x->kind != WATCH_IPC) {
         nng_listener_close(x->l);
         if (w->listen(w->arg, x->url, &nl, err, errlen) != 0)
             return -1;
@@ -304,7 +317,16 @@ static void *watch_main(void *arg)
         for (int i = 0; i < w->n; i++) {
             watched *x = &w->ls[i];
             char why[256], err[512];
+            if (x->unprobed)
+                continue;
             int rc = probe(w, x, why, sizeof why);
+            if (rc == 2) { /* a stopped listener still completes handshakes */
+                gcd_log_warn("listener %s not watched: the daemon's certificate did not get "
+                             "through its TLS (%s)",
+                             x->url, why);
+                x->unprobed = true;
+                continue;
+            }
             if (rc > 0) {
                 if (why[0] != '\0')
                     gcd_log_debug("listener %s not probed: %s", x->url, why);
@@ -354,5 +376,7 @@ void gcd_listen_watch_free(gcd_listen_watch *w)
     gcd_listen_watch_stop(w);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
+    if (w->tls != NULL)
+        nng_tls_config_free(w->tls);
     free(w);
 }

@@ -2,28 +2,31 @@
  * listen_watch.h - notices a listener that stopped accepting and re-creates it.
  *
  * nng 1.5.2's listener accepts nothing more once a connection's SP handshake
- * fails with NNG_ECLOSED (its header write found the peer gone: EPIPE), and
- * nng reports nothing to tell that from an error it recovered from.  Any local
- * process stops an ipc:// listener by connecting and closing at once, a tcp://
- * peer by sending its FIN and then a reset.  The transport still completes
- * the SP handshake of later connections, which then wait forever to be added:
- * only a connection the socket adds proves the listener works.
+ * fails with NNG_ECLOSED (a write found the peer gone: EPIPE), and nng reports
+ * nothing that tells it from an error it recovered from.  Any local process
+ * stops an ipc:// listener by connecting and closing at once; a tcp:// peer by
+ * its FIN and then a reset; a tls+tcp:// one the same after its ClientHello.
+ * The transport still completes the handshake of later connections, which
+ * then wait forever to be added: only a connection the socket adds proves the
+ * listener works.
  *
- * So once a second a thread dials every ipc:// and tcp:// listener, completes
- * the handshake as a REQ0 peer and waits (a bounded time) until the socket
- * adds that connection, which the pipe callback recognises by
+ * So once a second a thread dials every listener, completes the handshake as
+ * a REQ0 peer (over TLS presenting the daemon's own certificate: a listener
+ * whose --tls-ca does not sign it cannot be probed) and waits, a bounded time,
+ * until the socket adds that connection, which the pipe callback recognises by
  * gcd_listen_watch_claim (never a client: not counted, not charged, closed at
- * once).  A listener that fails is re-created at its URL by the server's own
+ * once).  A stopped listener is re-created at its URL by the server's own
  * function, with a warning and listener_restarts counted.  An ipc:// one is
  * made at a neighbouring path and renamed over the socket, so the stopped
- * listener keeps its connections (until the socket closes); a tcp:// port can
- * be bound by one listener only, so the stopped one is closed first, and its
- * clients redial.  tls+tcp:// listeners are not watched.
+ * listener keeps its connections (until the socket closes); a port takes one
+ * listener, so a stopped tcp:// or tls+tcp:// one is closed first, and its
+ * clients redial.
  */
 #ifndef GCD_LISTEN_WATCH_H
 #define GCD_LISTEN_WATCH_H
 
 #include <nng/nng.h>
+#include <nng/supplemental/tls/tls.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -35,8 +38,10 @@ typedef struct gcd_listen_watch gcd_listen_watch;
 typedef int (*gcd_listen_fn)(void *arg, const char *url, nng_listener *out, char *err,
                              size_t errlen);
 
-gcd_listen_watch *gcd_listen_watch_new(gcd_stats *stats, gcd_listen_fn listen, void *arg);
-/* Watches l, listening at url (ignored unless ipc:// or tcp://).  Before the start. */
+/* tls: the probe's client configuration for tls+tcp:// listeners (held; NULL: not watched). */
+gcd_listen_watch *gcd_listen_watch_new(gcd_stats *stats, gcd_listen_fn listen, void *arg,
+                                       nng_tls_config *tls);
+/* Watches l, listening at url.  Before the start. */
 int gcd_listen_watch_add(gcd_listen_watch *w, const char *url, nng_listener l);
 int gcd_listen_watch_start(gcd_listen_watch *w);
 /* nng thread, at NNG_PIPE_EV_ADD_PRE: true when p is the probe's own connection. */

@@ -48,6 +48,7 @@ struct gcd_server {
     uint32_t nslots;
     gcd_workers *workers;
     gcd_listen_watch *watch;
+    nng_tls_config *tls; /* of the tls+tcp:// listeners, read once at the start */
     atomic_int busy; /* slots between receiving a request and its reply going out */
     atomic_int refuse;
     uv_timer_t drain_timer;
@@ -194,22 +195,36 @@ static int server_tls_config(const gcd_config *cfg, nng_tls_config **out, char *
     return 0;
 }
 
+/*
+ * The listener watch's TLS, when a tls+tcp:// listener is configured: the
+ * daemon's own certificate, the daemon unchecked (the probe dials itself).
+ */
+static int server_probe_tls(const gcd_config *cfg, nng_tls_config **out, char *why,
+                            size_t whylen)
+{
+    *out = NULL;
+    for (int i = 0; i < cfg->nlisten; i++)
+        if (strncmp(cfg->listen[i], "tls+tcp://", 10) == 0)
+            return tls_config_load(out, NNG_TLS_MODE_CLIENT, NNG_TLS_AUTH_MODE_NONE, NULL,
+                                   cfg->tls_cert, cfg->tls_key, NULL, why, whylen) == 0
+                       ? 0
+                       : -1;
+    return 0;
+}
+
 /* A started listener at url; the listener watch re-creates one with it too. */
 static int server_listen(void *arg, const char *url, nng_listener *out, char *err, size_t errlen)
 {
     gcd_server *srv = arg;
     nng_listener l;
-    nng_tls_config *tls = NULL;
     int is_tls = strncmp(url, "tls+tcp://", 10) == 0;
-    if (is_tls && server_tls_config(&srv->d->cfg, &tls, err, errlen) != 0)
+    if (is_tls && srv->tls == NULL && server_tls_config(&srv->d->cfg, &srv->tls, err, errlen) != 0)
         return -1;
     int rv = nng_listener_create(&l, srv->sock, url);
     if (rv == 0 && strncmp(url, "ipc://", 6) == 0)
         rv = nng_listener_set_int(l, NNG_OPT_IPC_PERMISSIONS, 0600);
     if (rv == 0 && is_tls) /* the listener holds the configuration from here */
-        rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, tls);
-    if (tls != NULL)
-        nng_tls_config_free(tls);
+        rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, srv->tls);
     if (rv == 0)
         rv = nng_listener_start(l, 0);
     if (rv != 0) {
@@ -283,7 +298,13 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
         gcd_submitq_start(&d->submitq, d, srv->workers, &srv->busy, &srv->refuse, why,
                           sizeof why) != 0)
         gcd_log_warn("%s; serving without submission queues", why);
-    if ((srv->watch = gcd_listen_watch_new(&d->stats, server_listen, srv)) == NULL) {
+    nng_tls_config *probe_tls = NULL;
+    if (server_probe_tls(&d->cfg, &probe_tls, why, sizeof why) != 0)
+        gcd_log_warn("tls+tcp:// listeners not watched: %s", why);
+    srv->watch = gcd_listen_watch_new(&d->stats, server_listen, srv, probe_tls);
+    if (probe_tls != NULL)
+        nng_tls_config_free(probe_tls);
+    if (srv->watch == NULL) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
@@ -354,6 +375,8 @@ void gcd_server_free(gcd_server *s)
                 nng_aio_free(s->slots[i].aio); /* waits for a callback still running */
         free(s->slots);
     }
+    if (s->tls != NULL)
+        nng_tls_config_free(s->tls);
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
     uv_run(s->loop, UV_RUN_NOWAIT);
     free(s);

@@ -9,6 +9,7 @@
  * a bound while a client connected before keeps working throughout, /stats
  * counts the restart, and the probes never count as clients.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <setjmp.h>
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,6 +31,12 @@
 
 /* Wall time for a stopped listener to serve again: generous for a loaded machine. */
 enum { SERVED_WITHIN_S = 15, PEERS = 5, ROUNDS = 5 };
+
+/* The TLS test's folder: a self-signed certificate for 127.0.0.1 (its own CA), and the
+ * ClientHello openssl s_client sends, captured on a socket of the test's own. */
+static char tls_dir[64], tls_url[64], tls_crt[128], tls_key[128];
+static uint8_t hello[16384];
+static size_t hello_len;
 
 static double now_s(void)
 {
@@ -88,6 +96,7 @@ static void new_client_served(gpucd_client *before, const char *url)
         gpucd_options o;
         gpucd_options_init(&o);
         o.timeout_ms = 1000;
+        o.tls_ca = tls_crt;
         gpucd_client *c = NULL;
         int ok = gpucd_connect(url, &o, &c) == 0 && gpucd_ping(c, NULL) == 0;
         gpucd_close(c);
@@ -114,13 +123,91 @@ static void clients_settle(gpucd_client *c, long long want)
     }
 }
 
-static void listener_survives(void (*peer)(const char *url), int tcp)
+static void tls_setup(void)
+{
+    snprintf(tls_dir, sizeof tls_dir, "/tmp/gpucd-listener-XXXXXX");
+    assert_non_null(mkdtemp(tls_dir));
+    snprintf(tls_crt, sizeof tls_crt, "%s/server.crt", tls_dir);
+    snprintf(tls_key, sizeof tls_key, "%s/server.key", tls_dir);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+             "-keyout '%s' -out '%s' -days 3 -subj '/CN=127.0.0.1' >/dev/null 2>&1",
+             tls_key, tls_crt);
+    if (system(cmd) != 0)
+        fail_msg("openssl could not make the certificate: %s", cmd);
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(lfd, 1), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &len), 0);
+    snprintf(cmd, sizeof cmd,
+             "timeout 60 openssl s_client -connect 127.0.0.1:%d </dev/null >/dev/null 2>&1 &",
+             ntohs(sa.sin_port));
+    assert_int_equal(system(cmd), 0);
+    struct timeval tv = {.tv_sec = 30};
+    setsockopt(lfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    int fd = accept(lfd, NULL, NULL);
+    if (fd < 0)
+        fail_msg("openssl s_client did not connect within 30 s: %s", strerror(errno));
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    /* The first record: a 5-byte header, its length in bytes 3 and 4. */
+    while (hello_len < 5 || hello_len < 5 + ((size_t)hello[3] << 8 | hello[4])) {
+        ssize_t n = recv(fd, hello + hello_len, sizeof hello - hello_len, 0);
+        if (n <= 0)
+            fail_msg("no ClientHello from openssl s_client");
+        hello_len += (size_t)n;
+    }
+    assert_int_equal(hello[0], 22); /* handshake */
+    close(fd);
+    close(lfd);
+}
+
+static void tls_teardown(void)
+{
+    unlink(tls_crt);
+    unlink(tls_key);
+    rmdir(tls_dir);
+}
+
+/*
+ * A peer that sends a ClientHello, then its FIN and a reset: a write of the daemon's first
+ * flight that comes after the reset gets EPIPE.  It must come between the daemon's reading
+ * the hello and writing the flight's rest: each peer waits a little longer.
+ */
+static void tls_hello_fin_reset(const char *url)
+{
+    static unsigned peers;
+    useconds_t wait_us = (useconds_t)(peers++ % 10) * 50;
+    int port = atoi(strrchr(url, ':') + 1);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(send(fd, hello, hello_len, MSG_NOSIGNAL), (ssize_t)hello_len);
+    usleep(wait_us);
+    shutdown(fd, SHUT_WR);
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg), 0);
+    close(fd);
+}
+
+typedef enum { OVER_IPC, OVER_TCP, OVER_TLS } over;
+
+static void listener_survives(void (*peer)(const char *url), over how)
 {
     th_daemon d;
-    th_daemon_start(&d, NULL);
+    const char *tls_flags[] = {"--listen", tls_url, "--tls-cert", tls_crt, "--tls-key",
+                               tls_key, "--tls-client-auth", "none", NULL};
+    if (how == OVER_TLS)
+        snprintf(tls_url, sizeof tls_url, "tls+tcp://127.0.0.1:%d", th_free_tcp_port());
+    th_daemon_start(&d, how == OVER_TLS ? tls_flags : NULL);
     gpucd_client *before = th_connect(d.ipc_url);
     assert_int_equal(gpucd_ping(before, NULL), 0);
-    const char *url = tcp ? d.tcp_url : d.ipc_url;
+    const char *url = how == OVER_TLS ? tls_url : how == OVER_TCP ? d.tcp_url : d.ipc_url;
     /* A peer stops the listener only when it wins a race with the daemon's header write
      * (nearly always): rounds of peers until one did, each followed by a new client. */
     long long restarts = 0;
@@ -144,13 +231,21 @@ static void listener_survives(void (*peer)(const char *url), int tcp)
 static void test_ipc_connect_close(void **state)
 {
     (void)state;
-    listener_survives(ipc_connect_close, 0);
+    listener_survives(ipc_connect_close, OVER_IPC);
 }
 
 static void test_tcp_fin_reset(void **state)
 {
     (void)state;
-    listener_survives(tcp_fin_reset, 1);
+    listener_survives(tcp_fin_reset, OVER_TCP);
+}
+
+static void test_tls_hello_fin_reset(void **state)
+{
+    (void)state;
+    tls_setup();
+    listener_survives(tls_hello_fin_reset, OVER_TLS);
+    tls_teardown();
 }
 
 /* With nothing wrong, the watch restarts nothing and its probes are never clients. */
@@ -177,6 +272,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ipc_connect_close),
         cmocka_unit_test(test_tcp_fin_reset),
+        cmocka_unit_test(test_tls_hello_fin_reset),
         cmocka_unit_test(test_quiet_daemon),
     };
     return th_run_group_tests(tests, NULL, NULL);
