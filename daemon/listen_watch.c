@@ -20,7 +20,7 @@
  * loaded machine, a daemon under valgrind add theirs within milliseconds) means a
  * stopped listener.
  */
-enum { WATCH_MAX = 16, PERIOD_MS = 1000, PROBE_MS = 3000 };
+enum { WATCH_MAX = 16, RETIRED_MAX = 64, PERIOD_MS = 1000, PROBE_MS = 3000 };
 
 /* The SP header of a REQ0 peer (protocol 48), and the REP0 answer (49). */
 static const uint8_t sp_req0[8] = {0, 'S', 'P', 0, 0, 48, 0, 0};
@@ -33,7 +33,17 @@ typedef struct watched {
     nng_listener l;
     watch_kind kind;
     bool unprobed; /* its TLS refused the probe: not watched */
+    bool owns_path; /* ipc: nng unlinks the socket's path when l closes (the first one) */
+    int clients;    /* connections it gave the socket, still open */
 } watched;
+
+/* A stopped ipc:// listener kept for the clients it has; closed when the last leaves. */
+typedef struct retired {
+    nng_listener l;
+    const watched *of;
+    bool owns_path;
+    int clients;
+} retired;
 
 struct gcd_listen_watch {
     gcd_stats *stats;
@@ -42,6 +52,8 @@ struct gcd_listen_watch {
     nng_tls_config *tls; /* the probe's, for tls+tcp:// listeners */
     watched ls[WATCH_MAX];
     int n;
+    retired old[RETIRED_MAX];
+    int nold;
     pthread_t thread;
     bool started;
     pthread_mutex_t mu;
@@ -90,7 +102,23 @@ int gcd_listen_watch_add(gcd_listen_watch *w, const char *url, nng_listener l)
     snprintf(x->url, sizeof x->url, "%s", url);
     x->l = l;
     x->kind = kind;
+    x->owns_path = kind == WATCH_IPC;
     return 0;
+}
+
+void gcd_listen_watch_count(gcd_listen_watch *w, nng_pipe p, int delta)
+{
+    if (w == NULL)
+        return;
+    int id = nng_listener_id(nng_pipe_listener(p));
+    pthread_mutex_lock(&w->mu);
+    for (int i = 0; i < w->n; i++)
+        if (nng_listener_id(w->ls[i].l) == id)
+            w->ls[i].clients += delta;
+    for (int i = 0; i < w->nold; i++)
+        if (nng_listener_id(w->old[i].l) == id)
+            w->old[i].clients += delta;
+    pthread_mutex_unlock(&w->mu);
 }
 
 static struct timespec deadline_in(int ms)
@@ -276,9 +304,10 @@ done:
 }
 
 /*
- * A stopped ipc:// listener keeps its connections: the new one is made at
- * PATH.new and renamed over PATH (which the old one unlinks only when the socket
- * closes, at the end).  A tcp:// port takes one listener: the old one goes first.
+ * A stopped ipc:// listener keeps its clients: the new one is made at PATH.new
+ * and renamed over PATH, the old one kept until its last client leaves (or,
+ * with RETIRED_MAX kept already, closed at once).  A port takes one listener:
+ * a stopped tcp:// or tls+tcp:// one goes first.
  */
 static int relisten(gcd_listen_watch *w, watched *x, char *err, size_t errlen)
 {
@@ -287,7 +316,10 @@ static int relisten(gcd_listen_watch *w, watched *x, char *err, size_t errlen)
         nng_listener_close(x->l);
         if (w->listen(w->arg, x->url, &nl, err, errlen) != 0)
             return -1;
+        pthread_mutex_lock(&w->mu);
         x->l = nl;
+        x->clients = 0;
+        pthread_mutex_unlock(&w->mu);
         return 0;
     }
     char tmp[sizeof x->url + 8];
@@ -299,8 +331,48 @@ static int relisten(gcd_listen_watch *w, watched *x, char *err, size_t errlen)
         nng_listener_close(nl);
         return -1;
     }
+    pthread_mutex_lock(&w->mu);
+    nng_listener stopped = x->l;
+    bool kept = w->nold < RETIRED_MAX;
+    if (kept)
+        w->old[w->nold++] = (retired){stopped, x, x->owns_path, x->clients};
     x->l = nl;
+    x->owns_path = false;
+    x->clients = 0;
+    pthread_mutex_unlock(&w->mu);
+    if (!kept)
+        nng_listener_close(stopped);
     return 0;
+}
+
+/*
+ * Closes the stopped ipc:// listeners no client uses any more (their unaccepted
+ * connections go with them).  The first one unlinks the socket's path as it
+ * closes: a second link to the present listener's socket is renamed back.
+ */
+static void retired_close(gcd_listen_watch *w)
+{
+    pthread_mutex_lock(&w->mu);
+    for (int i = 0; i < w->nold;) {
+        retired r = w->old[i];
+        if (r.clients > 0) {
+            i++;
+            continue;
+        }
+        w->old[i] = w->old[--w->nold];
+        pthread_mutex_unlock(&w->mu);
+        const char *path = r.of->url + 6;
+        char keep[sizeof r.of->url + 8];
+        snprintf(keep, sizeof keep, "%s.keep", path);
+        unlink(keep);
+        bool linked = r.owns_path && link(path, keep) == 0;
+        nng_listener_close(r.l);
+        if (linked && rename(keep, path) != 0)
+            gcd_log_error("listener %s lost its socket: %s", r.of->url, strerror(errno));
+        gcd_log_debug("listener %s: the stopped one closed, its clients gone", r.of->url);
+        pthread_mutex_lock(&w->mu);
+    }
+    pthread_mutex_unlock(&w->mu);
 }
 
 static void *watch_main(void *arg)
@@ -341,6 +413,7 @@ static void *watch_main(void *arg)
             }
             atomic_fetch_add_explicit(&w->stats->listener_restarts, 1, memory_order_relaxed);
         }
+        retired_close(w);
         pthread_mutex_lock(&w->mu);
     }
     pthread_mutex_unlock(&w->mu);
@@ -374,6 +447,10 @@ void gcd_listen_watch_free(gcd_listen_watch *w)
     if (w == NULL)
         return;
     gcd_listen_watch_stop(w);
+    /* A re-created ipc:// listener's socket is renamed: nng does not unlink its path. */
+    for (int i = 0; i < w->n; i++)
+        if (w->ls[i].kind == WATCH_IPC && !w->ls[i].owns_path)
+            unlink(w->ls[i].url + 6);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
     if (w->tls != NULL)

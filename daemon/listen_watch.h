@@ -18,7 +18,7 @@
  * once).  A stopped listener is re-created at its URL by the server's own
  * function, with a warning and listener_restarts counted.  An ipc:// one is
  * made at a neighbouring path and renamed over the socket, so the stopped
- * listener keeps its connections (until the socket closes); a port takes one
+ * listener keeps its connections (it is closed when the last is gone); a port takes one
  * listener, so a stopped tcp:// or tls+tcp:// one is closed first, and its
  * clients redial.
  */
@@ -44,11 +44,13 @@ gcd_listen_watch *gcd_listen_watch_new(gcd_stats *stats, gcd_listen_fn listen, v
 /* Watches l, listening at url.  Before the start. */
 int gcd_listen_watch_add(gcd_listen_watch *w, const char *url, nng_listener l);
 int gcd_listen_watch_start(gcd_listen_watch *w);
+/* nng thread: a client's connection p was added (delta 1) or removed (-1). */
+void gcd_listen_watch_count(gcd_listen_watch *w, nng_pipe p, int delta);
 /* nng thread, at NNG_PIPE_EV_ADD_PRE: true when p is the probe's own connection. */
 bool gcd_listen_watch_claim(gcd_listen_watch *w, nng_pipe p);
 /* Stops the thread (a probe under way ends within its bound); idempotent. */
 void gcd_listen_watch_stop(gcd_listen_watch *w);
-/* Stops it and frees it (the listeners stay the socket's). */
+/* Stops it and frees it (the listeners stay the socket's): after the socket is closed. */
 void gcd_listen_watch_free(gcd_listen_watch *w);
 
 #endif

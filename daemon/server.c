@@ -153,6 +153,7 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
             nng_pipe_close(p);
         } else {
             atomic_fetch_add(&d->stats.clients, 1);
+            gcd_listen_watch_count(srv->watch, p, 1);
             bool verified; /* a TLS pipe's: with --tls-client-auth optional it may be false */
             if (nng_pipe_get_bool(p, NNG_OPT_TLS_VERIFIED, &verified) == 0)
                 gcd_log_debug("client %u (%s) connected over TLS, certificate %s", id, peer,
@@ -167,6 +168,7 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
         if (!gcd_quota_disconnect(d->quota, id))
             return;
         atomic_fetch_sub(&d->stats.clients, 1);
+        gcd_listen_watch_count(srv->watch, p, -1);
         /* Regions first: a queue opened on one of them meanwhile sees it gone (submitq.c). */
         gcd_regions_drop_owner(d->regions, id);
         if (d->submitq != NULL)

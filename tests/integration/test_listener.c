@@ -103,7 +103,8 @@ static void new_client_served(gpucd_client *before, const char *url)
         if (ok)
             break;
         /* The client connected before is served all along. */
-        assert_int_equal(gpucd_ping(before, NULL), 0);
+        if (before != NULL)
+            assert_int_equal(gpucd_ping(before, NULL), 0);
         if (now_s() - t0 > SERVED_WITHIN_S)
             fail_msg("no new client at %s was served within %d s of the peers", url,
                      SERVED_WITHIN_S);
@@ -174,13 +175,13 @@ static void tls_teardown(void)
 
 /*
  * A peer that sends a ClientHello, then its FIN and a reset: a write of the daemon's first
- * flight that comes after the reset gets EPIPE.  It must come between the daemon's reading
- * the hello and writing the flight's rest: each peer waits a little longer.
+ * flight after the reset gets EPIPE.  Only some land between the daemon's reading the hello
+ * and its writing (about 1 in 3 here, none without a wait): each peer waits a little longer.
  */
 static void tls_hello_fin_reset(const char *url)
 {
     static unsigned peers;
-    useconds_t wait_us = (useconds_t)(peers++ % 10) * 50;
+    useconds_t wait_us = 100 + (useconds_t)(peers++ % 10) * 300;
     int port = atoi(strrchr(url, ':') + 1);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -225,6 +226,12 @@ static void listener_survives(void (*peer)(const char *url), over how)
                  url);
     clients_settle(before, 1);
     gpucd_close(before);
+    /* The stopped ipc:// listener closes once its last client is gone (a period of the
+     * watch), unlinking the socket's path as nng does: the path must still serve. */
+    if (how == OVER_IPC) {
+        usleep(2500000);
+        new_client_served(NULL, url);
+    }
     assert_int_equal(th_daemon_stop(&d), 0);
 }
 
