@@ -16,9 +16,8 @@
 #include "log.h"
 
 /*
- * A probe every PERIOD_MS; one that sees no connection added within PROBE_MS (a
- * loaded machine, a daemon under valgrind add theirs within milliseconds) means a
- * stopped listener.
+ * A probe every PERIOD_MS, of PROBE_MS at most: the socket adds a connection
+ * within milliseconds, under valgrind on a loaded machine too.
  */
 enum { WATCH_MAX = 16, RETIRED_MAX = 64, PERIOD_MS = 1000, PROBE_MS = 3000 };
 
@@ -35,6 +34,8 @@ typedef struct watched {
     bool unprobed; /* its TLS refused the probe: not watched */
     bool owns_path; /* ipc: nng unlinks the socket's path when l closes (the first one) */
     int clients;    /* connections it gave the socket, still open */
+    nng_stream *held; /* a probe that got no header in time, open until the next */
+    bool closed;      /* tcp: closed for a new one that could not listen yet */
 } watched;
 
 /* A stopped ipc:// listener kept for the clients it has; closed when the last leaves. */
@@ -50,6 +51,7 @@ struct gcd_listen_watch {
     gcd_listen_fn listen;
     void *arg;
     nng_tls_config *tls; /* the probe's, for tls+tcp:// listeners */
+    nng_aio *aio;        /* the probe's; cancelled to stop */
     watched ls[WATCH_MAX];
     int n;
     retired old[RETIRED_MAX];
@@ -70,6 +72,10 @@ gcd_listen_watch *gcd_listen_watch_new(gcd_stats *stats, gcd_listen_fn listen, v
     gcd_listen_watch *w = calloc(1, sizeof *w);
     if (w == NULL)
         return NULL;
+    if (nng_aio_alloc(&w->aio, NULL, NULL) != 0) {
+        free(w);
+        return NULL;
+    }
     if (tls != NULL)
         nng_tls_config_hold(tls);
     w->tls = tls;
@@ -197,13 +203,25 @@ static int probe_url(const watched *x, char *out, size_t len)
     return -1;
 }
 
-/* One step of the probe's stream, bounded by PROBE_MS; 0 or an nng error. */
-static int stream_io(nng_stream *st, nng_aio *aio, bool send, uint8_t *buf, size_t n)
+/* Milliseconds left until deadline (at least 1: nng takes 0 as "at once"). */
+static nng_duration ms_left(const struct timespec *deadline)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long long ms = (long long)(deadline->tv_sec - now.tv_sec) * 1000 +
+                   (deadline->tv_nsec - now.tv_nsec) / 1000000;
+    return ms < 1 ? 1 : (nng_duration)ms;
+}
+
+/* Sends or receives all of buf before the deadline; 0 or an nng error. */
+static int stream_io(nng_stream *st, nng_aio *aio, bool send, uint8_t *buf, size_t n,
+                     const struct timespec *deadline)
 {
     size_t done = 0;
     while (done < n) {
         nng_iov iov = {.iov_buf = buf + done, .iov_len = n - done};
         nng_aio_set_iov(aio, 1, &iov);
+        nng_aio_set_timeout(aio, ms_left(deadline));
         if (send)
             nng_stream_send(st, aio);
         else
@@ -217,34 +235,47 @@ static int stream_io(nng_stream *st, nng_aio *aio, bool send, uint8_t *buf, size
     return 0;
 }
 
+static void stream_drop(nng_stream **st)
+{
+    if (*st != NULL) {
+        nng_stream_close(*st);
+        nng_stream_free(*st);
+        *st = NULL;
+    }
+}
+
 /*
  * 0 when the socket added the probe's connection within PROBE_MS; -1 when the
  * listener is stopped: its transport completed the handshake and the socket
  * never got the connection, or nothing listens at its address; 1 when nothing
- * can be said (no descriptor, no handshake: a daemon out of descriptors or
- * overloaded is not helped by a new listener); 2 when a TLS handshake failed
- * (its --tls-ca does not take the daemon's certificate for a client's).  The probe closes only after reading the daemon's
- * header, so its own handshake cannot fail the way that stops a listener.
+ * can be said (no descriptor, no handshake in time: a daemon out of descriptors
+ * or overloaded is not helped by a new listener); 2 when a TLS handshake was
+ * refused (its --tls-ca does not take the daemon's certificate for a client's).
+ *
+ * The probe closes only after reading the daemon's header, so its handshake
+ * cannot fail the way that stops a listener; one that got no header in time is
+ * held open until the next probe of that listener, for the daemon to write it.
  */
-static int probe(gcd_listen_watch *w, const watched *x, char *why, size_t whylen)
+static int probe(gcd_listen_watch *w, watched *x, char *why, size_t whylen)
 {
     char url[600];
     nng_stream_dialer *dl = NULL;
-    nng_aio *aio = NULL;
     nng_stream *st = NULL;
+    nng_aio *aio = w->aio;
     int rc = 1, rv;
     why[0] = '\0';
+    stream_drop(&x->held);
     if (probe_url(x, url, sizeof url) != 0) {
         snprintf(why, whylen, "no address to probe");
         return 1;
     }
     if ((rv = nng_stream_dialer_alloc(&dl, url)) != 0 ||
         (x->kind == WATCH_TLS &&
-         (rv = nng_stream_dialer_set_ptr(dl, NNG_OPT_TLS_CONFIG, w->tls)) != 0) ||
-        (rv = nng_aio_alloc(&aio, NULL, NULL)) != 0) {
+         (rv = nng_stream_dialer_set_ptr(dl, NNG_OPT_TLS_CONFIG, w->tls)) != 0)) {
         snprintf(why, whylen, "cannot dial it: %s", nng_strerror(rv));
         goto done;
     }
+    struct timespec deadline = deadline_in(PROBE_MS);
     nng_aio_set_timeout(aio, PROBE_MS);
     nng_stream_dialer_dial(dl, aio);
     nng_aio_wait(aio);
@@ -265,15 +296,22 @@ static int probe(gcd_listen_watch *w, const watched *x, char *why, size_t whylen
     w->probe_ipc = x->kind == WATCH_IPC;
     w->seen = false;
     w->probe_addr = local;
+    bool stop = w->stop;
     pthread_mutex_unlock(&w->mu);
-    struct timespec deadline = deadline_in(PROBE_MS);
     uint8_t head[8];
     memcpy(head, sp_req0, sizeof head);
-    if ((rv = stream_io(st, aio, true, head, sizeof head)) != 0 ||
-        (rv = stream_io(st, aio, false, head, sizeof head)) != 0) {
+    if (stop) {
+        /* the daemon is stopping: not a word about the listener */
+    } else if ((rv = stream_io(st, aio, true, head, sizeof head, &deadline)) != 0 ||
+               (rv = stream_io(st, aio, false, head, sizeof head, &deadline)) != 0) {
         snprintf(why, whylen, "%s handshake: %s", x->kind == WATCH_TLS ? "TLS or SP" : "SP",
                  nng_strerror(rv));
-        rc = x->kind == WATCH_TLS ? 2 : 1;
+        if (rv == NNG_ETIMEDOUT || rv == NNG_ECANCELED) {
+            x->held = st;
+            st = NULL;
+        } else if (x->kind == WATCH_TLS) {
+            rc = 2;
+        }
     } else if (memcmp(head, sp_rep0, sizeof head) != 0) {
         snprintf(why, whylen, "a header not REP0's back");
     } else {
@@ -294,11 +332,7 @@ static int probe(gcd_listen_watch *w, const watched *x, char *why, size_t whylen
     w->probing = false;
     pthread_mutex_unlock(&w->mu);
 done:
-    if (st != NULL) {
-        nng_stream_close(st);
-        nng_stream_free(st);
-    }
-    nng_aio_free(aio);
+    stream_drop(&st);
     nng_stream_dialer_free(dl);
     return rc;
 }
@@ -313,11 +347,14 @@ static int relisten(gcd_listen_watch *w, watched *x, char *err, size_t errlen)
 {
     nng_listener nl;
     if (x->kind != WATCH_IPC) {
-        nng_listener_close(x->l);
+        if (!x->closed)
+            nng_listener_close(x->l);
+        x->closed = true; /* until a new one listens: tried again each period */
         if (w->listen(w->arg, x->url, &nl, err, errlen) != 0)
             return -1;
         pthread_mutex_lock(&w->mu);
         x->l = nl;
+        x->closed = false;
         x->clients = 0;
         pthread_mutex_unlock(&w->mu);
         return 0;
@@ -391,7 +428,11 @@ static void *watch_main(void *arg)
             char why[256], err[512];
             if (x->unprobed)
                 continue;
-            int rc = probe(w, x, why, sizeof why);
+            int rc = -1;
+            if (x->closed)
+                snprintf(why, sizeof why, "not listening");
+            else
+                rc = probe(w, x, why, sizeof why);
             if (rc == 2) { /* a stopped listener still completes handshakes */
                 gcd_log_warn("listener %s not watched: the daemon's certificate did not get "
                              "through its TLS (%s)",
@@ -438,6 +479,7 @@ void gcd_listen_watch_stop(gcd_listen_watch *w)
     w->stop = true;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
+    nng_aio_cancel(w->aio); /* a probe step under way; the next sees stop */
     pthread_join(w->thread, NULL);
     w->started = false;
 }
@@ -448,9 +490,12 @@ void gcd_listen_watch_free(gcd_listen_watch *w)
         return;
     gcd_listen_watch_stop(w);
     /* A re-created ipc:// listener's socket is renamed: nng does not unlink its path. */
-    for (int i = 0; i < w->n; i++)
+    for (int i = 0; i < w->n; i++) {
+        stream_drop(&w->ls[i].held);
         if (w->ls[i].kind == WATCH_IPC && !w->ls[i].owns_path)
             unlink(w->ls[i].url + 6);
+    }
+    nng_aio_free(w->aio);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
     if (w->tls != NULL)

@@ -18,9 +18,9 @@
  * once).  A stopped listener is re-created at its URL by the server's own
  * function, with a warning and listener_restarts counted.  An ipc:// one is
  * made at a neighbouring path and renamed over the socket, so the stopped
- * listener keeps its connections (it is closed when the last is gone); a port takes one
- * listener, so a stopped tcp:// or tls+tcp:// one is closed first, and its
- * clients redial.
+ * listener keeps its connections (it is closed when the last is gone); a port
+ * takes one listener, so a stopped tcp:// or tls+tcp:// one is closed first,
+ * and its clients redial.
  */
 #ifndef GCD_LISTEN_WATCH_H
 #define GCD_LISTEN_WATCH_H
