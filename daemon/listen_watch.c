@@ -19,7 +19,7 @@
  * A probe every PERIOD_MS, of PROBE_MS at most: the socket adds a connection
  * within milliseconds, under valgrind on a loaded machine too.
  */
-enum { WATCH_MAX = 16, RETIRED_MAX = 64, PERIOD_MS = 1000, PROBE_MS = 3000 };
+enum { WATCH_MAX = 16, RETIRED_MAX = 64, PERIOD_MS = 1000, PROBE_MS = 3000, TLS_EVERY = 30 };
 
 /* The SP header of a REQ0 peer (protocol 48), and the REP0 answer (49). */
 static const uint8_t sp_req0[8] = {0, 'S', 'P', 0, 0, 48, 0, 0};
@@ -36,6 +36,8 @@ typedef struct watched {
     int clients;    /* connections it gave the socket, still open */
     nng_stream *held; /* a probe that got no header in time, open until the next */
     bool closed;      /* tcp: closed for a new one that could not listen yet */
+    uint64_t errors;  /* tls: nng's count of its failed connections, at the last probe */
+    int quiet;        /* tls: periods since the last probe */
 } watched;
 
 /* A stopped ipc:// listener kept for the clients it has; closed when the last leaves. */
@@ -109,6 +111,7 @@ int gcd_listen_watch_add(gcd_listen_watch *w, const char *url, nng_listener l)
     x->l = l;
     x->kind = kind;
     x->owns_path = kind == WATCH_IPC;
+    x->errors = UINT64_MAX; /* probed first thing */
     return 0;
 }
 
@@ -412,6 +415,31 @@ static void retired_close(gcd_listen_watch *w)
     pthread_mutex_unlock(&w->mu);
 }
 
+/*
+ * A TLS probe is a full handshake, some 20 ms of CPU a side with mbed TLS, so a
+ * tls+tcp:// listener is probed when nng's statistics show a connection of it
+ * failed since the last probe (a listener stops only after one does:
+ * NNG_ECLOSED counts as "other"), and every TLS_EVERY periods anyway.
+ */
+static bool tls_due(watched *x)
+{
+    nng_stat *root;
+    uint64_t errors = UINT64_MAX; /* no statistics: every period */
+    if (nng_stats_get(&root) == 0) {
+        nng_stat *l = nng_stat_find_listener(root, x->l);
+        nng_stat *other = l != NULL ? nng_stat_find(l, "other") : NULL;
+        nng_stat *canceled = l != NULL ? nng_stat_find(l, "canceled") : NULL;
+        if (other != NULL && canceled != NULL)
+            errors = nng_stat_value(other) + nng_stat_value(canceled);
+        nng_stats_free(root);
+    }
+    if (errors != UINT64_MAX && errors == x->errors && ++x->quiet < TLS_EVERY)
+        return false;
+    x->errors = errors;
+    x->quiet = 0;
+    return true;
+}
+
 static void *watch_main(void *arg)
 {
     gcd_listen_watch *w = arg;
@@ -426,7 +454,7 @@ static void *watch_main(void *arg)
         for (int i = 0; i < w->n; i++) {
             watched *x = &w->ls[i];
             char why[256], err[512];
-            if (x->unprobed)
+            if (x->unprobed || (x->kind == WATCH_TLS && !x->closed && !tls_due(x)))
                 continue;
             int rc = -1;
             if (x->closed)

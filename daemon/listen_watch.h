@@ -10,17 +10,18 @@
  * then wait forever to be added: only a connection the socket adds proves the
  * listener works.
  *
- * So once a second a thread dials every listener, completes the handshake as
- * a REQ0 peer (over TLS presenting the daemon's own certificate: a listener
- * whose --tls-ca does not sign it cannot be probed) and waits, a bounded time,
- * until the socket adds that connection, which the pipe callback recognises by
- * gcd_listen_watch_claim (never a client: not counted, not charged, closed at
- * once).  A stopped listener is re-created at its URL by the server's own
- * function, with a warning and listener_restarts counted.  An ipc:// one is
- * made at a neighbouring path and renamed over the socket, so the stopped
- * listener keeps its connections (it is closed when the last is gone); a port
- * takes one listener, so a stopped tcp:// or tls+tcp:// one is closed first,
- * and its clients redial.
+ * So once a second a thread dials every listener (a tls+tcp:// one only after
+ * nng counted a failed connection of it, and every 30 s: see listen_watch.c),
+ * completes the handshake as a REQ0 peer (over TLS presenting the daemon's own
+ * certificate: a listener whose --tls-ca does not sign it cannot be probed) and
+ * waits, a bounded time, until the socket adds that connection, which the pipe
+ * callback recognises by gcd_listen_watch_claim (never a client: not counted,
+ * not charged, closed at once).  A stopped listener is re-created at its URL by
+ * the server's own function, with a warning and listener_restarts counted.  An
+ * ipc:// one is made at a neighbouring path and renamed over the socket, so the
+ * stopped listener keeps its connections (it is closed when the last is gone);
+ * a port takes one listener, so a stopped tcp:// or tls+tcp:// one is closed
+ * first, and its clients redial.
  */
 #ifndef GCD_LISTEN_WATCH_H
 #define GCD_LISTEN_WATCH_H
