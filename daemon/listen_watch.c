@@ -31,9 +31,9 @@ typedef struct watched {
     char url[512];
     nng_listener l;
     watch_kind kind;
-    bool unprobed; /* its TLS refused the probe: not watched */
-    bool owns_path; /* ipc: nng unlinks the socket's path when l closes (the first one) */
-    int clients;    /* connections it gave the socket, still open */
+    bool unprobed;    /* its TLS refused the probe: not watched */
+    bool owns_path;   /* ipc: nng unlinks the socket's path when l closes (the first one) */
+    int clients;      /* connections it gave the socket, still open */
     nng_stream *held; /* a probe that got no header in time, open until the next */
     bool closed;      /* tcp: closed for a new one that could not listen yet */
     uint64_t errors;  /* tls: nng's count of its failed connections, at the last probe */
@@ -166,8 +166,8 @@ bool gcd_listen_watch_claim(gcd_listen_watch *w, nng_pipe p)
             mine = nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &pid) == 0 &&
                    pid == (uint64_t)getpid();
         else
-            mine = nng_pipe_get_addr(p, NNG_OPT_REMADDR, &sa) == 0 &&
-                   same_addr(&sa, &w->probe_addr);
+            mine =
+                nng_pipe_get_addr(p, NNG_OPT_REMADDR, &sa) == 0 && same_addr(&sa, &w->probe_addr);
         if (mine) {
             w->seen = true;
             pthread_cond_broadcast(&w->cv);
@@ -326,8 +326,7 @@ static int probe(gcd_listen_watch *w, watched *x, char *why, size_t whylen)
             rc = 0;
         } else if (!w->stop) {
             rc = -1;
-            snprintf(why, whylen, "handshake done, connection not accepted within %d ms",
-                     PROBE_MS);
+            snprintf(why, whylen, "handshake done, connection not accepted within %d ms", PROBE_MS);
         }
         pthread_mutex_unlock(&w->mu);
     }
