@@ -16,8 +16,9 @@
 #include "log.h"
 
 /*
- * A probe every PERIOD_MS, of PROBE_MS at most: the socket adds a connection
- * within milliseconds, under valgrind on a loaded machine too.
+ * A probe every PERIOD_MS: PROBE_MS for the handshake, PROBE_MS more for the
+ * socket to add the connection, which takes milliseconds, under valgrind on a
+ * loaded machine too.
  */
 enum { WATCH_MAX = 16, RETIRED_MAX = 64, PERIOD_MS = 1000, PROBE_MS = 3000, TLS_EVERY = 30 };
 
@@ -248,7 +249,7 @@ static void stream_drop(nng_stream **st)
 }
 
 /*
- * 0 when the socket added the probe's connection within PROBE_MS; -1 when the
+ * 0 when the socket added the probe's connection in time; -1 when the
  * listener is stopped: its transport completed the handshake and the socket
  * never got the connection, or nothing listens at its address; 1 when nothing
  * can be said (no descriptor, no handshake in time: a daemon out of descriptors
@@ -318,6 +319,8 @@ static int probe(gcd_listen_watch *w, watched *x, char *why, size_t whylen)
     } else if (memcmp(head, sp_rep0, sizeof head) != 0) {
         snprintf(why, whylen, "a header not REP0's back");
     } else {
+        /* Counted from the header: a daemon slow to send it is as slow to add the connection. */
+        deadline = deadline_in(PROBE_MS);
         pthread_mutex_lock(&w->mu);
         while (!w->seen && !w->stop &&
                pthread_cond_timedwait(&w->cv, &w->mu, &deadline) != ETIMEDOUT)
