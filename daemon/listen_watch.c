@@ -16,11 +16,18 @@
 #include "log.h"
 
 /*
- * A probe every PERIOD_MS: PROBE_MS for the handshake, PROBE_MS more for the
- * socket to add the connection, which takes milliseconds, under valgrind on a
- * loaded machine too.
+ * A probe every PERIOD_MS: HANDSHAKE_MS for the dial and the handshake (a TLS
+ * one under valgrind takes seconds), then PROBE_MS for the socket to add the
+ * connection, which takes milliseconds, under valgrind on a loaded machine too.
  */
-enum { WATCH_MAX = 16, RETIRED_MAX = 64, PERIOD_MS = 1000, PROBE_MS = 3000, TLS_EVERY = 30 };
+enum {
+    WATCH_MAX = 16,
+    RETIRED_MAX = 64,
+    PERIOD_MS = 1000,
+    HANDSHAKE_MS = 10000,
+    PROBE_MS = 3000,
+    TLS_EVERY = 30
+};
 
 /* The SP header of a REQ0 peer (protocol 48), and the REP0 answer (49). */
 static const uint8_t sp_req0[8] = {0, 'S', 'P', 0, 0, 48, 0, 0};
@@ -279,8 +286,8 @@ static int probe(gcd_listen_watch *w, watched *x, char *why, size_t whylen)
         snprintf(why, whylen, "cannot dial it: %s", nng_strerror(rv));
         goto done;
     }
-    struct timespec deadline = deadline_in(PROBE_MS);
-    nng_aio_set_timeout(aio, PROBE_MS);
+    struct timespec deadline = deadline_in(HANDSHAKE_MS);
+    nng_aio_set_timeout(aio, HANDSHAKE_MS);
     nng_stream_dialer_dial(dl, aio);
     nng_aio_wait(aio);
     if ((rv = nng_aio_result(aio)) != 0) {

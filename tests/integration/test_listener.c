@@ -286,6 +286,35 @@ static void test_tls_hello_fin_reset(void **state)
     tls_teardown();
 }
 
+/*
+ * SIGTERM drains and exits 0, within the harness's bound, with a listener stopped and
+ * not yet re-created, and with a stopped one kept for a client still connected.
+ */
+static void test_drain_with_stopped_listeners(void **state)
+{
+    (void)state;
+    th_daemon d;
+    lsan_suppress_nng();
+    th_daemon_start(&d, NULL);
+    for (int i = 0; i < PEERS; i++)
+        ipc_connect_close(d.ipc_url);
+    assert_int_equal(th_daemon_stop(&d), 0);
+
+    th_daemon_start(&d, NULL);
+    gpucd_client *before = th_connect(d.ipc_url);
+    long long restarts = 0;
+    for (int round = 0; round < ROUNDS && restarts == 0; round++) {
+        for (int i = 0; i < PEERS; i++)
+            ipc_connect_close(d.ipc_url);
+        new_client_served(before, d.ipc_url);
+        restarts = stats_field(before, "listener_restarts");
+    }
+    assert_true(restarts >= 1);
+    assert_int_equal(th_daemon_stop(&d), 0); /* before still connected to the stopped one */
+    gpucd_close(before);
+    lsan_restore();
+}
+
 /* With nothing wrong, the watch restarts nothing and its probes are never clients. */
 static void test_quiet_daemon(void **state)
 {
@@ -311,6 +340,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ipc_connect_close),
         cmocka_unit_test(test_tcp_fin_reset),
         cmocka_unit_test(test_tls_hello_fin_reset),
+        cmocka_unit_test(test_drain_with_stopped_listeners),
         cmocka_unit_test(test_quiet_daemon),
     };
     return th_run_group_tests(tests, NULL, NULL);
