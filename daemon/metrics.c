@@ -183,6 +183,9 @@ static void load_and_traffic(strbuf *b, gcd_stats *s)
              load_u(&s->submit_rejected));
     single_u(b, "gpucd_submit_sleeps_total", "counter",
              "Times the submission queue poller went to sleep.", load_u(&s->submit_sleeps));
+    single_u(b, "gpucd_listener_restarts_total", "counter",
+             "Listeners found no longer accepting connections and re-created.",
+             load_u(&s->listener_restarts));
 }
 
 static void memory(strbuf *b, gcd_daemon *d)

@@ -12,6 +12,7 @@
 #include "clock.h"
 #include "conns.h"
 #include "fdpass.h"
+#include "listen_watch.h"
 #include "log.h"
 #include "peer.h"
 #include "quota.h"
@@ -50,6 +51,8 @@ struct gcd_server {
     server_slot *slots;
     uint32_t nslots;
     gcd_workers *workers;
+    gcd_listen_watch *watch;
+    nng_tls_config *tls; /* of the tls+tcp:// listeners, read once at the start */
     atomic_int busy; /* slots between receiving a request and its reply going out */
     atomic_int refuse;
     uv_timer_t drain_timer;
@@ -148,9 +151,12 @@ static int workers_wanted(const gcd_config *cfg)
 /* nng thread: connections come and go; a departed client's regions and tensors go too. */
 static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
-    gcd_daemon *d = arg;
+    gcd_server *srv = arg;
+    gcd_daemon *d = srv->d;
     uint32_t id = (uint32_t)nng_pipe_id(p);
-    if (ev == NNG_PIPE_EV_ADD_PRE) {
+    if (ev == NNG_PIPE_EV_ADD_PRE && gcd_listen_watch_claim(srv->watch, p)) {
+        nng_pipe_close(p); /* the listener watch's probe: never a client */
+    } else if (ev == NNG_PIPE_EV_ADD_PRE) {
         /* Draining: refuse new connections (closing the listeners would also
          * close the connections whose replies are still on their way).  Past
          * a connection limit: closed here, its descriptor freed at once.  Listed
@@ -169,6 +175,7 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
             nng_pipe_close(p);
         } else {
             atomic_fetch_add(&d->stats.clients, 1);
+            gcd_listen_watch_count(srv->watch, p, 1);
             bool verified; /* a TLS pipe's: with --tls-client-auth optional it may be false */
             if (nng_pipe_get_bool(p, NNG_OPT_TLS_VERIFIED, &verified) == 0)
                 gcd_log_debug("client %u (%s) connected over TLS, certificate %s", id, peer,
@@ -183,6 +190,7 @@ static void pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
         if (!gcd_quota_disconnect(d->quota, id))
             return;
         atomic_fetch_sub(&d->stats.clients, 1);
+        gcd_listen_watch_count(srv->watch, p, -1);
         gcd_conns_remove(d, id);
         gcd_log_debug("client %u disconnected", id);
     }
@@ -207,20 +215,36 @@ static int server_tls_config(const gcd_config *cfg, nng_tls_config **out, char *
     return 0;
 }
 
-static int server_listen(gcd_server *srv, const char *url, char *err, size_t errlen)
+/*
+ * The listener watch's TLS, when a tls+tcp:// listener is configured: the
+ * daemon's own certificate, the daemon unchecked (the probe dials itself).
+ */
+static int server_probe_tls(const gcd_config *cfg, nng_tls_config **out, char *why,
+                            size_t whylen)
 {
+    *out = NULL;
+    for (int i = 0; i < cfg->nlisten; i++)
+        if (strncmp(cfg->listen[i], "tls+tcp://", 10) == 0)
+            return tls_config_load(out, NNG_TLS_MODE_CLIENT, NNG_TLS_AUTH_MODE_NONE, NULL,
+                                   cfg->tls_cert, cfg->tls_key, NULL, why, whylen) == 0
+                       ? 0
+                       : -1;
+    return 0;
+}
+
+/* A started listener at url; the listener watch re-creates one with it too. */
+static int server_listen(void *arg, const char *url, nng_listener *out, char *err, size_t errlen)
+{
+    gcd_server *srv = arg;
     nng_listener l;
-    nng_tls_config *tls = NULL;
     int is_tls = strncmp(url, "tls+tcp://", 10) == 0;
-    if (is_tls && server_tls_config(&srv->d->cfg, &tls, err, errlen) != 0)
+    if (is_tls && srv->tls == NULL && server_tls_config(&srv->d->cfg, &srv->tls, err, errlen) != 0)
         return -1;
     int rv = nng_listener_create(&l, srv->sock, url);
     if (rv == 0 && strncmp(url, "ipc://", 6) == 0)
         rv = nng_listener_set_int(l, NNG_OPT_IPC_PERMISSIONS, 0600);
     if (rv == 0 && is_tls) /* the listener holds the configuration from here */
-        rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, tls);
-    if (tls != NULL)
-        nng_tls_config_free(tls);
+        rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, srv->tls);
     if (rv == 0)
         rv = nng_listener_start(l, 0);
     if (rv != 0) {
@@ -228,14 +252,20 @@ static int server_listen(gcd_server *srv, const char *url, char *err, size_t err
         return -1;
     }
     gcd_log_info("listening on %s", url);
-    /* Regions and the wake page reach local clients as descriptors, over a socket beside it. */
-    if (strncmp(url, "ipc://", 6) == 0) {
-        if (srv->d->fdpass == NULL && gcd_fdpass_init(&srv->d->fdpass, srv->d->regions) != 0) {
-            snprintf(err, errlen, "out of memory");
-            return -1;
-        }
-        return gcd_fdpass_listen(srv->d->fdpass, url + 6, err, errlen);
+    *out = l;
+    return 0;
+}
+
+/* Regions and the wake page reach local clients as descriptors, over a socket beside ipc://. */
+static int server_fdpass_listen(gcd_server *srv, const char *url, char *err, size_t errlen)
+{
+    if (strncmp(url, "ipc://", 6) != 0)
+        return 0;
+    if (srv->d->fdpass == NULL && gcd_fdpass_init(&srv->d->fdpass, srv->d->regions) != 0) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
     }
+    return gcd_fdpass_listen(srv->d->fdpass, url + 6, err, errlen);
     return 0;
 }
 
@@ -276,8 +306,8 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
         free(srv);
         return -1;
     }
-    nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_PRE, pipe_event, d);
-    nng_pipe_notify(srv->sock, NNG_PIPE_EV_REM_POST, pipe_event, d);
+    nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_PRE, pipe_event, srv);
+    nng_pipe_notify(srv->sock, NNG_PIPE_EV_REM_POST, pipe_event, srv);
     uv_timer_init(loop, &srv->drain_timer);
     srv->drain_timer.data = srv;
     srv->slots = calloc(srv->nslots, sizeof *srv->slots);
@@ -302,13 +332,31 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
         gcd_submitq_start(&d->submitq, d, srv->workers, &srv->busy, &srv->refuse, why,
                           sizeof why) != 0)
         gcd_log_warn("%s; serving without submission queues", why);
-    for (int i = 0; i < d->cfg.nlisten; i++)
-        if (server_listen(srv, d->cfg.listen[i], err, errlen) != 0)
+    nng_tls_config *probe_tls = NULL;
+    if (server_probe_tls(&d->cfg, &probe_tls, why, sizeof why) != 0)
+        gcd_log_warn("tls+tcp:// listeners not watched: %s", why);
+    srv->watch = gcd_listen_watch_new(&d->stats, server_listen, srv, probe_tls);
+    if (probe_tls != NULL)
+        nng_tls_config_free(probe_tls);
+    if (srv->watch == NULL) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < d->cfg.nlisten; i++) {
+        nng_listener l;
+        if (server_listen(srv, d->cfg.listen[i], &l, err, errlen) != 0)
             goto fail;
+        if (server_fdpass_listen(srv, d->cfg.listen[i], err, errlen) != 0)
+            goto fail;
+        if (gcd_listen_watch_add(srv->watch, d->cfg.listen[i], l) != 0)
+            gcd_log_warn("listener %s not watched: too many listeners", d->cfg.listen[i]);
+    }
     if (d->fdpass != NULL &&
         gcd_fdpass_start(d->fdpass, d->submitq != NULL ? gcd_submitq_wake_fd(d->submitq) : -1,
                          err, errlen) != 0)
         goto fail;
+    if (gcd_listen_watch_start(srv->watch) != 0)
+        gcd_log_warn("cannot start the listener watch: a stopped listener stays stopped");
     for (uint32_t i = 0; i < srv->nslots; i++)
         slot_recv(&srv->slots[i]);
     *out = srv;
@@ -388,6 +436,7 @@ static void drain_poll(uv_timer_t *timer)
 
 void gcd_server_drain(gcd_server *s, void (*done)(void *arg), void *arg)
 {
+    gcd_listen_watch_stop(s->watch); /* no listener made while the socket closes */
     atomic_store(&s->refuse, 1);
     s->drain_done = done;
     s->drain_arg = arg;
@@ -399,6 +448,7 @@ int gcd_server_cut_off(const gcd_server *s) { return s->cut + s->unanswered; }
 
 void gcd_server_free(gcd_server *s)
 {
+    gcd_listen_watch_free(s->watch);
     if (s->d->submitq != NULL)
         gcd_submitq_stop(s->d->submitq); /* nothing more is taken */
     gcd_workers_stop(s->workers); /* runs what is queued: every reply is built */
@@ -414,6 +464,8 @@ void gcd_server_free(gcd_server *s)
                 nng_aio_free(s->slots[i].aio); /* waits for a callback still running */
         free(s->slots);
     }
+    if (s->tls != NULL)
+        nng_tls_config_free(s->tls);
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
     uv_run(s->loop, UV_RUN_NOWAIT);
     free(s);

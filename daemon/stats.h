@@ -72,6 +72,7 @@ typedef struct gcd_stats {
     atomic_uint_fast64_t submit_taken;   /* cells taken from them */
     atomic_uint_fast64_t submit_rejected; /* of those, refused: a slot or length out of range */
     atomic_uint_fast64_t submit_sleeps;  /* times the queue poller went to sleep */
+    atomic_uint_fast64_t listener_restarts; /* stopped listeners re-created (listen_watch.h) */
     uint64_t start_us;
 } gcd_stats;
 

@@ -132,6 +132,7 @@ char *gcd_stats_json(gcd_daemon *d)
                       ",\"submit_rejected\":%" PRIu64 ",\"submit_sleeps\":%" PRIu64 ",",
                   load_i(&s->submit_queues), load(&s->submit_taken), load(&s->submit_rejected),
                   load(&s->submit_sleeps));
+    strbuf_printf(&b, "\"listener_restarts\":%" PRIu64 ",", load(&s->listener_restarts));
     strbuf_printf(&b, "\"spin_us\":%" PRIu64 ",", d->cfg.spin_us);
     if (d->cpu_latency.held)
         strbuf_printf(&b, "\"cpu_latency_us\":%" PRId64 ",", d->cpu_latency.us);
