@@ -41,10 +41,16 @@ int gpucd_default_url(char *buf, size_t len)
     return 0;
 }
 
+/*
+ * The aio goes first, while its context and the socket still stand: aio_free waits for
+ * its callback (a detached slot's release is over after it) and for nng's expiry thread,
+ * which may still be about to cancel a receive that a reply finished as it timed out;
+ * that cancel locks the socket, so a socket closed before would be a freed one.
+ */
 static void slot_destroy(gpucdc_slot *s)
 {
-    nng_ctx_close(s->ctx);
     nng_aio_free(s->aio);
+    nng_ctx_close(s->ctx);
     free(s);
 }
 
@@ -52,14 +58,13 @@ void gpucd_close(gpucd_client *c)
 {
     if (c == NULL)
         return;
-    nng_close(c->sock);
-    /* Each aio_free waits for its callback: a detached slot's release is over after it. */
     gpucdc_slot *s = c->all_slots;
     while (s != NULL) {
         gpucdc_slot *next = s->next_all;
         slot_destroy(s);
         s = next;
     }
+    nng_close(c->sock);
     gpucdc_doorbell_close(c);
     pthread_mutex_destroy(&c->lock);
     free(c->client_name);
