@@ -86,15 +86,27 @@ static void test_close_after_reply_at_deadline(void **state)
     int replied = 0, timed_out = 0;
     for (; round < ROUNDS && now_ms() < until; round++) {
         __atomic_store_n(&sw.round, round, __ATOMIC_RELAXED);
+        __atomic_store_n(&sw.immediate, false, __ATOMIC_RELAXED);
         gpucd_client *c;
         assert_int_equal(gpucd_connect(fd.url, &o, &c), 0);
-        const int rv = gpucd_ping(c, NULL);
-        if (rv == 0)
+        int rv = gpucd_ping(c, NULL);
+        if (rv == 0) {
             replied++;
-        else if (rv == GPUCD_ETIMEDOUT)
+        } else if (rv == GPUCD_ETIMEDOUT) {
+            /* Its reply is still to come: a ping answered at once is answered after it
+             * (the fake serves one at a time), so that no reply is in flight at the close,
+             * where nng's inproc transport may lose it (a leak, not this test's subject). */
             timed_out++;
-        else
+            __atomic_store_n(&sw.immediate, true, __ATOMIC_RELAXED);
+            const uint64_t drain_until = now_ms() + WALL_MS;
+            while ((rv = gpucd_ping(c, NULL)) == GPUCD_ETIMEDOUT && now_ms() < drain_until)
+                ;
+            if (rv != 0)
+                fail_msg("round %d: the ping after a timeout returned %d: %s", round, rv,
+                         gpucd_errmsg(c));
+        } else {
             fail_msg("round %d: ping returned %d: %s", round, rv, gpucd_errmsg(c));
+        }
         gpucd_close(c);
     }
     printf("%d rounds: %d replied, %d timed out\n", round, replied, timed_out);
