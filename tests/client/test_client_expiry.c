@@ -95,7 +95,7 @@ static void test_close_after_reply_at_deadline(void **state)
         } else if (rv == GPUCD_ETIMEDOUT) {
             /* Its reply is still to come: a ping answered at once is answered after it
              * (the fake serves one at a time), so that no reply is in flight at the close,
-             * where nng's inproc transport may lose it (a leak, not this test's subject). */
+             * where nng may lose it (a leak seen with inproc://, not this test's subject). */
             timed_out++;
             __atomic_store_n(&sw.immediate, true, __ATOMIC_RELAXED);
             const uint64_t drain_until = now_ms() + WALL_MS;
