@@ -41,10 +41,10 @@ int gpucd_default_url(char *buf, size_t len)
 }
 
 /*
- * The aio goes first, while its context and the socket still stand: aio_free waits for
- * its callback (a detached slot's release is over after it) and for nng's expiry thread,
- * which may still be about to cancel a receive that a reply finished as it timed out;
- * that cancel locks the socket, so a socket closed before would be a freed one.
+ * The aio goes first, while its context and the socket still stand: aio_free cancels
+ * what is pending on it, a cancel that locks the socket (a freed one's mutex, were the
+ * socket closed before), and waits for its callback (a detached slot's release is over
+ * after it).
  */
 static void slot_destroy(gpucdc_slot *s)
 {
