@@ -11,7 +11,6 @@
 #include "socket_dir.h"
 
 #include <nng/protocol/reqrep0/req.h>
-#include <nng/supplemental/util/platform.h>
 
 const char *gpucd_version_string(void)
 {
@@ -41,10 +40,18 @@ int gpucd_default_url(char *buf, size_t len)
     return 0;
 }
 
+/*
+ * The aio goes first, while its context and the socket still stand: aio_free cancels
+ * what is pending on it, a cancel that locks the socket (a freed one's mutex, were the
+ * socket closed before), and waits for its callback (a detached slot's release is over
+ * after it).
+ */
 static void slot_destroy(gpucdc_slot *s)
 {
-    nng_ctx_close(s->ctx);
     nng_aio_free(s->aio);
+    nng_ctx_close(s->ctx);
+    pthread_cond_destroy(&s->finished);
+    pthread_mutex_destroy(&s->lock);
     free(s);
 }
 
@@ -52,14 +59,13 @@ void gpucd_close(gpucd_client *c)
 {
     if (c == NULL)
         return;
-    nng_close(c->sock);
-    /* Each aio_free waits for its callback: a detached slot's release is over after it. */
     gpucdc_slot *s = c->all_slots;
     while (s != NULL) {
         gpucdc_slot *next = s->next_all;
         slot_destroy(s);
         s = next;
     }
+    nng_close(c->sock);
     gpucdc_doorbell_close(c);
     pthread_mutex_destroy(&c->lock);
     free(c->client_name);
@@ -278,6 +284,9 @@ static void slot_done(void *arg)
     int expected = GPUCDC_SLOT_WAITING;
     if (atomic_compare_exchange_strong_explicit(&s->state, &expected, GPUCDC_SLOT_DONE,
                                                 memory_order_seq_cst, memory_order_seq_cst)) {
+        pthread_mutex_lock(&s->lock);
+        pthread_cond_signal(&s->finished);
+        pthread_mutex_unlock(&s->lock);
         if (s->bell_rec != NULL) /* the caller may sleep on its record: the reply came instead */
             doorbell_wake(s->bell_rec);
         return;
@@ -296,11 +305,16 @@ uint64_t gpucdc_now_us(void)
 }
 
 /*
- * Waits for the slot's operation.  With spin_us the caller first polls the
- * callback's flag: when the reply comes within that time, the caller is
- * running already and no thread has to wake it.
+ * Waits for the slot's operation until the call's deadline and returns its result.  With
+ * spin_us the caller first polls the callback's flag: when the reply comes within that
+ * time, the caller is running already and no thread has to wake it.
+ *
+ * The deadline is kept here, not as the aio's timeout: nng's expiry thread may run its
+ * cancel late, after a reply finished the operation, and so end the slot's next one (or,
+ * after gpucd_close, lock a freed socket).  The cancel from this thread is over when it
+ * returns, before the slot is used again.
  */
-static void slot_wait(const gpucd_client *c, gpucdc_slot *s)
+static int slot_wait(const gpucd_client *c, gpucdc_slot *s)
 {
     if (c->spin_us > 0) {
         const uint64_t until = gpucdc_now_us() + c->spin_us;
@@ -308,15 +322,34 @@ static void slot_wait(const gpucd_client *c, gpucdc_slot *s)
                gpucdc_now_us() < until)
             sched_yield(); /* a crowded machine's daemon may need this core */
     }
+    bool late = false;
+    if (s->deadline != UINT64_MAX) {
+        pthread_mutex_lock(&s->lock);
+        while (atomic_load_explicit(&s->state, memory_order_acquire) == GPUCDC_SLOT_WAITING) {
+            if (gpucdc_now_us() >= s->deadline) {
+                late = true;
+                break;
+            }
+            const struct timespec until = {(time_t)(s->deadline / 1000000u),
+                                           (long)(s->deadline % 1000000u) * 1000};
+            pthread_cond_timedwait(&s->finished, &s->lock, &until);
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (late)
+            nng_aio_cancel(s->aio);
+    }
     nng_aio_wait(s->aio);
+    const int rv = nng_aio_result(s->aio);
+    return late && rv == NNG_ECANCELED ? NNG_ETIMEDOUT : rv;
 }
 
 /* gpucdc_record_wait's stop for a call whose reply may come first: 1 once it has (its
- * callback wakes the record). */
+ * callback wakes the record), or once the call's time is up (slot_wait then ends it). */
 static int reply_came(void *slot)
 {
     const gpucdc_slot *s = slot;
-    return atomic_load_explicit(&s->state, memory_order_seq_cst) != GPUCDC_SLOT_WAITING;
+    return atomic_load_explicit(&s->state, memory_order_seq_cst) != GPUCDC_SLOT_WAITING ||
+           gpucdc_now_us() >= s->deadline;
 }
 
 int gpucdc_slot_acquire(gpucd_client *c, gpucdc_slot **out)
@@ -348,6 +381,14 @@ int gpucdc_slot_acquire(gpucd_client *c, gpucdc_slot **out)
         free(s);
         return gpucdc_fail_nng(rv, "gpucd", "setting up a context");
     }
+    /* No nng timeout ever (slot_wait keeps the deadline), nor the context's default. */
+    nng_aio_set_timeout(s->aio, NNG_DURATION_INFINITE);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC); /* gpucdc_now_us's */
+    pthread_cond_init(&s->finished, &attr);
+    pthread_condattr_destroy(&attr);
+    pthread_mutex_init(&s->lock, NULL);
     pthread_mutex_lock(&c->lock);
     s->next_all = c->all_slots;
     c->all_slots = s;
@@ -365,14 +406,6 @@ void gpucdc_slot_release(gpucdc_slot *s)
     pthread_mutex_unlock(&c->lock);
 }
 
-static nng_duration remaining_ms(nng_duration timeout, nng_time start)
-{
-    if (timeout == NNG_DURATION_INFINITE)
-        return timeout;
-    nng_duration left = timeout - (nng_duration)(nng_clock() - start);
-    return left > 0 ? left : 1;
-}
-
 int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint64_t id,
                          doorbell_record *bell, doorbell_record *rang, nng_msg **reply)
 {
@@ -386,13 +419,13 @@ int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint6
         gpucdc_slot_release(s);
         return gpucdc_fail_untrusted(c, op, refused);
     }
-    nng_time start = nng_clock();
-    nng_aio_set_timeout(s->aio, c->timeout_ms);
+    s->deadline = c->timeout_ms == NNG_DURATION_INFINITE
+                      ? UINT64_MAX
+                      : gpucdc_now_us() + (uint64_t)c->timeout_ms * 1000u;
     nng_aio_set_msg(s->aio, request);
     atomic_store_explicit(&s->state, GPUCDC_SLOT_WAITING, memory_order_relaxed);
     nng_ctx_send(s->ctx, s->aio);
-    slot_wait(c, s);
-    int rv = nng_aio_result(s->aio);
+    int rv = slot_wait(c, s);
     if (rv != 0) {
         nng_msg *unsent = nng_aio_get_msg(s->aio); /* a failed send hands it back */
         if (unsent != NULL)
@@ -401,10 +434,9 @@ int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint6
         gpucdc_slot_release(s);
         return gpucdc_fail_nng(rv, op, "sending the request");
     }
-    nng_aio_set_timeout(s->aio, remaining_ms(c->timeout_ms, start));
     atomic_store_explicit(&s->state, GPUCDC_SLOT_WAITING, memory_order_relaxed);
     nng_ctx_recv(s->ctx, s->aio);
-    if (bell != NULL && gpucdc_record_wait(c, bell, id, UINT64_MAX, reply_came, s, rang) == 0 &&
+    if (bell != NULL && gpucdc_record_wait(c, bell, id, s->deadline, reply_came, s, rang) == 0 &&
         rang->status == GPUCD__V1__STATUS__OK) {
         /*
          * The record is the answer, and a record-only request that succeeded
@@ -425,8 +457,7 @@ int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint6
         gpucdc_slot_release(s);
         return 1;
     }
-    slot_wait(c, s);
-    rv = nng_aio_result(s->aio);
+    rv = slot_wait(c, s);
     *reply = rv == 0 ? nng_aio_get_msg(s->aio) : NULL;
     nng_aio_set_msg(s->aio, NULL);
     if (rv != 0 && bell != NULL) {

@@ -58,6 +58,9 @@ typedef struct gpucdc_slot {
     nng_ctx ctx;
     nng_aio *aio;
     atomic_int state; /* GPUCDC_SLOT_*: set by the caller and the aio's callback */
+    uint64_t deadline;     /* the current call's end, gpucdc_now_us; UINT64_MAX: none */
+    pthread_mutex_t lock;  /* with `finished`: the caller sleeps until the callback or the */
+    pthread_cond_t finished; /* deadline (a monotonic clock's) */
     struct gpucd_client *client;
     int bell; /* its completion record in the client's doorbell region; -1: none */
     const struct gpucd_region *bell_area; /* the area (one a connection) `bell` is a record of */
