@@ -397,7 +397,7 @@ void gcd_config_usage(FILE *out)
     fprintf(out, "  %-30s %s\n", "--help", "print this help and exit");
     fprintf(out, "\nexit status: 0 drained with every request answered, 1 could not start, 2 bad "
                  "options, 3 the device was lost,\n4 drained but --drain-timeout-s cut requests "
-                 "off, 128+N a second signal N\n");
+                 "off (or the drain did not end 5 s past it), 128+N a second signal N\n");
 }
 
 int gcd_config_parse_args(gcd_config *cfg, int argc, char **argv, char *err, size_t errlen)

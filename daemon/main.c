@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,16 +36,53 @@ typedef struct gcd_main {
     gcd_http_stats *http;
     int signals;
     int exit_code;
+    atomic_int drained; /* the drain ended (drain_guard) */
 } gcd_main;
 
-enum { DEVICE_WATCH_MS = 50, EXIT_DEVICE_LOST = 3, EXIT_CUT_OFF = 4 };
+enum { DEVICE_WATCH_MS = 50, EXIT_DEVICE_LOST = 3, EXIT_CUT_OFF = 4, DRAIN_GUARD_GRACE_S = 5 };
 
 static void drained(void *arg)
 {
     gcd_main *m = arg;
+    atomic_store(&m->drained, 1);
     if (m->exit_code == 0 && gcd_server_cut_off(m->server) > 0)
         m->exit_code = EXIT_CUT_OFF;
     uv_stop(&m->loop);
+}
+
+/*
+ * The drain ends by closing the socket, and nng 1.5.2's nng_close can wait for ever on its
+ * reaper, stuck stopping a departed connection's receive (seen under test_chaos's connection
+ * churn, in clients and in the daemon alike).  A daemon that does not exit on SIGTERM is held
+ * until its supervisor kills it, so the drain is bounded here: --drain-timeout-s and a grace
+ * after the signal, the daemon exits at once with its exit status (4 when none is set yet).
+ */
+static void *drain_guard(void *arg)
+{
+    gcd_main *m = arg;
+    const unsigned ticks = (m->d.cfg.drain_timeout_s + DRAIN_GUARD_GRACE_S) * 10u;
+    for (unsigned i = 0; i < ticks; i++) {
+        if (atomic_load(&m->drained))
+            return NULL;
+        nanosleep(&(struct timespec){.tv_nsec = 100000000}, NULL);
+    }
+    if (atomic_load(&m->drained))
+        return NULL;
+    const int code = m->exit_code != 0 ? m->exit_code : EXIT_CUT_OFF;
+    gcd_log_error("the drain did not end %u s after it began (closing the socket is stuck in "
+                  "nng): exiting %d now",
+                  m->d.cfg.drain_timeout_s + DRAIN_GUARD_GRACE_S, code);
+    _exit(code);
+}
+
+static void drain_begin(gcd_main *m)
+{
+    pthread_t t;
+    if (pthread_create(&t, NULL, drain_guard, m) == 0)
+        pthread_detach(t);
+    else
+        gcd_log_warn("no thread to bound the drain: a stuck close would hold the exit");
+    gcd_server_drain(m->server, drained, m);
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -57,7 +95,7 @@ static void on_signal(uv_signal_t *h, int signum)
     gcd_log_info("%s: draining (a second signal exits at once)", strsignal(signum));
     atomic_store(&m->d.ready, 0);
     atomic_store(&m->d.draining, 1);
-    gcd_server_drain(m->server, drained, m);
+    drain_begin(m);
 }
 
 /* A lost device cannot serve again: stop being ready, drain (requests in flight
@@ -74,7 +112,7 @@ static void on_device_watch(uv_timer_t *h)
     m->exit_code = EXIT_DEVICE_LOST;
     atomic_store(&m->d.ready, 0);
     if (atomic_exchange(&m->d.draining, 1) == 0)
-        gcd_server_drain(m->server, drained, m);
+        drain_begin(m);
 }
 
 /*
