@@ -297,7 +297,7 @@ static int probe(gcd_listen_watch *w, watched *x, char *why, size_t whylen)
         goto done;
     }
     st = nng_aio_get_output(aio, 0);
-    nng_sockaddr local;
+    nng_sockaddr local = {.s_family = NNG_AF_UNSPEC}; /* ipc:// probes are told by pid */
     if (x->kind != WATCH_IPC && (rv = nng_stream_get_addr(st, NNG_OPT_LOCADDR, &local)) != 0) {
         snprintf(why, whylen, "the probe's own address: %s", nng_strerror(rv));
         goto done;
