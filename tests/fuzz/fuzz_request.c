@@ -29,18 +29,24 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     gcd_log_set_level(GCD_LOG_ERROR);
     gcd_stats_init(&d->stats);
     d->ops = &gcd_backend_cpu;
+    /* Every input is a message of no pipe: the connection the daemon sees it from (nng_pipe_id
+     * of no pipe is -1), listed as alive and charged as the daemon's connections are. */
+    nng_msg *probe;
+    if (nng_msg_alloc(&probe, 0) != 0)
+        abort();
+    const uint32_t conn = (uint32_t)nng_pipe_id(nng_msg_get_pipe(probe));
+    nng_msg_free(probe);
     gk_err err;
     if (d->ops->open(&d->cfg, &d->backend, &err) != 0 ||
         gcd_regions_init(&d->regions, d->backend, d->ops) != 0 ||
         gcd_residents_init(&d->residents, d->backend, d->ops, d->cfg.resident_mb << 20) != 0 ||
-        gcd_conns_init(&d->conns) != 0 || gcd_conns_add(d->conns, 0) != 0)
-        abort(); /* a message with no connection comes from pipe 0, listed as alive */
-    /* Every input comes from pipe 0, one connection that lasts, charged as the daemon's are. */
+        gcd_conns_init(&d->conns) != 0 || gcd_conns_add(d->conns, conn) != 0)
+        abort();
     gcd_quota_limits limits;
     gcd_quota_limits_from_config(&d->cfg, 1024, &limits);
     char why[256];
     if (gcd_quota_init(&d->quota, &limits) != 0 ||
-        gcd_quota_connect(d->quota, 0, "uid 0", why, sizeof why) != 0)
+        gcd_quota_connect(d->quota, conn, "uid 0", why, sizeof why) != 0)
         abort();
     gcd_regions_set_quota(d->regions, d->quota);
     gcd_residents_set_quota(d->residents, d->quota);
