@@ -684,6 +684,16 @@ static nng_msg *request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int
                        : reply_pack(rs, st == GCD_OK ? bound.out_payload : NULL,
                                     st == GCD_OK ? bound.out_payload_len : 0);
 
+    /* Counted before its regions are let go: an unregister waits for that, so whoever saw the
+     * unregister answered sees this request counted. */
+    gcd_stats *s = &d->stats;
+    gcd_stats_count(s, rs->kind, st);
+    gcd_stats_observe(s, rs->kind, GCD_PHASE_QUEUE, rs->timings.queue_us);
+    gcd_stats_observe(s, rs->kind, GCD_PHASE_COPY_IN, rs->timings.copy_in_us);
+    gcd_stats_observe(s, rs->kind, GCD_PHASE_COMPUTE, rs->timings.compute_us);
+    gcd_stats_observe(s, rs->kind, GCD_PHASE_COPY_OUT, rs->timings.copy_out_us);
+    gcd_stats_observe(s, rs->kind, GCD_PHASE_TOTAL, rs->timings.total_us);
+
     gcd_unbind(&ctx, &bound, st == GCD_OK);
     gcd_conns_sweep(d, ctx.pipe); /* what it made for a connection that left meanwhile */
     if (req != NULL)
@@ -692,13 +702,6 @@ static nng_msg *request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int
     nng_msg_free(msg);
     gcd_quota_give(d->quota, held, &inflight);
 
-    gcd_stats *s = &d->stats;
-    gcd_stats_count(s, rs->kind, st);
-    gcd_stats_observe(s, rs->kind, GCD_PHASE_QUEUE, rs->timings.queue_us);
-    gcd_stats_observe(s, rs->kind, GCD_PHASE_COPY_IN, rs->timings.copy_in_us);
-    gcd_stats_observe(s, rs->kind, GCD_PHASE_COMPUTE, rs->timings.compute_us);
-    gcd_stats_observe(s, rs->kind, GCD_PHASE_COPY_OUT, rs->timings.copy_out_us);
-    gcd_stats_observe(s, rs->kind, GCD_PHASE_TOTAL, rs->timings.total_us);
     if (rep != NULL)
         atomic_fetch_add_explicit(&s->bytes_out, nng_msg_len(rep), memory_order_relaxed);
     atomic_fetch_sub_explicit(&d->inline_bytes, rs->inline_held, memory_order_relaxed);

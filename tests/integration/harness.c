@@ -384,3 +384,9 @@ int th_group_verdict(int cmocka_failed)
         fprintf(stderr, "harness: the group's setup or teardown failed\n");
     return group_failures != 0;
 }
+
+uint64_t th_json_number(const char *json, const char *key)
+{
+    const char *p = strstr(json, key);
+    return p != NULL ? strtoull(p + strlen(key), NULL, 10) : UINT64_MAX;
+}

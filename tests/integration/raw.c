@@ -58,8 +58,8 @@ Gpucd__V1__Reply *th_raw_send_bytes(th_raw *r, const void *bytes, size_t len, in
     return rep;
 }
 
-Gpucd__V1__Reply *th_raw_call(th_raw *r, Gpucd__V1__Request *req, const void *payload,
-                              size_t payload_len)
+uint8_t *th_raw_frame(th_raw *r, Gpucd__V1__Request *req, const void *payload, size_t payload_len,
+                      size_t *len)
 {
     if (req->version == 0)
         req->version = GPUCD__V1__VERSION__VERSION_CURRENT;
@@ -67,13 +67,126 @@ Gpucd__V1__Reply *th_raw_call(th_raw *r, Gpucd__V1__Request *req, const void *pa
         req->id = r->next_id++;
     size_t hl = gpucd__v1__request__get_packed_size(req);
     size_t off = wire_payload_offset(hl);
-    uint8_t *buf = calloc(1, off + payload_len);
+    uint8_t *buf = th_xmalloc(off + payload_len);
+    memset(buf, 0, off);
     wire_pack_header(buf, &req->base, hl);
     if (payload_len > 0)
         memcpy(buf + off, payload, payload_len);
-    Gpucd__V1__Reply *rep = th_raw_send_bytes(r, buf, off + payload_len, NULL);
+    *len = off + payload_len;
+    return buf;
+}
+
+Gpucd__V1__Reply *th_raw_call(th_raw *r, Gpucd__V1__Request *req, const void *payload,
+                              size_t payload_len)
+{
+    size_t len;
+    uint8_t *buf = th_raw_frame(r, req, payload, payload_len, &len);
+    Gpucd__V1__Reply *rep = th_raw_send_bytes(r, buf, len, NULL);
     free(buf);
     return rep;
+}
+
+static void put_be(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = n - 1; i >= 0; i--, v >>= 8)
+        p[i] = (uint8_t)v;
+}
+
+static void write_all(int fd, const void *p, size_t n)
+{
+    for (const uint8_t *b = p; n > 0;) {
+        const ssize_t w = write(fd, b, n);
+        if (w <= 0) {
+            fprintf(stderr, "raw: write on a hand-made connection: %s\n", strerror(errno));
+            exit(1);
+        }
+        b += w, n -= (size_t)w;
+    }
+}
+
+/* nng's ipc transport: an 8-byte header each way ("\0SP\0", the protocol, 0), then each message
+ * as a type byte (1), its length (8 bytes, big-endian) and the bytes.  A REQ message starts with
+ * its 32-bit request id, high bit set. */
+enum { SP_PROTO_REQ = 0x30, SP_PROTO_REP = 0x31 };
+
+int th_sp_unread(const char *url, const uint8_t *const *msgs, const size_t *lens, int n)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (strncmp(url, "ipc://", 6) != 0 || strlen(url + 6) >= sizeof sa.sun_path || s < 0) {
+        fprintf(stderr, "raw: no hand-made connection to %s\n", url);
+        exit(1);
+    }
+    memcpy(sa.sun_path, url + 6, strlen(url + 6));
+    if (connect(s, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        fprintf(stderr, "raw: cannot connect to %s: %s\n", sa.sun_path, strerror(errno));
+        exit(1);
+    }
+    uint8_t hello[8] = {0, 'S', 'P', 0, 0, SP_PROTO_REQ, 0, 0}, theirs[8];
+    write_all(s, hello, sizeof hello);
+    size_t got = 0;
+    for (ssize_t k; got < sizeof theirs; got += (size_t)k)
+        if ((k = read(s, theirs + got, sizeof theirs - got)) <= 0)
+            break;
+    if (got != sizeof theirs || memcmp(theirs, "\0SP\0", 4) != 0 || theirs[5] != SP_PROTO_REP) {
+        fprintf(stderr, "raw: %s answered no REP handshake\n", url);
+        exit(1);
+    }
+    for (int i = 0; i < n; i++) {
+        uint8_t head[13];
+        head[0] = 1;
+        put_be(head + 1, 4 + lens[i], 8);
+        put_be(head + 9, 0x80000000u | (uint32_t)(i + 1), 4);
+        write_all(s, head, sizeof head);
+        write_all(s, msgs[i], lens[i]);
+    }
+    return s;
+}
+
+Gpucd__V1__TensorRef *th_ref_payload(th_ref *r, uint64_t offset, int ndim, const int64_t *shape)
+{
+    gpucd__v1__tensor_ref__init(&r->t);
+    gpucd__v1__inline_slice__init(&r->inl);
+    r->t.dtype = GPUCD__V1__DTYPE__F32;
+    memcpy(r->shape, shape, (size_t)ndim * sizeof *shape);
+    r->t.n_shape = (size_t)ndim;
+    r->t.shape = r->shape;
+    r->inl.offset = offset;
+    r->t.where_case = GPUCD__V1__TENSOR_REF__WHERE_PAYLOAD;
+    r->t.payload = &r->inl;
+    return &r->t;
+}
+
+Gpucd__V1__TensorRef *th_ref_resident(th_ref *r, uint64_t id, int ndim, const int64_t *shape)
+{
+    gpucd__v1__tensor_ref__init(&r->t);
+    r->t.dtype = GPUCD__V1__DTYPE__F32;
+    memcpy(r->shape, shape, (size_t)ndim * sizeof *shape);
+    r->t.n_shape = (size_t)ndim;
+    r->t.shape = r->shape;
+    r->t.where_case = GPUCD__V1__TENSOR_REF__WHERE_RESIDENT;
+    r->t.resident = id;
+    return &r->t;
+}
+
+void th_conv_req_init(th_conv_req *c, int stride, const int64_t x[4], const int64_t w[4],
+                      const int64_t y[4])
+{
+    gpucd__v1__request__init(&c->req);
+    gpucd__v1__conv2d_forward__init(&c->op);
+    gpucd__v1__conv2d_params__init(&c->params);
+    c->params.stride_h = c->params.stride_w = (uint32_t)stride;
+    c->op.params = &c->params;
+    size_t xb = (size_t)(x[0] * x[1] * x[2] * x[3]) * 4, wb = (size_t)(w[0] * w[1] * w[2] * w[3]) * 4;
+    size_t woff = wire_align_up(xb);
+    c->payload_len = woff + wire_align_up(wb);
+    c->payload = th_xmalloc(c->payload_len);
+    th_fill_f32((float *)c->payload, c->payload_len / 4);
+    c->op.x = th_ref_payload(&c->x, 0, 4, x);
+    c->op.w = th_ref_payload(&c->w, woff, 4, w);
+    c->op.y = th_ref_payload(&c->y, 0, 4, y);
+    c->req.op_case = GPUCD__V1__REQUEST__OP_CONV2D_FORWARD;
+    c->req.conv2d_forward = &c->op;
 }
 
 void th_memfd_make(th_region *reg, size_t size, unsigned seals)

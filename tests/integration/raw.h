@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "fdpass_wire.h"
+#include "gk.h"
 #include "gpucd.pb-c.h"
 
 typedef struct th_raw {
@@ -26,6 +27,43 @@ Gpucd__V1__Reply *th_raw_send_bytes(th_raw *r, const void *bytes, size_t len, in
 /* Frames req (version and id filled in unless set) with payload and sends it. */
 Gpucd__V1__Reply *th_raw_call(th_raw *r, Gpucd__V1__Request *req, const void *payload,
                               size_t payload_len);
+
+/* Frames req (version and id filled in unless set) with payload: *len bytes, to free(). */
+uint8_t *th_raw_frame(th_raw *r, Gpucd__V1__Request *req, const void *payload, size_t payload_len,
+                      size_t *len);
+
+/*
+ * A connection made by hand to the ipc:// url's socket (the SP handshake, then framed messages)
+ * that sends n messages as REQ requests and never reads: a reply larger than the socket's buffer
+ * stays in the daemon's transport, and the replies behind it wait, as for any client that stopped
+ * reading.  Returns the descriptor: closing it lets them go.  Exits on failure.
+ */
+int th_sp_unread(const char *url, const uint8_t *const *msgs, const size_t *lens, int n);
+
+/* A tensor reference; the shape array must outlive the request. */
+typedef struct th_ref {
+    Gpucd__V1__TensorRef t;
+    Gpucd__V1__InlineSlice inl;
+    int64_t shape[GK_MAX_DIMS];
+} th_ref;
+
+/* An f32 tensor inline in the payload at offset. */
+Gpucd__V1__TensorRef *th_ref_payload(th_ref *r, uint64_t offset, int ndim, const int64_t *shape);
+/* An f32 resident tensor. */
+Gpucd__V1__TensorRef *th_ref_resident(th_ref *r, uint64_t id, int ndim, const int64_t *shape);
+
+/* A conv2d_forward with x and w inline (random values) and y inline, of the shapes given. */
+typedef struct th_conv_req {
+    Gpucd__V1__Request req;
+    Gpucd__V1__Conv2dForward op;
+    Gpucd__V1__Conv2dParams params;
+    th_ref x, w, y;
+    uint8_t *payload; /* to free() */
+    size_t payload_len;
+} th_conv_req;
+
+void th_conv_req_init(th_conv_req *c, int stride, const int64_t x[4], const int64_t w[4],
+                      const int64_t y[4]);
 
 /* A memfd of a test's: its descriptor (kept open, so tests can try to resize it), mapping, id. */
 typedef struct th_region {

@@ -149,12 +149,6 @@ static void *caller_main(void *arg)
     return NULL;
 }
 
-static uint64_t json_number(const char *json, const char *key)
-{
-    const char *p = strstr(json, key);
-    return p != NULL ? strtoull(p + strlen(key), NULL, 10) : UINT64_MAX;
-}
-
 /* A client that polls, with a region for one request of at most 5 rows. */
 static gpucd_client *connect_polling(gpucd_region **region)
 {
@@ -174,7 +168,7 @@ static void test_batched_rows_are_each_callers_own(void **state)
     gpucd_client *owner = th_connect(daemon_.ipc_url);
     char *json;
     assert_int_equal(gpucd_stats_json(owner, &json), 0);
-    const uint64_t doorbells_before = json_number(json, "\"doorbells\":");
+    const uint64_t doorbells_before = th_json_number(json, "\"doorbells\":");
     free(json);
     for (int i = 0; i < 7; i++) {
         gpucd_tensor t = gpucd_tensor_host(weights_[i], GPUCD_F32, ndims_[i], shapes_[i]);
@@ -227,12 +221,12 @@ static void test_batched_rows_are_each_callers_own(void **state)
     /* Fewer launches than requests, every row counted once (the bad request's rows ran alone
      * and failed, so they are not counted). */
     assert_int_equal(gpucd_stats_json(owner, &json), 0);
-    uint64_t batches = json_number(json, "\"batches\":");
+    uint64_t batches = th_json_number(json, "\"batches\":");
     /* Every polling caller's request wrote its record, the failing one's too. */
-    assert_int_equal(json_number(json, "\"doorbells\":") - doorbells_before,
+    assert_int_equal(th_json_number(json, "\"doorbells\":") - doorbells_before,
                      (uint64_t)(THREADS / 2) * ROUNDS);
-    uint64_t rows = json_number(json, "\"batch_rows\":");
-    uint64_t requests = json_number(json, "\"nmmo3_encode\":{\"OK\":");
+    uint64_t rows = th_json_number(json, "\"batch_rows\":");
+    uint64_t requests = th_json_number(json, "\"nmmo3_encode\":{\"OK\":");
     free(json);
     fprintf(stderr, "%llu requests ran in %llu launches of %llu rows; longest batch wait %llu us\n",
             (unsigned long long)requests, (unsigned long long)batches,
@@ -267,7 +261,7 @@ static void test_saved_forwards_run_alone(void **state)
     }
     char *json;
     assert_int_equal(gpucd_stats_json(owner, &json), 0);
-    uint64_t batches0 = json_number(json, "\"batches\":");
+    uint64_t batches0 = th_json_number(json, "\"batches\":");
     free(json);
     pthread_barrier_t start;
     pthread_barrier_init(&start, NULL, SAVERS);
@@ -286,7 +280,7 @@ static void test_saved_forwards_run_alone(void **state)
     }
     pthread_barrier_destroy(&start);
     assert_int_equal(gpucd_stats_json(owner, &json), 0);
-    uint64_t batches1 = json_number(json, "\"batches\":");
+    uint64_t batches1 = th_json_number(json, "\"batches\":");
     free(json);
     assert_int_equal(batches1 - batches0, (uint64_t)SAVERS * ROUNDS);
     for (int i = 0; i < 7; i++)

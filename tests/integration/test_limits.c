@@ -60,75 +60,6 @@ static uint64_t rss_mib(pid_t pid)
     return kib >> 10;
 }
 
-static uint64_t json_number(const char *json, const char *key)
-{
-    const char *p = strstr(json, key);
-    return p != NULL ? strtoull(p + strlen(key), NULL, 10) : UINT64_MAX;
-}
-
-/* A tensor reference; the shape array must outlive the request. */
-typedef struct ref {
-    Gpucd__V1__TensorRef t;
-    Gpucd__V1__InlineSlice inl;
-    int64_t shape[GK_MAX_DIMS];
-} ref;
-
-static Gpucd__V1__TensorRef *ref_payload(ref *r, uint64_t offset, int ndim, const int64_t *shape)
-{
-    gpucd__v1__tensor_ref__init(&r->t);
-    gpucd__v1__inline_slice__init(&r->inl);
-    r->t.dtype = GPUCD__V1__DTYPE__F32;
-    memcpy(r->shape, shape, (size_t)ndim * sizeof *shape);
-    r->t.n_shape = (size_t)ndim;
-    r->t.shape = r->shape;
-    r->inl.offset = offset;
-    r->t.where_case = GPUCD__V1__TENSOR_REF__WHERE_PAYLOAD;
-    r->t.payload = &r->inl;
-    return &r->t;
-}
-
-static Gpucd__V1__TensorRef *ref_resident(ref *r, uint64_t id, int ndim, const int64_t *shape)
-{
-    gpucd__v1__tensor_ref__init(&r->t);
-    r->t.dtype = GPUCD__V1__DTYPE__F32;
-    memcpy(r->shape, shape, (size_t)ndim * sizeof *shape);
-    r->t.n_shape = (size_t)ndim;
-    r->t.shape = r->shape;
-    r->t.where_case = GPUCD__V1__TENSOR_REF__WHERE_RESIDENT;
-    r->t.resident = id;
-    return &r->t;
-}
-
-/* A conv2d_forward with x and w inline and y inline of the shape given. */
-typedef struct conv_req {
-    Gpucd__V1__Request req;
-    Gpucd__V1__Conv2dForward op;
-    Gpucd__V1__Conv2dParams params;
-    ref x, w, y;
-    uint8_t *payload;
-    size_t payload_len;
-} conv_req;
-
-static void conv_req_init(conv_req *c, int stride, const int64_t x[4], const int64_t w[4],
-                          const int64_t y[4])
-{
-    gpucd__v1__request__init(&c->req);
-    gpucd__v1__conv2d_forward__init(&c->op);
-    gpucd__v1__conv2d_params__init(&c->params);
-    c->params.stride_h = c->params.stride_w = (uint32_t)stride;
-    c->op.params = &c->params;
-    size_t xb = (size_t)(x[0] * x[1] * x[2] * x[3]) * 4, wb = (size_t)(w[0] * w[1] * w[2] * w[3]) * 4;
-    size_t woff = wire_align_up(xb);
-    c->payload_len = woff + wire_align_up(wb);
-    c->payload = th_xmalloc(c->payload_len);
-    th_fill_f32((float *)c->payload, c->payload_len / 4);
-    c->op.x = ref_payload(&c->x, 0, 4, x);
-    c->op.w = ref_payload(&c->w, woff, 4, w);
-    c->op.y = ref_payload(&c->y, 0, 4, y);
-    c->req.op_case = GPUCD__V1__REQUEST__OP_CONV2D_FORWARD;
-    c->req.conv2d_forward = &c->op;
-}
-
 static void raw_open_timeout(th_raw *r, const char *url, int timeout_ms)
 {
     th_raw_open(r, url);
@@ -162,8 +93,8 @@ static void *huge_thread(void *arg)
     th_raw r;
     raw_open_timeout(&r, hc->url, 60000);
     for (int i = 0; i < HUGE_CALLS; i++) {
-        conv_req c;
-        conv_req_init(&c, 1, TH_SHAPE(2, 3, 8, 8), TH_SHAPE(4, 3, 3, 3),
+        th_conv_req c;
+        th_conv_req_init(&c, 1, TH_SHAPE(2, 3, 8, 8), TH_SHAPE(4, 3, 3, 3),
                       TH_SHAPE(2, 4, 8192, 1024));
         Gpucd__V1__Reply *rep = th_raw_call(&r, &c.req, c.payload, c.payload_len);
         free(c.payload);
@@ -319,13 +250,13 @@ static void *bench_thread(void *arg)
         raw_open_timeout(&own, bc->url, 120000);
         r = &own;
     }
-    conv_req c;
-    conv_req_init(&c, 3, TH_SHAPE(8, 59, 11, 15), TH_SHAPE(128, 59, 5, 5),
+    th_conv_req c;
+    th_conv_req_init(&c, 3, TH_SHAPE(8, 59, 11, 15), TH_SHAPE(128, 59, 5, 5),
                   TH_SHAPE(8, 128, 3, 4));
     c.req.bench_warmup = bc->warmup;
     c.req.bench_iterations = bc->iterations;
     if (bc->y_resident != 0)
-        c.op.y = ref_resident(&c.y, bc->y_resident, 4, TH_SHAPE(8, 128, 3, 4));
+        c.op.y = th_ref_resident(&c.y, bc->y_resident, 4, TH_SHAPE(8, 128, 3, 4));
     uint64_t t0 = now_ms();
     Gpucd__V1__Reply *rep = th_raw_call(r, &c.req, c.payload, c.payload_len);
     bc->done_ms = now_ms();
@@ -413,9 +344,9 @@ static void *reader_thread(void *arg)
     reader_call *rc = arg;
     th_raw r;
     raw_open_timeout(&r, rc->url, 120000);
-    conv_req c;
-    conv_req_init(&c, 1, TH_SHAPE(1, 1, 1, 1), TH_SHAPE(128, 128, 3, 3), TH_SHAPE(8, 128, 1, 2));
-    c.op.x = ref_resident(&c.x, rc->y, 4, TH_SHAPE(8, 128, 3, 4));
+    th_conv_req c;
+    th_conv_req_init(&c, 1, TH_SHAPE(1, 1, 1, 1), TH_SHAPE(128, 128, 3, 3), TH_SHAPE(8, 128, 1, 2));
+    c.op.x = th_ref_resident(&c.x, rc->y, 4, TH_SHAPE(8, 128, 3, 4));
     Gpucd__V1__Reply *rep = th_raw_call(&r, &c.req, c.payload, c.payload_len);
     rc->done_ms = now_ms();
     rc->status = rep == NULL ? -1 : (int)rep->status;
@@ -456,8 +387,8 @@ static void test_closed_connection_leaves_nothing(void **state)
     raw_open_timeout(&wr, d.ipc_url, 120000);
     Gpucd__V1__Request put_req = GPUCD__V1__REQUEST__INIT;
     Gpucd__V1__TensorPut put_y = GPUCD__V1__TENSOR_PUT__INIT;
-    ref sy;
-    put_y.src = ref_payload(&sy, 0, 4, TH_SHAPE(8, 128, 3, 4));
+    th_ref sy;
+    put_y.src = th_ref_payload(&sy, 0, 4, TH_SHAPE(8, 128, 3, 4));
     put_req.op_case = GPUCD__V1__REQUEST__OP_TENSOR_PUT;
     put_req.tensor_put = &put_y;
     Gpucd__V1__Reply *put_rep = th_raw_call(&wr, &put_req, y0, sizeof y0);
@@ -488,8 +419,8 @@ static void test_closed_connection_leaves_nothing(void **state)
         Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
         if (i % 2 == 0) {
             Gpucd__V1__TensorPut put = GPUCD__V1__TENSOR_PUT__INIT;
-            ref s;
-            put.src = ref_payload(&s, 0, 1, TH_SHAPE(256));
+            th_ref s;
+            put.src = th_ref_payload(&s, 0, 1, TH_SHAPE(256));
             req.op_case = GPUCD__V1__REQUEST__OP_TENSOR_PUT;
             req.tensor_put = &put;
             raw_send_only(&gone[i], &req, src, sizeof src);
@@ -533,8 +464,8 @@ static void test_closed_connection_leaves_nothing(void **state)
     for (uint64_t t0 = now_ms(); (regions != 0 || tensors != 0) && now_ms() - t0 < 20000;) {
         char *json;
         assert_int_equal(gpucd_stats_json(c, &json), 0);
-        regions = json_number(json, "\"regions\":{\"count\":");
-        tensors = json_number(json, "\"resident_tensors\":{\"count\":");
+        regions = th_json_number(json, "\"regions\":{\"count\":");
+        tensors = th_json_number(json, "\"resident_tensors\":{\"count\":");
         free(json);
         if (regions != 0 || tensors != 0)
             usleep(50000);
