@@ -6,7 +6,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-int gpucdc_socket_dir_check(const char *dir, uid_t uid, char *why, size_t whylen)
+/* The checks of both kinds of folder; `given`: one named by --listen (see socket_dir.h). */
+static int dir_check(const char *dir, uid_t uid, int given, char *why, size_t whylen)
 {
     struct stat st;
     if (lstat(dir, &st) != 0) {
@@ -14,20 +15,32 @@ int gpucdc_socket_dir_check(const char *dir, uid_t uid, char *why, size_t whylen
         snprintf(why, whylen, "cannot inspect socket directory %s: %s", dir, strerror(e));
         return e == ENOENT ? -ENOENT : -1;
     }
+    const int others_write = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
     if (S_ISLNK(st.st_mode))
         snprintf(why, whylen, "socket directory %s is a symbolic link", dir);
     else if (!S_ISDIR(st.st_mode))
         snprintf(why, whylen, "socket directory %s is not a directory", dir);
-    else if (st.st_uid != uid)
-        snprintf(why, whylen, "socket directory %s is owned by uid %u, not by uid %u", dir,
-                 (unsigned)st.st_uid, (unsigned)uid);
-    else if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+    else if (st.st_uid != uid && !(given && st.st_uid == 0))
+        snprintf(why, whylen, "socket directory %s is owned by uid %u, not by uid %u%s", dir,
+                 (unsigned)st.st_uid, (unsigned)uid, given ? " or root" : "");
+    else if (others_write && !(given && (st.st_mode & S_ISVTX) != 0))
         snprintf(why, whylen, "socket directory %s has mode %04o: group and others must not "
-                              "write to it",
-                 dir, (unsigned)(st.st_mode & 07777));
+                              "write to it%s",
+                 dir, (unsigned)(st.st_mode & 07777),
+                 given ? " (unless its sticky bit is set, as /tmp's)" : "");
     else
         return 0;
     return -1;
+}
+
+int gpucdc_socket_dir_check(const char *dir, uid_t uid, char *why, size_t whylen)
+{
+    return dir_check(dir, uid, 0, why, whylen);
+}
+
+int gpucdc_socket_dir_check_given(const char *dir, uid_t uid, char *why, size_t whylen)
+{
+    return dir_check(dir, uid, 1, why, whylen);
 }
 
 int gpucdc_socket_dir_of(const char *url, char *dir, size_t len)

@@ -483,6 +483,15 @@ static int host_is_loopback(const char *hostport)
 
 static int listen_check(const gcd_config *cfg, const char *url, char *err, size_t errlen)
 {
+    char dir[GCD_URL_MAX], why[GCD_URL_MAX + 128];
+    if (gpucdc_socket_dir_of(url, dir, sizeof dir) == 0 &&
+        gpucdc_socket_dir_check_given(dir, geteuid(), why, sizeof why) == -1) {
+        /* A missing folder is the listener's to report. */
+        snprintf(err, errlen, "--listen %s: %s: another user could put their own server at "
+                              "this address",
+                 url, why);
+        return -1;
+    }
     if (strncmp(url, "tls+tcp://", 10) == 0) {
         if (cfg->tls_cert[0] == '\0' || cfg->tls_key[0] == '\0') {
             snprintf(err, errlen, "--listen %s needs --tls-cert and --tls-key", url);

@@ -345,6 +345,66 @@ static void test_socket_dir(void **state)
     assert_int_equal(rmdir(base), 0);
 }
 
+/* finish() with --listen ipc://DIR/gpucd.sock; 0, or -1 with err. */
+static int finish_listen_in(const char *dir, char *err, size_t errlen)
+{
+    char url[300];
+    snprintf(url, sizeof url, "ipc://%s/gpucd.sock", dir);
+    err[0] = '\0';
+    return finish(err, errlen, 3, (const char *[]){"gpucd", "--listen", url});
+}
+
+/*
+ * A folder named by --listen may be root's or sticky (/run, /tmp), but never one where another
+ * user could replace the socket: writable by others without the sticky bit, another user's, a
+ * symbolic link, not a folder.
+ */
+static void test_listen_dir(void **state)
+{
+    (void)state;
+    char base[] = "/tmp/gpucd-listen-XXXXXX", err[512];
+    assert_non_null(mkdtemp(base));
+    char own[128], open_dir[128], sticky[128], other[128], link[128], missing[128];
+    snprintf(own, sizeof own, "%s/own", base);
+    snprintf(open_dir, sizeof open_dir, "%s/open", base);
+    snprintf(sticky, sizeof sticky, "%s/sticky", base);
+    snprintf(other, sizeof other, "%s/other", base);
+    snprintf(link, sizeof link, "%s/link", base);
+    snprintf(missing, sizeof missing, "%s/missing", base);
+    assert_int_equal(mkdir(own, 0755), 0);
+    assert_int_equal(mkdir(open_dir, 0700), 0);
+    assert_int_equal(chmod(open_dir, 0777), 0);
+    assert_int_equal(mkdir(sticky, 0700), 0);
+    assert_int_equal(chmod(sticky, 01777), 0);
+    assert_int_equal(mkdir(other, 0755), 0);
+    assert_int_equal(symlink(own, link), 0);
+
+    if (finish_listen_in(own, err, sizeof err) != 0 || finish_listen_in("/tmp", err, sizeof err) != 0 ||
+        finish_listen_in(sticky, err, sizeof err) != 0 ||
+        finish_listen_in(missing, err, sizeof err) != 0)
+        fail_msg("a safe folder refused: %s", err);
+    const struct {
+        const char *dir, *problem;
+    } bad[] = {{open_dir, "mode 0777"}, {link, "symbolic link"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(finish_listen_in(bad[i].dir, err, sizeof err), -1);
+        if (strstr(err, bad[i].dir) == NULL || strstr(err, bad[i].problem) == NULL)
+            fail_msg("%s: got '%s', expected its name and '%s'", bad[i].dir, err, bad[i].problem);
+    }
+    if (geteuid() == 0) {
+        assert_int_equal(chown(other, 65534, 65534), 0);
+        assert_int_equal(finish_listen_in(other, err, sizeof err), -1);
+        if (strstr(err, "owned by uid 65534") == NULL)
+            fail_msg("%s: got '%s'", other, err);
+    } else {
+        fprintf(stderr, "test_listen_dir: not root, so no folder of another uid can be made: "
+                        "that case is skipped\n");
+    }
+    unlink(link);
+    rmdir(other), rmdir(sticky), rmdir(open_dir), rmdir(own);
+    assert_int_equal(rmdir(base), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -355,6 +415,7 @@ int main(void)
         cmocka_unit_test(test_config_file),
         cmocka_unit_test(test_listeners_checked),
         cmocka_unit_test(test_socket_dir),
+        cmocka_unit_test(test_listen_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
