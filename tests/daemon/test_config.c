@@ -379,7 +379,8 @@ static void test_listen_dir(void **state)
     assert_int_equal(mkdir(other, 0755), 0);
     assert_int_equal(symlink(own, link), 0);
 
-    if (finish_listen_in(own, err, sizeof err) != 0 || finish_listen_in("/tmp", err, sizeof err) != 0 ||
+    if (finish_listen_in(own, err, sizeof err) != 0 ||
+        finish_listen_in("/tmp", err, sizeof err) != 0 ||
         finish_listen_in(sticky, err, sizeof err) != 0 ||
         finish_listen_in(missing, err, sizeof err) != 0)
         fail_msg("a safe folder refused: %s", err);

@@ -105,7 +105,8 @@ void th_fill_bf16(uint16_t *p, size_t n);
 void th_fill_nmmo3_obs(uint8_t *obs, size_t batch);
 uint64_t th_rand_u64(void);
 
-/* The number after key's first occurrence in json (key ends with its colon); UINT64_MAX when absent. */
+/* The number after key's first occurrence in json (key ends with its colon); UINT64_MAX when
+ * absent. */
 uint64_t th_json_number(const char *json, const char *key);
 
 /* Shorthand for a tensor shape. */

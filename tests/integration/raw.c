@@ -143,27 +143,49 @@ int th_sp_unread(const char *url, const uint8_t *const *msgs, const size_t *lens
     return s;
 }
 
-Gpucd__V1__TensorRef *th_ref_payload(th_ref *r, uint64_t offset, int ndim, const int64_t *shape)
+/* The reference's dtype and shape; where it is, the caller's. */
+static Gpucd__V1__TensorRef *ref_init(th_ref *r, Gpucd__V1__DType dt, int ndim,
+                                      const int64_t *shape)
 {
+    if (ndim < 0 || (size_t)ndim > sizeof r->shape / sizeof r->shape[0]) {
+        fprintf(stderr, "raw: %d dimensions\n", ndim);
+        exit(1);
+    }
     gpucd__v1__tensor_ref__init(&r->t);
-    gpucd__v1__inline_slice__init(&r->inl);
-    r->t.dtype = GPUCD__V1__DTYPE__F32;
+    r->t.dtype = dt;
     memcpy(r->shape, shape, (size_t)ndim * sizeof *shape);
     r->t.n_shape = (size_t)ndim;
     r->t.shape = r->shape;
+    return &r->t;
+}
+
+Gpucd__V1__TensorRef *th_ref_payload(th_ref *r, Gpucd__V1__DType dt, uint64_t offset, int ndim,
+                                     const int64_t *shape)
+{
+    ref_init(r, dt, ndim, shape);
+    gpucd__v1__inline_slice__init(&r->inl);
     r->inl.offset = offset;
     r->t.where_case = GPUCD__V1__TENSOR_REF__WHERE_PAYLOAD;
     r->t.payload = &r->inl;
     return &r->t;
 }
 
-Gpucd__V1__TensorRef *th_ref_resident(th_ref *r, uint64_t id, int ndim, const int64_t *shape)
+Gpucd__V1__TensorRef *th_ref_region(th_ref *r, Gpucd__V1__DType dt, uint64_t region,
+                                    uint64_t offset, int ndim, const int64_t *shape)
 {
-    gpucd__v1__tensor_ref__init(&r->t);
-    r->t.dtype = GPUCD__V1__DTYPE__F32;
-    memcpy(r->shape, shape, (size_t)ndim * sizeof *shape);
-    r->t.n_shape = (size_t)ndim;
-    r->t.shape = r->shape;
+    ref_init(r, dt, ndim, shape);
+    gpucd__v1__region_slice__init(&r->region);
+    r->region.region_id = region;
+    r->region.offset = offset;
+    r->t.where_case = GPUCD__V1__TENSOR_REF__WHERE_REGION;
+    r->t.region = &r->region;
+    return &r->t;
+}
+
+Gpucd__V1__TensorRef *th_ref_resident(th_ref *r, Gpucd__V1__DType dt, uint64_t id, int ndim,
+                                      const int64_t *shape)
+{
+    ref_init(r, dt, ndim, shape);
     r->t.where_case = GPUCD__V1__TENSOR_REF__WHERE_RESIDENT;
     r->t.resident = id;
     return &r->t;
@@ -177,14 +199,15 @@ void th_conv_req_init(th_conv_req *c, int stride, const int64_t x[4], const int6
     gpucd__v1__conv2d_params__init(&c->params);
     c->params.stride_h = c->params.stride_w = (uint32_t)stride;
     c->op.params = &c->params;
-    size_t xb = (size_t)(x[0] * x[1] * x[2] * x[3]) * 4, wb = (size_t)(w[0] * w[1] * w[2] * w[3]) * 4;
+    const size_t xb = (size_t)(x[0] * x[1] * x[2] * x[3]) * 4;
+    const size_t wb = (size_t)(w[0] * w[1] * w[2] * w[3]) * 4;
     size_t woff = wire_align_up(xb);
     c->payload_len = woff + wire_align_up(wb);
     c->payload = th_xmalloc(c->payload_len);
     th_fill_f32((float *)c->payload, c->payload_len / 4);
-    c->op.x = th_ref_payload(&c->x, 0, 4, x);
-    c->op.w = th_ref_payload(&c->w, woff, 4, w);
-    c->op.y = th_ref_payload(&c->y, 0, 4, y);
+    c->op.x = th_ref_payload(&c->x, GPUCD__V1__DTYPE__F32, 0, 4, x);
+    c->op.w = th_ref_payload(&c->w, GPUCD__V1__DTYPE__F32, woff, 4, w);
+    c->op.y = th_ref_payload(&c->y, GPUCD__V1__DTYPE__F32, 0, 4, y);
     c->req.op_case = GPUCD__V1__REQUEST__OP_CONV2D_FORWARD;
     c->req.conv2d_forward = &c->op;
 }

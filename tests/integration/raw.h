@@ -40,19 +40,26 @@ uint8_t *th_raw_frame(th_raw *r, Gpucd__V1__Request *req, const void *payload, s
  */
 int th_sp_unread(const char *url, const uint8_t *const *msgs, const size_t *lens, int n);
 
-/* A tensor reference; the shape array must outlive the request. */
+/* A tensor reference; the shape array must outlive the request.  Room for more dimensions
+ * than the daemon takes, for the tests of that limit. */
 typedef struct th_ref {
     Gpucd__V1__TensorRef t;
+    Gpucd__V1__RegionSlice region;
     Gpucd__V1__InlineSlice inl;
-    int64_t shape[GK_MAX_DIMS];
+    int64_t shape[12];
 } th_ref;
 
-/* An f32 tensor inline in the payload at offset. */
-Gpucd__V1__TensorRef *th_ref_payload(th_ref *r, uint64_t offset, int ndim, const int64_t *shape);
-/* An f32 resident tensor. */
-Gpucd__V1__TensorRef *th_ref_resident(th_ref *r, uint64_t id, int ndim, const int64_t *shape);
+/* A tensor inline in the payload at offset. */
+Gpucd__V1__TensorRef *th_ref_payload(th_ref *r, Gpucd__V1__DType dt, uint64_t offset, int ndim,
+                                     const int64_t *shape);
+/* A tensor in a registered region at offset. */
+Gpucd__V1__TensorRef *th_ref_region(th_ref *r, Gpucd__V1__DType dt, uint64_t region,
+                                    uint64_t offset, int ndim, const int64_t *shape);
+/* A resident tensor. */
+Gpucd__V1__TensorRef *th_ref_resident(th_ref *r, Gpucd__V1__DType dt, uint64_t id, int ndim,
+                                      const int64_t *shape);
 
-/* A conv2d_forward with x and w inline (random values) and y inline, of the shapes given. */
+/* An f32 conv2d_forward with x and w inline (random values) and y inline, of the shapes given. */
 typedef struct th_conv_req {
     Gpucd__V1__Request req;
     Gpucd__V1__Conv2dForward op;

@@ -63,45 +63,6 @@ static void expect_ping(void)
     gpucd__v1__reply__free_unpacked(rep, NULL);
 }
 
-/* A tensor reference; the shape array must outlive the request. */
-typedef struct ref {
-    Gpucd__V1__TensorRef t;
-    Gpucd__V1__RegionSlice region;
-    Gpucd__V1__InlineSlice inl;
-    int64_t shape[12];
-} ref;
-
-static Gpucd__V1__TensorRef *ref_region(ref *r, Gpucd__V1__DType dt, uint64_t region,
-                                        uint64_t offset, int ndim, const int64_t *shape)
-{
-    gpucd__v1__tensor_ref__init(&r->t);
-    gpucd__v1__region_slice__init(&r->region);
-    r->t.dtype = dt;
-    memcpy(r->shape, shape, (size_t)ndim * sizeof *shape);
-    r->t.n_shape = (size_t)ndim;
-    r->t.shape = r->shape;
-    r->region.region_id = region;
-    r->region.offset = offset;
-    r->t.where_case = GPUCD__V1__TENSOR_REF__WHERE_REGION;
-    r->t.region = &r->region;
-    return &r->t;
-}
-
-static Gpucd__V1__TensorRef *ref_payload(ref *r, Gpucd__V1__DType dt, uint64_t offset, int ndim,
-                                         const int64_t *shape)
-{
-    gpucd__v1__tensor_ref__init(&r->t);
-    gpucd__v1__inline_slice__init(&r->inl);
-    r->t.dtype = dt;
-    memcpy(r->shape, shape, (size_t)ndim * sizeof *shape);
-    r->t.n_shape = (size_t)ndim;
-    r->t.shape = r->shape;
-    r->inl.offset = offset;
-    r->t.where_case = GPUCD__V1__TENSOR_REF__WHERE_PAYLOAD;
-    r->t.payload = &r->inl;
-    return &r->t;
-}
-
 /* A registered region of 1 MiB for this socket. */
 static th_region region_;
 static uint64_t region_id_;
@@ -113,7 +74,7 @@ typedef struct conv_req {
     Gpucd__V1__Request req;
     Gpucd__V1__Conv2dForward op;
     Gpucd__V1__Conv2dParams params;
-    ref x, w, y;
+    th_ref x, w, y;
 } conv_req;
 
 static void conv_req_init(conv_req *c)
@@ -123,9 +84,9 @@ static void conv_req_init(conv_req *c)
     gpucd__v1__conv2d_params__init(&c->params);
     c->params.stride_h = c->params.stride_w = 1;
     c->op.params = &c->params;
-    c->op.x = ref_region(&c->x, GPUCD__V1__DTYPE__F32, region_id_, 0, 4, TH_SHAPE(2, 3, 8, 8));
-    c->op.w = ref_region(&c->w, GPUCD__V1__DTYPE__F32, region_id_, 4096, 4, TH_SHAPE(4, 3, 3, 3));
-    c->op.y = ref_region(&c->y, GPUCD__V1__DTYPE__F32, region_id_, 8192, 4, TH_SHAPE(2, 4, 6, 6));
+    c->op.x = th_ref_region(&c->x, GPUCD__V1__DTYPE__F32, region_id_, 0, 4, TH_SHAPE(2, 3, 8, 8));
+    c->op.w = th_ref_region(&c->w, GPUCD__V1__DTYPE__F32, region_id_, 4096, 4, TH_SHAPE(4, 3, 3, 3));
+    c->op.y = th_ref_region(&c->y, GPUCD__V1__DTYPE__F32, region_id_, 8192, 4, TH_SHAPE(2, 4, 6, 6));
     c->req.op_case = GPUCD__V1__REQUEST__OP_CONV2D_FORWARD;
     c->req.conv2d_forward = &c->op;
     th_fill_f32((float *)region_base_, 8192 / 4);
@@ -225,7 +186,7 @@ static void test_unknown_region(void **state)
 {
     conv_req c;
     conv_req_init(&c);
-    c.op.x = ref_region(&c.x, GPUCD__V1__DTYPE__F32, 999999, 0, 4, TH_SHAPE(2, 3, 8, 8));
+    c.op.x = th_ref_region(&c.x, GPUCD__V1__DTYPE__F32, 999999, 0, 4, TH_SHAPE(2, 3, 8, 8));
     expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__NOT_FOUND, "no region 999999");
     expect_ping();
 }
@@ -251,7 +212,7 @@ static void test_range_and_overflow(void **state)
     expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT, "negative");
     /* Inline input beyond the payload. */
     conv_req_init(&c);
-    c.op.x = ref_payload(&c.x, GPUCD__V1__DTYPE__F32, 0, 4, TH_SHAPE(2, 3, 8, 8));
+    c.op.x = th_ref_payload(&c.x, GPUCD__V1__DTYPE__F32, 0, 4, TH_SHAPE(2, 3, 8, 8));
     static float small[64];
     expect(th_raw_call(&raw_, &c.req, small, sizeof small), GPUCD__V1__STATUS__OUT_OF_RANGE,
            "payload");
@@ -266,7 +227,7 @@ static void test_misaligned(void **state)
     expect(th_raw_call(&raw_, &c.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
            "not a multiple of the f32 element size");
     conv_req_init(&c);
-    c.op.x = ref_payload(&c.x, GPUCD__V1__DTYPE__F32, 4, 4, TH_SHAPE(2, 3, 8, 8));
+    c.op.x = th_ref_payload(&c.x, GPUCD__V1__DTYPE__F32, 4, 4, TH_SHAPE(2, 3, 8, 8));
     static float big[2 * 3 * 8 * 8 + 64];
     expect(th_raw_call(&raw_, &c.req, big, sizeof big), GPUCD__V1__STATUS__INVALID_ARGUMENT,
            "not a multiple of 64");
@@ -320,13 +281,13 @@ static void test_overlapping_outputs(void **state)
     Gpucd__V1__Conv2dBackward op = GPUCD__V1__CONV2D_BACKWARD__INIT;
     Gpucd__V1__Conv2dParams params = GPUCD__V1__CONV2D_PARAMS__INIT;
     params.stride_h = params.stride_w = 1;
-    ref x, w, dy, dw, db;
+    th_ref x, w, dy, dw, db;
     op.params = &params;
-    op.x = ref_region(&x, GPUCD__V1__DTYPE__F32, region_id_, 0, 4, TH_SHAPE(2, 3, 8, 8));
-    op.w = ref_region(&w, GPUCD__V1__DTYPE__F32, region_id_, 4096, 4, TH_SHAPE(4, 3, 3, 3));
-    op.dy = ref_region(&dy, GPUCD__V1__DTYPE__F32, region_id_, 8192, 4, TH_SHAPE(2, 4, 6, 6));
-    op.dw = ref_region(&dw, GPUCD__V1__DTYPE__F32, region_id_, 16384, 4, TH_SHAPE(4, 3, 3, 3));
-    op.db = ref_region(&db, GPUCD__V1__DTYPE__F32, region_id_, 16384 + 8, 1, TH_SHAPE(4));
+    op.x = th_ref_region(&x, GPUCD__V1__DTYPE__F32, region_id_, 0, 4, TH_SHAPE(2, 3, 8, 8));
+    op.w = th_ref_region(&w, GPUCD__V1__DTYPE__F32, region_id_, 4096, 4, TH_SHAPE(4, 3, 3, 3));
+    op.dy = th_ref_region(&dy, GPUCD__V1__DTYPE__F32, region_id_, 8192, 4, TH_SHAPE(2, 4, 6, 6));
+    op.dw = th_ref_region(&dw, GPUCD__V1__DTYPE__F32, region_id_, 16384, 4, TH_SHAPE(4, 3, 3, 3));
+    op.db = th_ref_region(&db, GPUCD__V1__DTYPE__F32, region_id_, 16384 + 8, 1, TH_SHAPE(4));
     req.op_case = GPUCD__V1__REQUEST__OP_CONV2D_BACKWARD;
     req.conv2d_backward = &op;
     expect(th_raw_call(&raw_, &req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
@@ -338,7 +299,7 @@ static void test_overlapping_outputs(void **state)
 typedef struct multihot_req {
     Gpucd__V1__Request req;
     Gpucd__V1__MultihotEncode op;
-    ref obs, out;
+    th_ref obs, out;
 } multihot_req;
 
 static void multihot_req_init(multihot_req *m)
@@ -346,8 +307,8 @@ static void multihot_req_init(multihot_req *m)
     gpucd__v1__request__init(&m->req);
     gpucd__v1__multihot_encode__init(&m->op);
     th_fill_nmmo3_obs(region_base_, 3);
-    m->op.obs = ref_region(&m->obs, GPUCD__V1__DTYPE__U8, region_id_, 0, 2, TH_SHAPE(3, 1707));
-    m->op.out = ref_region(&m->out, GPUCD__V1__DTYPE__F32, region_id_, 8192, 4,
+    m->op.obs = th_ref_region(&m->obs, GPUCD__V1__DTYPE__U8, region_id_, 0, 2, TH_SHAPE(3, 1707));
+    m->op.out = th_ref_region(&m->out, GPUCD__V1__DTYPE__F32, region_id_, 8192, 4,
                            TH_SHAPE(3, 59, 11, 15));
     m->req.op_case = GPUCD__V1__REQUEST__OP_MULTIHOT_ENCODE;
     m->req.multihot_encode = &m->op;
@@ -511,8 +472,8 @@ static void test_hostile_resident(void **state)
     /* A resident referenced with the wrong shape. */
     Gpucd__V1__Request put = GPUCD__V1__REQUEST__INIT;
     Gpucd__V1__TensorPut tp = GPUCD__V1__TENSOR_PUT__INIT;
-    ref src;
-    tp.src = ref_region(&src, GPUCD__V1__DTYPE__F32, region_id_, 4096, 4, TH_SHAPE(4, 3, 3, 3));
+    th_ref src;
+    tp.src = th_ref_region(&src, GPUCD__V1__DTYPE__F32, region_id_, 4096, 4, TH_SHAPE(4, 3, 3, 3));
     put.op_case = GPUCD__V1__REQUEST__OP_TENSOR_PUT;
     put.tensor_put = &tp;
     Gpucd__V1__Reply *rep = th_raw_call(&raw_, &put, NULL, 0);
@@ -560,20 +521,20 @@ static void test_output_shape_left_to_daemon(void **state)
     Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
     Gpucd__V1__Nmmo3Encode m = GPUCD__V1__NMMO3_ENCODE__INIT;
     Gpucd__V1__Nmmo3Weights w = GPUCD__V1__NMMO3_WEIGHTS__INIT;
-    ref obs, wt[7], hidden, saved;
+    th_ref obs, wt[7], hidden, saved;
     const Gpucd__V1__DType bf = GPUCD__V1__DTYPE__BF16;
     memset(region_base_, 0, 750000);
     th_fill_nmmo3_obs(region_base_, 2);
-    m.obs = ref_region(&obs, GPUCD__V1__DTYPE__U8, region_id_, 0, 2, TH_SHAPE(2, 1707));
-    w.conv1_w = ref_region(&wt[0], bf, region_id_, 4096, 4, TH_SHAPE(128, 59, 5, 5));
-    w.conv1_b = ref_region(&wt[1], bf, region_id_, 385024, 1, TH_SHAPE(128));
-    w.conv2_w = ref_region(&wt[2], bf, region_id_, 389120, 4, TH_SHAPE(128, 128, 3, 3));
-    w.conv2_b = ref_region(&wt[3], bf, region_id_, 688128, 1, TH_SHAPE(128));
-    w.embed = ref_region(&wt[4], bf, region_id_, 692224, 2, TH_SHAPE(128, 32));
-    w.proj_w = ref_region(&wt[5], bf, region_id_, 704512, 2, TH_SHAPE(8, 1817));
-    w.proj_b = ref_region(&wt[6], bf, region_id_, 737280, 1, TH_SHAPE(8));
+    m.obs = th_ref_region(&obs, GPUCD__V1__DTYPE__U8, region_id_, 0, 2, TH_SHAPE(2, 1707));
+    w.conv1_w = th_ref_region(&wt[0], bf, region_id_, 4096, 4, TH_SHAPE(128, 59, 5, 5));
+    w.conv1_b = th_ref_region(&wt[1], bf, region_id_, 385024, 1, TH_SHAPE(128));
+    w.conv2_w = th_ref_region(&wt[2], bf, region_id_, 389120, 4, TH_SHAPE(128, 128, 3, 3));
+    w.conv2_b = th_ref_region(&wt[3], bf, region_id_, 688128, 1, TH_SHAPE(128));
+    w.embed = th_ref_region(&wt[4], bf, region_id_, 692224, 2, TH_SHAPE(128, 32));
+    w.proj_w = th_ref_region(&wt[5], bf, region_id_, 704512, 2, TH_SHAPE(8, 1817));
+    w.proj_b = th_ref_region(&wt[6], bf, region_id_, 737280, 1, TH_SHAPE(8));
     m.weights = &w;
-    m.hidden = ref_region(&hidden, bf, region_id_, 741376, 2, TH_SHAPE(2, 8));
+    m.hidden = th_ref_region(&hidden, bf, region_id_, 741376, 2, TH_SHAPE(2, 8));
     gpucd__v1__tensor_ref__init(&saved.t);
     saved.t.where_case = GPUCD__V1__TENSOR_REF__WHERE_NEW_RESIDENT;
     saved.t.new_resident = 1;
@@ -614,9 +575,9 @@ static void test_output_shape_left_to_daemon(void **state)
     expect(th_raw_call(&raw_, &req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
            "saved: the daemon cannot size it: weights.conv1_w");
     /* As the backward's input, saved must exist: new_resident is for outputs. */
-    ref dout;
+    th_ref dout;
     m.hidden = NULL;
-    m.dout = ref_region(&dout, GPUCD__V1__DTYPE__BF16, region_id_, 65536, 2, TH_SHAPE(2, 8));
+    m.dout = th_ref_region(&dout, GPUCD__V1__DTYPE__BF16, region_id_, 65536, 2, TH_SHAPE(2, 8));
     saved.t.n_shape = 2;
     saved.t.shape = saved.shape;
     saved.shape[0] = 2, saved.shape[1] = 64;

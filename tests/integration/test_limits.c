@@ -256,7 +256,8 @@ static void *bench_thread(void *arg)
     c.req.bench_warmup = bc->warmup;
     c.req.bench_iterations = bc->iterations;
     if (bc->y_resident != 0)
-        c.op.y = th_ref_resident(&c.y, bc->y_resident, 4, TH_SHAPE(8, 128, 3, 4));
+        c.op.y = th_ref_resident(&c.y, GPUCD__V1__DTYPE__F32, bc->y_resident, 4,
+                                 TH_SHAPE(8, 128, 3, 4));
     uint64_t t0 = now_ms();
     Gpucd__V1__Reply *rep = th_raw_call(r, &c.req, c.payload, c.payload_len);
     bc->done_ms = now_ms();
@@ -346,7 +347,8 @@ static void *reader_thread(void *arg)
     raw_open_timeout(&r, rc->url, 120000);
     th_conv_req c;
     th_conv_req_init(&c, 1, TH_SHAPE(1, 1, 1, 1), TH_SHAPE(128, 128, 3, 3), TH_SHAPE(8, 128, 1, 2));
-    c.op.x = th_ref_resident(&c.x, rc->y, 4, TH_SHAPE(8, 128, 3, 4));
+    c.op.x =
+        th_ref_resident(&c.x, GPUCD__V1__DTYPE__F32, rc->y, 4, TH_SHAPE(8, 128, 3, 4));
     Gpucd__V1__Reply *rep = th_raw_call(&r, &c.req, c.payload, c.payload_len);
     rc->done_ms = now_ms();
     rc->status = rep == NULL ? -1 : (int)rep->status;
@@ -388,7 +390,7 @@ static void test_closed_connection_leaves_nothing(void **state)
     Gpucd__V1__Request put_req = GPUCD__V1__REQUEST__INIT;
     Gpucd__V1__TensorPut put_y = GPUCD__V1__TENSOR_PUT__INIT;
     th_ref sy;
-    put_y.src = th_ref_payload(&sy, 0, 4, TH_SHAPE(8, 128, 3, 4));
+    put_y.src = th_ref_payload(&sy, GPUCD__V1__DTYPE__F32, 0, 4, TH_SHAPE(8, 128, 3, 4));
     put_req.op_case = GPUCD__V1__REQUEST__OP_TENSOR_PUT;
     put_req.tensor_put = &put_y;
     Gpucd__V1__Reply *put_rep = th_raw_call(&wr, &put_req, y0, sizeof y0);
@@ -420,7 +422,7 @@ static void test_closed_connection_leaves_nothing(void **state)
         if (i % 2 == 0) {
             Gpucd__V1__TensorPut put = GPUCD__V1__TENSOR_PUT__INIT;
             th_ref s;
-            put.src = th_ref_payload(&s, 0, 1, TH_SHAPE(256));
+            put.src = th_ref_payload(&s, GPUCD__V1__DTYPE__F32, 0, 1, TH_SHAPE(256));
             req.op_case = GPUCD__V1__REQUEST__OP_TENSOR_PUT;
             req.tensor_put = &put;
             raw_send_only(&gone[i], &req, src, sizeof src);
