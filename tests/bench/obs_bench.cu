@@ -16,9 +16,9 @@
  * relative difference of their outputs), and the whole forward, features
  * only and with the projection to 512 (cuBLAS handle given), at B = 1024 and
  * 32768 in f32 and bf16, with conv2 alone for the split.  FLOP are counted
- * dense (conv1 as the 1475-wide GEMM it replaces); the ceilings are
- * those measured on the H200 (docs/measurements.md: bf16 769 TFLOP/s, fp32 without tf32 50.4) and
- * the copy bandwidth measured here.
+ * dense (conv1 as the 1475-wide GEMM it replaces); the ceilings are the
+ * H200's (docs/measurements.md: bf16 769 TFLOP/s, fp32 without tf32 50.4)
+ * and the copy bandwidth measured here.
  *
  * Usage: obs_bench [--quick] [--conv1 | --forward | --obs | --profile]
  * (--quick: fewer iterations; --conv1: only conv1 bf16 at B = 32768, a few
