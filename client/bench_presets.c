@@ -2,8 +2,8 @@
  * bench_presets.c - the operations `gpucdctl bench` can drive: for each, the
  * resident weights, the per-request tensors, the call, and the CPU reference
  * (kernels/gk.h) that checks one answer before anything is timed.  Shapes are
- * those of REFERENCE.md: the NMMO3 conv layers and encoder (section 1) and
- * the loss of section 4.
+ * the NMMO3 conv layers and encoder (docs/nmmo3.md) and the loss of the
+ * reference figures (docs/measurements.md).
  */
 #include <math.h>
 #include <stdio.h>

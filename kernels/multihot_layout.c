@@ -1,7 +1,7 @@
 /*
  * multihot_layout.c - the shipped multihot layouts.
  *
- * NMMO3 (REFERENCE.md section 1): an 11x15 map at the start of each 1707-byte
+ * NMMO3 (docs/nmmo3.md): an 11x15 map at the start of each 1707-byte
  * observation, 10 categorical features a tile with FACTORS one-hot slots each,
  * laid side by side into 59 channels.
  */

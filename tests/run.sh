@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 jobs=$(nproc)
-deploy/setup.sh
+deploy/setup.sh test
 
 step() { printf '\n==== %s ====\n' "$*"; }
 

@@ -20,7 +20,7 @@
 
 #include "gpucd.h"
 
-/* NMMO3 observation layout (see REFERENCE section 1). */
+/* NMMO3 observation layout (docs/nmmo3.md). */
 enum {
     MAP_H = 11,
     MAP_W = 15,

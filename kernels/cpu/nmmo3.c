@@ -1,5 +1,5 @@
 /*
- * nmmo3.c - the NMMO3 observation encoder on the CPU (REFERENCE.md section 1):
+ * nmmo3.c - the NMMO3 observation encoder on the CPU (docs/nmmo3.md):
  * multihot -> conv1 (59->128, K5 S3) + ReLU -> conv2 (128->128, K3 S1) ->
  * [flatten 256 | embedding of the 47 player bytes 1504 | player bytes 47 |
  * reward bytes 10] = 1817 features -> optionally relu(features . proj_w^T + proj_b).

@@ -1,7 +1,7 @@
 /*
  * conv1_obs.cu - the NMMO3 encoder's conv1 (59 -> 128, K5 S3, 11x15 -> 3x4)
  * + bias + ReLU computed straight from the observation bytes; the 59-channel
- * multihot image is never written to device memory (issue 6).
+ * multihot image is never written to device memory.
  *
  * An implicit GEMM, M = B*12 output pixels, N = 128, K = 25 taps x 64
  * channels (59 used, 5 zero).  Per (pixel, tap) the one-hot row is that of

@@ -4,7 +4,7 @@
  *
  * Why: the encoder's conv2 and projection GEMMs run over the batch's rows (n
  * here), and dynamic batching merges the rows of many requests into one call.
- * Each caller must get exactly the bytes it would get alone (issue 6), but
+ * Each caller must get exactly the bytes it would get alone, but
  * cuBLAS picks its algorithm per shape and may split the sum over k for a
  * small n (split-K, stream-K), which changes the order of the additions and
  * so the low bits: measured on the H200, every f32 request of

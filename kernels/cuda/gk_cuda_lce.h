@@ -52,7 +52,8 @@
 extern "C" {
 #endif
 
-/* The workspace budget the daemon's configuration defaults to (issue 5). */
+/* The workspace budget the daemon's configuration defaults to; the largest loss
+ * shapes served fit it (docs/measurements.md, Targets). */
 #define GK_CUDA_LCE_DEFAULT_BUDGET ((size_t)1 << 30)
 
 /*

@@ -25,7 +25,7 @@
  * 1 conv1's map values' (the multihot record, agent * 1650 + byte); the
  * backward fills the same ones.
  *
- * Not yet the whole target design of issue 6 (one graph for the whole encode).
+ * The whole encode is not yet one CUDA graph.
  */
 #ifndef GK_CUDA_NMMO3_H
 #define GK_CUDA_NMMO3_H

@@ -1,5 +1,5 @@
 /*
- * lce.cu - fused linear cross entropy on the CUDA backend (issue 5), v3:
+ * lce.cu - fused linear cross entropy on the CUDA backend, v3:
  * the GEMMs run on cuBLASLt (lce_gemm.cu), the softmax work in small row
  * kernels.
  *

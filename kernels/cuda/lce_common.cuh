@@ -14,7 +14,7 @@
  * Candidates: with filtering, the forward keeps for each row the entries that
  * may survive the filter (z >= running max + ln eps, minus a margin), up to
  * LCE_CAND_MAX of them in slots of LCE_CAND_SLOTS (one more for the target).
- * 1024: the flat regime of the issue's benchmark (logits of standard
+ * 1024: the flat regime of the loss benchmark (logits of standard
  * deviation 8 over 256000 entries) has ~100 survivors a row and a few rows
  * in a thousand above 256.
  */

@@ -1,6 +1,6 @@
 /*
- * crowd_bench.c - many RL worker processes sharing one encoder (issue 6's
- * batching benchmark): the parent uploads one set of NMMO3 weights (bf16,
+ * crowd_bench.c - many RL worker processes sharing one encoder (the
+ * dynamic-batching benchmark): the parent uploads one set of NMMO3 weights (bf16,
  * resident, shared by every process of the same user), then forks N worker
  * processes; each connects on its own, keeps its batch of observations and
  * its hidden output in its own shared-memory region, and sends nmmo3_encode

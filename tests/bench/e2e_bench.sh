@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# e2e_bench.sh - issue 6's end-to-end figures, from client processes on the
+# e2e_bench.sh - the observation path's end-to-end figures, from client processes on the
 # daemon's host: the NMMO3 encoder forward with observations in a registered
 # shared-memory region and the projected hidden (512, bf16) back, weights
 # resident.  Run ON the GPU machine from the repository root, after a build

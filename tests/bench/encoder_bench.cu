@@ -2,7 +2,7 @@
  * encoder_bench.cu - the NMMO3 encoder as a training step on the GPU: the
  * forward (features and the projected hidden, hidden 512) and the backward
  * (which recomputes the forward, then every weight gradient in fp32) at the
- * batch sizes of issue 6, observations and weights already on the device;
+ * batch sizes of docs/nmmo3.md, observations and weights already on the device;
  * and beside them the step with saved activations: forward_save (hidden
  * only, keeping what the backward needs in a resident saved tensor) and
  * backward_saved (which reads them instead of recomputing).
@@ -545,7 +545,7 @@ int main(int argc, char **argv)
         }
         weights_free(&s);
     }
-    printf("targets (issue 6, bf16, B = 32768): forward <= 0.5 ms, forward + backward <= 2 ms "
+    printf("targets (bf16, B = 32768): forward <= 0.5 ms, forward + backward <= 2 ms "
            "(with saved activations: fwd_save + bwd_saved)\n");
     gk_cuda_blas_close(blas);
     CK(cudaFree(ws));

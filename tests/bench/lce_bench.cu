@@ -1,6 +1,6 @@
 /*
  * lce_bench.cu - gpucd's fused linear cross entropy (gk_cuda_lce) against a
- * materialised baseline, in one program, on the same inputs (issue 5).
+ * materialised baseline, in one program, on the same inputs.
  *
  * Shapes: D = 4096, V = 256000, bf16, N = 8192 and 32768; two regimes:
  * "peaked" (E and C drawn from randn) and "flat" (E scaled by 1/8).

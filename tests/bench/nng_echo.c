@@ -1,7 +1,7 @@
 /*
  * nng_echo.c - the transport's floor: nng req/rep over ipc between processes,
  * no gpucd code, so that end-to-end figures can be split into what any nng
- * client pays on the machine and what gpucd adds (issue 6).  The parent
+ * client pays on the machine and what gpucd adds.  The parent
  * echoes through 64 rep contexts, each answering from nng's own callback
  * (the least a server can do); CLIENTS forked processes each send 200-byte
  * messages back to back for SECONDS and report their round trips.  Prints

@@ -1,7 +1,7 @@
 /*
  * obs_bench.cu - the observation-path kernels (multihot_encode,
  * embedding_forward, embedding_backward) against the measured device copy
- * bandwidth (issue 6: at least 80% of it at B = 32768).
+ * bandwidth (the target: at least 80% of it at B = 32768, docs/measurements.md).
  *
  * Bandwidth of a kernel = (bytes it must read + bytes it must write) / time,
  * the same count as for the copy (a D2D cudaMemcpy of 1 GiB: 2 GiB moved).
@@ -10,15 +10,15 @@
  * memset, as in the daemon).  Inputs are valid random data; after the timed
  * calls the range verdict is read and must be clean.
  *
- * Then the NMMO3 forward (issue 6: at most 0.5 ms in bf16 at B = 32768,
+ * Then the NMMO3 forward (the target: at most 0.5 ms in bf16 at B = 32768,
  * observations on the device): conv1 from the bytes (gk_cuda_nmmo3_conv1)
  * against multihot + gk_cuda_conv2d_forward in the same run (with the
  * relative difference of their outputs), and the whole forward, features
  * only and with the projection to 512 (cuBLAS handle given), at B = 1024 and
  * 32768 in f32 and bf16, with conv2 alone for the split.  FLOP are counted
- * dense (conv1 as the 1475-wide GEMM it replaces); the ceilings are
- * REFERENCE.md section 4's (bf16 769 TFLOP/s, fp32 without tf32 50.4) and
- * the copy bandwidth measured here.
+ * dense (conv1 as the 1475-wide GEMM it replaces); the ceilings are the
+ * H200's (docs/measurements.md: bf16 769 TFLOP/s, fp32 without tf32 50.4)
+ * and the copy bandwidth measured here.
  *
  * Usage: obs_bench [--quick] [--conv1 | --forward | --obs | --profile]
  * (--quick: fewer iterations; --conv1: only conv1 bf16 at B = 32768, a few
@@ -244,7 +244,7 @@ static void extra_row(const char *what, const char *dt, int64_t batch, double us
 
 /* ---- the NMMO3 forward -------------------------------------------------------------- */
 
-static const double PEAK_BF16 = 769e12, PEAK_F32 = 50.4e12; /* REFERENCE.md section 4 */
+static const double PEAK_BF16 = 769e12, PEAK_F32 = 50.4e12; /* the H200's, docs/measurements.md */
 static const double CONV1_FLOP = 2.0 * 12 * 128 * 1475, CONV2_FLOP = 2.0 * 2 * 128 * 1152;
 static const int HID = 512;
 
@@ -632,7 +632,7 @@ int main(int argc, char **argv)
         cudaFree(a);
         cudaFree(b);
     }
-    printf("\n| op | dtype | B | us | MB moved | GB/s | of copy | seed (REFERENCE s.2) |\n");
+    printf("\n| op | dtype | B | us | MB moved | GB/s | of copy | seed (upstream) |\n");
     printf("|---|---|---|---|---|---|---|---|\n");
 
     const int64_t batches[2] = {1024, 32768};

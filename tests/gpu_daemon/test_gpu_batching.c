@@ -1,5 +1,5 @@
 /*
- * test_gpu_batching.c - dynamic batching on the CUDA backend (issue 6): with
+ * test_gpu_batching.c - dynamic batching on the CUDA backend: with
  * batching on, each worker gets exactly the rows it gets with batching off,
  * byte for byte, under concurrent load.
  *

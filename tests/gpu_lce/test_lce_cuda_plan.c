@@ -4,7 +4,7 @@
  *
  * The workspace never exceeds the budget and is refused (GK_ENOMEM) only
  * below a small minimum, which the refusal names and which is then accepted
- * (one byte less is not); the issue's shapes use most of the default 1 GB (wide logits
+ * (one byte less is not); the benchmark's shapes use most of the default 1 GB (wide logits
  * chunks) and its largest shapes fit it by splitting into passes; asking
  * again with the returned size gives the same size (the call plans the same
  * way with exactly that workspace); bad arguments are refused.  Tensor data pointers are distinct fake addresses:
@@ -74,7 +74,7 @@ static void test_issue_shapes(void **state)
     r = req_make(32768, 4096, 256000, GK_BF16, GK_BF16, 1);
     assert_int_equal(plan(&r, 132, GK_CUDA_LCE_DEFAULT_BUDGET, &b), GK_OK);
     assert_true(b <= GB && b > GB / 2);
-    /* the largest shapes of issue 5 fit the default budget */
+    /* the largest loss shapes served fit the default budget */
     r = req_make(131072, 8192, 262144, GK_BF16, GK_BF16, 1);
     assert_int_equal(plan(&r, 132, GK_CUDA_LCE_DEFAULT_BUDGET, &b), GK_OK);
     assert_true(b <= GB);

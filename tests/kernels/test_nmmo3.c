@@ -1,7 +1,6 @@
 /*
  * test_nmmo3.c - the whole NMMO3 encoder (gk_cpu_nmmo3_forward/backward)
- * against a double-precision reference written here from REFERENCE.md
- * section 1, and its gradients against finite differences of that reference;
+ * against a double-precision reference written here from docs/nmmo3.md, and its gradients against finite differences of that reference;
  * f32 and bf16, with and without the projection, batches across the kernel's
  * chunking; out-of-range observations; determinism; the saved-activations
  * pair (forward_save, backward_saved) against the stateless calls, bit for

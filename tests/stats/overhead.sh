@@ -1,6 +1,6 @@
 #!/bin/sh
 # overhead.sh - ping throughput of a daemon with the stats endpoint on and being
-# scraped against one started with --stats-listen none (issue 7: within 3%).
+# scraped against one started with --stats-listen none (the target: within 3%, docs/measurements.md).
 #
 #   tests/stats/overhead.sh BUILD_DIR [ROUNDS] [CONCURRENCY]
 #

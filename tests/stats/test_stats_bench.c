@@ -163,7 +163,7 @@ static void test_ping_sweep_counts_match(void **state)
     assert_non_null(strstr(j, "\"concurrency\":2,"));
     assert_non_null(strstr(j, "\"concurrency\":4,"));
     assert_non_null(strstr(j, "\"p99\":"));
-    /* The daemon's own time a request, as percentiles (issue 6's target is a p50). */
+    /* The daemon's own time a request, as percentiles (its target is a p50: docs/measurements.md). */
     assert_int_equal(count_of(j, "\"daemon_overhead_us\":{\"p50\":"), 3);
     assert_non_null(strstr(c, "server_other_us,overhead_p50_us,overhead_p99_us\n"));
     assert_int_equal(count_of(c, "\n"), 4); /* header and one row a level */
