@@ -685,31 +685,33 @@ static void print_level(FILE *f, const bench_opts *o, const bench_level *lv)
         snprintf(rate, sizeof rate, "%.0f", lv->rate);
     else
         snprintf(rate, sizeof rate, "-");
+    const double none = -1; /* "-": no request measured, no time to show */
     for (int k = 0; k < BENCH_NPCT; k++) {
-        ctl_format_us(lv->pct[k], p[k], sizeof p[k] - 1);
-        if (lv->few[k])
+        ctl_format_us(lv->requests ? lv->pct[k] : none, p[k], sizeof p[k] - 1);
+        if (lv->few[k] && lv->requests > 0)
             strcat(p[k], "*");
     }
     const double means[7] = {lv->transport, lv->queue,    lv->batch_wait,  lv->copy_in,
                              lv->compute,   lv->copy_out, lv->server_other};
     for (int k = 0; k < 7; k++)
-        ctl_format_us(means[k], split[k], sizeof split[k]);
+        ctl_format_us(lv->requests ? means[k] : none, split[k], sizeof split[k]);
     fprintf(f, "%6d %9s %11.1f %13.0f | %9s %9s %9s %9s %9s | %9s %9s %9s %9s %9s %9s %9s | "
                "%d%s, %" PRIu64 "\n",
             lv->concurrency, rate, lv->rps, lv->rows_per_s, p[0], p[1], p[2], p[3],
-            ctl_format_us(lv->max, mx, sizeof mx), split[0], split[1], split[2], split[3],
+            ctl_format_us(lv->requests ? lv->max : none, mx, sizeof mx), split[0], split[1], split[2], split[3],
             split[4], split[5], split[6], lv->windows,
             lv->ended == BENCH_END_STABLE        ? ""
             : lv->ended == BENCH_END_MAX_WINDOWS ? " (unstable)"
                                                  : " (cut off)",
             lv->errors);
     char o50[16], o99[16];
-    fprintf(f, "       daemon overhead (queue + other) a request: p50 %s, p99 %s\n",
-            ctl_format_us(lv->overhead_p50, o50, sizeof o50),
-            ctl_format_us(lv->overhead_p99, o99, sizeof o99));
+    if (lv->requests > 0)
+        fprintf(f, "       daemon overhead (queue + other) a request: p50 %s, p99 %s\n",
+                ctl_format_us(lv->overhead_p50, o50, sizeof o50),
+                ctl_format_us(lv->overhead_p99, o99, sizeof o99));
     int nfew = 0, worst = 0;
     for (int k = 0; k < BENCH_NPCT; k++)
-        if (lv->few[k]) {
+        if (lv->few[k] && lv->requests > 0) {
             fprintf(f, "%s%s*", nfew++ ? ", " : "       ", bench_pct_name[k]);
             worst = k;
         }
