@@ -431,7 +431,12 @@ static void *worker_main(void *arg)
         if (r->rate > 0) { /* open loop: request k is due at t_start + k/rate */
             uint64_t k = atomic_fetch_add(&r->next_k, 1);
             t_begin = r->t_start + (uint64_t)((double)k * 1e6 / r->rate);
-            sleep_until_us(t_begin);
+            /* in steps of 0.1 s at most: the level's end must not wait for a request due
+             * long after it (at a low rate, 16 workers hold the next 16 due times) */
+            uint64_t now;
+            while ((now = now_us()) < t_begin &&
+                   !atomic_load_explicit(&r->stop, memory_order_relaxed))
+                sleep_until_us(t_begin - now > 100000 ? now + 100000 : t_begin);
             if (atomic_load_explicit(&r->stop, memory_order_relaxed))
                 break;
         }
