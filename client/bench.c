@@ -703,8 +703,8 @@ static void print_level(FILE *f, const bench_opts *o, const bench_level *lv)
     fprintf(f, "%6d %9s %11.1f %13.0f | %9s %9s %9s %9s %9s | %9s %9s %9s %9s %9s %9s %9s | "
                "%d%s, %" PRIu64 "\n",
             lv->concurrency, rate, lv->rps, lv->rows_per_s, p[0], p[1], p[2], p[3],
-            ctl_format_us(lv->requests ? lv->max : none, mx, sizeof mx), split[0], split[1], split[2], split[3],
-            split[4], split[5], split[6], lv->windows,
+            ctl_format_us(lv->requests ? lv->max : none, mx, sizeof mx), split[0], split[1],
+            split[2], split[3], split[4], split[5], split[6], lv->windows,
             lv->ended == BENCH_END_STABLE        ? ""
             : lv->ended == BENCH_END_MAX_WINDOWS ? " (unstable)"
                                                  : " (cut off)",
@@ -1056,7 +1056,9 @@ static int parse_opts(int argc, char **argv, bench_opts *o)
             if (parse_i64(optarg, 1, 1000000000, &v)) bad = "--min-requests";
             else o->min_requests = (int)v;
             break;
-        case O_MAXLEVEL: if (parse_f64(optarg, 0.01, 86400, &o->max_level_s)) bad = "--max-level-s"; break;
+        case O_MAXLEVEL:
+            if (parse_f64(optarg, 0.01, 86400, &o->max_level_s)) bad = "--max-level-s";
+            break;
         case O_TOL: if (parse_f64(optarg, 0, 10, &o->tolerance)) bad = "--tolerance"; break;
         case O_INLINE: o->inline_tensors = 1; break;
         case O_SEED: if (parse_i64(optarg, 0, INT64_MAX, &v)) bad = "--seed"; else o->seed = (uint64_t)v; break;

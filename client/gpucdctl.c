@@ -131,7 +131,8 @@ static void ping_summary(uint64_t *rtt, int n)
     char lo[16], med[16], mean[16], hi[16];
     printf("%d ping%s: round trip min %s, median %s, mean %s, max %s\n", n, n == 1 ? "" : "s",
            ctl_format_us((double)rtt[0], lo, sizeof lo), ctl_format_us(median, med, sizeof med),
-           ctl_format_us(sum / n, mean, sizeof mean), ctl_format_us((double)rtt[n - 1], hi, sizeof hi));
+           ctl_format_us(sum / n, mean, sizeof mean),
+           ctl_format_us((double)rtt[n - 1], hi, sizeof hi));
 }
 
 static int cmd_ping(gpucd_client *client, int argc, char **argv)
@@ -186,7 +187,8 @@ static int cmd_regions(gpucd_client *client, int argc, char **argv)
 static int check_stats(int argc, char **argv)
 {
     if (argc > 2 || (argc == 2 && strcmp(argv[1], "--json") != 0)) {
-        fprintf(stderr, "gpucdctl: stats: unexpected argument '%s' (only --json)\n", argv[argc - 1]);
+        fprintf(stderr, "gpucdctl: stats: unexpected argument '%s' (only --json)\n",
+                argv[argc - 1]);
         return 2;
     }
     return 0;
@@ -226,8 +228,7 @@ static const ctl_command ctl_commands[] = {
     {"ping", "[COUNT] round trips through the daemon, with timings", cmd_ping, check_ping},
     {"regions", "the shared-memory regions registered on this connection", cmd_regions,
      check_no_args},
-    {"stats", "[--json] the daemon's counters and latency histograms, as indented JSON (--json: "
-              "one line, as the daemon sends it)",
+    {"stats", "[--json] the daemon's counters and histograms, indented (--json: as sent)",
      cmd_stats, check_stats},
     {"bench", "[OPTIONS] drive the daemon with an operation and measure (bench --help)",
      cmd_bench, bench_check_args},
