@@ -4,9 +4,14 @@
  * Each level (a concurrency, or a request rate) runs worker threads that issue
  * the operation on one shared connection, each with its own tensors: in a
  * shared-memory region over ipc://, inline in the messages over tcp://.  After
- * a warm-up, time is cut into windows; the level ends when three windows in a
- * row agree on throughput within the tolerance (or at the window cap, marked
- * unstable), and its figures come from those last three windows.
+ * a warm-up (at least one request answered), time is cut into windows, each at
+ * least --window-s long and stretched until it holds a third of --min-requests,
+ * so that a slow operation is measured as surely as a fast one (NVIDIA's
+ * perf_analyzer counts requests as well as time in the same way).  The level
+ * ends when three windows in a row agree on throughput within the tolerance
+ * (or at the window cap, marked unstable), and its figures come from those
+ * last three windows.  A level cut off by --max-level-s with fewer than
+ * --min-requests measured is an error, never a row of figures.
  *
  * Every reply is checked: a failed call is an error, and so is an output whose
  * first or last element (poisoned with NaN before the call) was not written.
@@ -26,9 +31,24 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "ctl_format.h"
 #include "gk_bf16.h"
 
 enum { BENCH_MAX_LEVELS = 64, BENCH_MAX_WORKERS = 1024, BENCH_MAX_WINDOWS = 1000 };
+
+/* A percentile with fewer samples than this beyond it is flagged as rough: p99 wants
+ * 1000 requests, p50 20. */
+enum { BENCH_TAIL_SAMPLES = 10 };
+/* An open-loop level that reached less than this share of --rate did not sustain it. */
+#define BENCH_RATE_SUSTAINED 0.9
+/* The percentiles reported, with their names. */
+#define BENCH_PERCENTILES(X) X(p50, 0.50) X(p90, 0.90) X(p95, 0.95) X(p99, 0.99)
+#define BENCH_PCT_ENUM(name, q) BENCH_PCT_##name,
+enum { BENCH_PERCENTILES(BENCH_PCT_ENUM) BENCH_NPCT };
+#define BENCH_PCT_Q(name, q) q,
+static const double bench_pct_q[BENCH_NPCT] = {BENCH_PERCENTILES(BENCH_PCT_Q)};
+#define BENCH_PCT_NAME(name, q) #name,
+static const char *const bench_pct_name[BENCH_NPCT] = {BENCH_PERCENTILES(BENCH_PCT_NAME)};
 
 typedef struct bench_opts {
     const bench_preset *preset;
@@ -36,8 +56,9 @@ typedef struct bench_opts {
     int levels[BENCH_MAX_LEVELS];
     int nlevels;
     double rate;        /* requests/s; 0: closed loop */
-    double warmup_s, window_s, tolerance;
+    double warmup_s, window_s, tolerance, max_level_s;
     int max_windows;
+    int min_requests; /* measured a level, at least */
     int inline_tensors; /* inline even over ipc:// */
     uint64_t seed;
     const char *json_path, *csv_path;
@@ -47,6 +68,7 @@ typedef struct bench_opts {
 /* One successful request. */
 typedef struct bench_record {
     uint64_t done_us, latency_us;
+    int window; /* the window it was counted in; -1 in the warm-up */
     gpucd_timings t;
 } bench_record;
 
@@ -83,22 +105,38 @@ typedef struct bench_run {
     gpucd_tensor w[BENCH_MAX_TENSORS];
     bench_worker *workers;
     int nworkers;
+    bench_progress *progress;
     /* the level being run */
     atomic_int stop;
     atomic_uint_fast64_t next_k;
-    uint64_t t_start, t_measure, window_us;
+    uint64_t t_start;
     double rate;
-    atomic_uint_fast64_t win_count[BENCH_MAX_WINDOWS];
+    /* Under lock: every answered request is counted in the window open when it came
+     * (window -1: the warm-up), so that the counts and the records always agree. */
+    pthread_mutex_t lock;
+    pthread_cond_t counted; /* a window reached `need`, the warm-up its first, or a failure */
+    int window;
+    uint64_t need, warm_count, failures;
+    uint64_t win_count[BENCH_MAX_WINDOWS + 1];
+    uint64_t win_start[BENCH_MAX_WINDOWS + 2]; /* window i is [win_start[i], win_start[i+1]) */
 } bench_run;
+
+/* How a level ended. */
+typedef enum bench_end { BENCH_END_STABLE, BENCH_END_MAX_WINDOWS, BENCH_END_MAX_LEVEL_S } bench_end;
+static const char *const bench_end_name[] = {"stable", "max_windows", "max_level_s"};
 
 /* What a level measured. */
 typedef struct bench_level {
     int concurrency;
     double rate;
     int windows, stable;
+    bench_end ended;
+    int few[BENCH_NPCT];  /* the percentile has fewer than BENCH_TAIL_SAMPLES beyond it */
+    int too_few;          /* fewer than --min-requests measured: an error */
+    int rate_sustained;   /* under --rate: at least BENCH_RATE_SUSTAINED of it reached */
     uint64_t requests, errors, wrong;
     double seconds, rps, rows_per_s;
-    double p50, p90, p95, p99, max; /* microseconds */
+    double pct[BENCH_NPCT], max; /* microseconds */
     double transport, queue, batch_wait, copy_in, compute, copy_out, server_other; /* means, us */
     double overhead_p50, overhead_p99; /* the daemon's own time a request: queue + other, us */
     char first_error[256];
@@ -359,6 +397,30 @@ static void record_push(bench_worker *w, const bench_record *rec)
     w->rec[w->nrec++] = *rec;
 }
 
+/* A request failed or came back wrong: the level's windows stop waiting for counts. */
+static void run_failed(bench_run *r)
+{
+    pthread_mutex_lock(&r->lock);
+    r->failures++;
+    pthread_cond_signal(&r->counted);
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* Counts an answered request in the window open now, and keeps it. */
+static void run_counted(bench_run *r, bench_worker *w, bench_record *rec)
+{
+    pthread_mutex_lock(&r->lock);
+    rec->window = r->window;
+    if (rec->window < 0) {
+        if (r->warm_count++ == 0)
+            pthread_cond_signal(&r->counted);
+    } else if (++r->win_count[rec->window] == r->need) {
+        pthread_cond_signal(&r->counted);
+    }
+    pthread_mutex_unlock(&r->lock);
+    record_push(w, rec);
+}
+
 static void *worker_main(void *arg)
 {
     bench_worker *w = arg;
@@ -369,7 +431,12 @@ static void *worker_main(void *arg)
         if (r->rate > 0) { /* open loop: request k is due at t_start + k/rate */
             uint64_t k = atomic_fetch_add(&r->next_k, 1);
             t_begin = r->t_start + (uint64_t)((double)k * 1e6 / r->rate);
-            sleep_until_us(t_begin);
+            /* in steps of 0.1 s at most: the level's end must not wait for a request due
+             * long after it (at a low rate, 16 workers hold the next 16 due times) */
+            uint64_t now;
+            while ((now = now_us()) < t_begin &&
+                   !atomic_load_explicit(&r->stop, memory_order_relaxed))
+                sleep_until_us(t_begin - now > 100000 ? now + 100000 : t_begin);
             if (atomic_load_explicit(&r->stop, memory_order_relaxed))
                 break;
         }
@@ -389,6 +456,7 @@ static void *worker_main(void *arg)
                 snprintf(w->first_msg, sizeof w->first_msg, "%s (%s)", gpucd_errmsg(r->client),
                          gpucd_strerror(rc));
             }
+            run_failed(r);
             continue;
         }
         int ok = 1;
@@ -399,15 +467,11 @@ static void *worker_main(void *arg)
             if (w->errors++ == 0)
                 snprintf(w->first_msg, sizeof w->first_msg, "an output was left unwritten");
             w->wrong++;
+            run_failed(r);
             continue;
         }
         rec.latency_us = rec.done_us - t_begin; /* from when it was due, under --rate */
-        if (rec.done_us >= r->t_measure) {
-            uint64_t win = (rec.done_us - r->t_measure) / r->window_us;
-            if (win < BENCH_MAX_WINDOWS)
-                atomic_fetch_add_explicit(&r->win_count[win], 1, memory_order_relaxed);
-        }
-        record_push(w, &rec);
+        run_counted(r, w, &rec);
     }
     return NULL;
 }
@@ -426,17 +490,85 @@ static double pct(const uint64_t *v, size_t n, double q)
     return (double)v[i == 0 ? 0 : (i > n ? n : i) - 1];
 }
 
-static int windows_agree(bench_run *r, int last, double tol)
+/* Requests a level needs for percentile q to have BENCH_TAIL_SAMPLES beyond it. */
+static uint64_t pct_samples_needed(double q)
+{
+    return (uint64_t)llround(BENCH_TAIL_SAMPLES / (1.0 - q));
+}
+
+/* With r->lock held: windows last-2..last (all closed) agree on requests a second. */
+static int windows_agree(const bench_run *r, int last, double tol)
 {
     if (last < 2)
         return 0;
-    uint64_t lo = UINT64_MAX, hi = 0;
+    double lo = INFINITY, hi = 0;
     for (int i = last - 2; i <= last; i++) {
-        uint64_t c = atomic_load(&r->win_count[i]);
-        lo = c < lo ? c : lo;
-        hi = c > hi ? c : hi;
+        uint64_t us = r->win_start[i + 1] - r->win_start[i];
+        double rate = us > 0 ? (double)r->win_count[i] / (double)us : 0;
+        lo = rate < lo ? rate : lo;
+        hi = rate > hi ? rate : hi;
     }
-    return lo > 0 && (double)hi <= (double)lo * (1.0 + tol);
+    return lo > 0 && hi <= lo * (1.0 + tol);
+}
+
+/* With r->lock held: sleeps until time t (us) or a signal, a quarter second at most so
+ * that the progress line moves. */
+static void level_wait(bench_run *r, uint64_t t)
+{
+    uint64_t now = now_us();
+    if (now >= t)
+        return;
+    uint64_t until = t - now > 250000 ? now + 250000 : t;
+    struct timespec ts = {.tv_sec = (time_t)(until / 1000000u),
+                          .tv_nsec = (long)(until % 1000000u) * 1000};
+    pthread_cond_timedwait(&r->counted, &r->lock, &ts);
+}
+
+static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+/*
+ * With r->lock held, the workers running: the warm-up, then the windows, until three
+ * agree, --max-windows or --max-level-s.  Returns the last window; sets lv's end.
+ */
+static int level_windows(bench_run *r, bench_level *lv)
+{
+    const bench_opts *o = r->o;
+    const uint64_t window_us = (uint64_t)(o->window_s * 1e6);
+    const uint64_t deadline = r->t_start + (uint64_t)(o->max_level_s * 1e6);
+    /* The warm-up: its time, then until something is answered (a first request pays for
+     * what later ones find made: connections, resident tensors, the device's caches). */
+    const uint64_t warm_end = min_u64(r->t_start + (uint64_t)(o->warmup_s * 1e6), deadline);
+    bench_progress_detail(r->progress, "warming up");
+    while (now_us() < warm_end)
+        level_wait(r, warm_end);
+    while (o->warmup_s > 0 && r->warm_count == 0 && r->failures == 0 && now_us() < deadline)
+        level_wait(r, deadline);
+    r->window = 0;
+    r->win_start[0] = now_us();
+    lv->ended = BENCH_END_MAX_WINDOWS;
+    int last = 0;
+    for (int i = 0; i < o->max_windows; i++) {
+        const uint64_t end = min_u64(r->win_start[i] + window_us, deadline);
+        uint64_t now;
+        while ((now = now_us()) < end || (r->win_count[i] < r->need && r->failures == 0 &&
+                                          now < deadline)) {
+            bench_progress_detail(r->progress, "window %d: %" PRIu64 " of %" PRIu64 " requests",
+                                  i + 1, r->win_count[i], r->need);
+            level_wait(r, now < end ? end : deadline);
+        }
+        r->window = i + 1; /* later answers are counted past the measurement */
+        r->win_start[i + 1] = now;
+        last = i;
+        if (now >= deadline) {
+            lv->ended = BENCH_END_MAX_LEVEL_S;
+            break;
+        }
+        if (windows_agree(r, i, o->tolerance)) {
+            lv->ended = BENCH_END_STABLE;
+            break;
+        }
+    }
+    return last;
 }
 
 static int level_run(bench_run *r, int concurrency, double rate, bench_level *lv)
@@ -445,14 +577,14 @@ static int level_run(bench_run *r, int concurrency, double rate, bench_level *lv
     memset(lv, 0, sizeof *lv);
     lv->concurrency = concurrency;
     lv->rate = rate;
-    for (int i = 0; i < BENCH_MAX_WINDOWS; i++)
-        atomic_store(&r->win_count[i], 0);
     atomic_store(&r->stop, 0);
     atomic_store(&r->next_k, 0);
     r->rate = rate;
-    r->window_us = (uint64_t)(o->window_s * 1e6);
+    r->window = -1;
+    r->need = ((uint64_t)o->min_requests + 2) / 3; /* the level's figures come from 3 windows */
+    r->warm_count = r->failures = 0;
+    memset(r->win_count, 0, sizeof r->win_count);
     r->t_start = now_us();
-    r->t_measure = r->t_start + (uint64_t)(o->warmup_s * 1e6);
     for (int i = 0; i < concurrency; i++) {
         bench_worker *w = &r->workers[i];
         w->nrec = 0;
@@ -466,24 +598,18 @@ static int level_run(bench_run *r, int concurrency, double rate, bench_level *lv
             return GPUCD_ESYSTEM;
         }
     }
-    int last = -1;
-    for (int i = 0; i < o->max_windows; i++) {
-        /* a little past the window's end, for the replies landing on its edge */
-        sleep_until_us(r->t_measure + (uint64_t)(i + 1) * r->window_us + 2000);
-        last = i;
-        if (windows_agree(r, i, o->tolerance)) {
-            lv->stable = 1;
-            break;
-        }
-    }
+    pthread_mutex_lock(&r->lock);
+    int last = level_windows(r, lv);
+    pthread_mutex_unlock(&r->lock);
+    bench_progress_detail(r->progress, "waiting for the requests in flight");
     atomic_store(&r->stop, 1);
     for (int i = 0; i < concurrency; i++)
         pthread_join(r->workers[i].thread, NULL);
 
     lv->windows = last + 1;
+    lv->stable = lv->ended == BENCH_END_STABLE;
     int first = last >= 2 ? last - 2 : 0;
-    uint64_t lo = r->t_measure + (uint64_t)first * r->window_us;
-    uint64_t hi = r->t_measure + (uint64_t)(last + 1) * r->window_us;
+    uint64_t lo = r->win_start[first], hi = r->win_start[last + 1];
     size_t n = 0;
     for (int i = 0; i < concurrency; i++) {
         bench_worker *w = &r->workers[i];
@@ -506,7 +632,7 @@ static int level_run(bench_run *r, int concurrency, double rate, bench_level *lv
         bench_worker *w = &r->workers[i];
         for (size_t j = 0; j < w->nrec; j++) {
             const bench_record *rec = &w->rec[j];
-            if (rec->done_us < lo || rec->done_us >= hi)
+            if (rec->window < first || rec->window > last)
                 continue;
             lat[m++] = rec->latency_us;
             const gpucd_timings *t = &rec->t;
@@ -531,11 +657,13 @@ static int level_run(bench_run *r, int concurrency, double rate, bench_level *lv
     lv->seconds = (double)(hi - lo) * 1e-6;
     lv->rps = lv->seconds > 0 ? (double)m / lv->seconds : 0;
     lv->rows_per_s = lv->rps * (double)o->shape.batch;
-    lv->p50 = pct(lat, m, 0.50);
-    lv->p90 = pct(lat, m, 0.90);
-    lv->p95 = pct(lat, m, 0.95);
-    lv->p99 = pct(lat, m, 0.99);
+    for (int k = 0; k < BENCH_NPCT; k++) {
+        lv->pct[k] = pct(lat, m, bench_pct_q[k]);
+        lv->few[k] = m < pct_samples_needed(bench_pct_q[k]);
+    }
     lv->max = m ? (double)lat[m - 1] : 0;
+    lv->too_few = m < (size_t)o->min_requests;
+    lv->rate_sustained = rate <= 0 || lv->rps >= BENCH_RATE_SUSTAINED * rate;
     double *means[7] = {&lv->transport, &lv->queue,    &lv->copy_in,   &lv->compute,
                         &lv->copy_out,  &lv->server_other, &lv->batch_wait};
     for (int k = 0; k < 7; k++)
@@ -549,31 +677,84 @@ static int level_run(bench_run *r, int concurrency, double rate, bench_level *lv
 
 static void print_header(FILE *f)
 {
-    fprintf(f, "%6s %9s %11s %13s | %8s %8s %8s %8s %8s | %9s %7s %7s %7s %7s %7s %7s | %s\n",
+    fprintf(f, "%6s %9s %11s %13s | %9s %9s %9s %9s %9s | %9s %9s %9s %9s %9s %9s %9s | %s\n",
             "conc", "rate", "req/s", "rows/s", "p50", "p90", "p95", "p99", "max", "transport",
             "queue", "batch", "copy_in", "compute", "cp_out", "other", "windows, errors");
-    fprintf(f, "%6s %9s %11s %13s | %8s %8s %8s %8s %8s | %9s %7s %7s %7s %7s %7s %7s |\n", "", "",
-            "", "", "us", "us", "us", "us", "us", "mean us", "", "", "", "", "", "");
 }
 
-static void print_level(FILE *f, const bench_level *lv)
+/* The level's row on stdout; what makes its figures rough or wrong, on stderr. */
+static void print_level(FILE *f, const bench_opts *o, const bench_level *lv)
 {
-    char rate[16];
+    char rate[16], p[BENCH_NPCT][16], mx[16], split[7][16];
     if (lv->rate > 0)
         snprintf(rate, sizeof rate, "%.0f", lv->rate);
     else
         snprintf(rate, sizeof rate, "-");
-    fprintf(f, "%6d %9s %11.1f %13.0f | %8.0f %8.0f %8.0f %8.0f %8.0f | %9.1f %7.1f %7.1f %7.1f "
-               "%7.1f %7.1f %7.1f | %d%s, %" PRIu64 "\n",
-            lv->concurrency, rate, lv->rps, lv->rows_per_s, lv->p50, lv->p90, lv->p95, lv->p99,
-            lv->max, lv->transport, lv->queue, lv->batch_wait, lv->copy_in, lv->compute,
-            lv->copy_out, lv->server_other, lv->windows, lv->stable ? "" : " (unstable)",
+    const double none = -1; /* "-": no request measured, no time to show */
+    for (int k = 0; k < BENCH_NPCT; k++) {
+        ctl_format_us(lv->requests ? lv->pct[k] : none, p[k], sizeof p[k] - 1);
+        if (lv->few[k] && lv->requests > 0)
+            strcat(p[k], "*");
+    }
+    const double means[7] = {lv->transport, lv->queue,    lv->batch_wait,  lv->copy_in,
+                             lv->compute,   lv->copy_out, lv->server_other};
+    for (int k = 0; k < 7; k++)
+        ctl_format_us(lv->requests ? means[k] : none, split[k], sizeof split[k]);
+    fprintf(f, "%6d %9s %11.1f %13.0f | %9s %9s %9s %9s %9s | %9s %9s %9s %9s %9s %9s %9s | "
+               "%d%s, %" PRIu64 "\n",
+            lv->concurrency, rate, lv->rps, lv->rows_per_s, p[0], p[1], p[2], p[3],
+            ctl_format_us(lv->requests ? lv->max : none, mx, sizeof mx), split[0], split[1],
+            split[2], split[3], split[4], split[5], split[6], lv->windows,
+            lv->ended == BENCH_END_STABLE        ? ""
+            : lv->ended == BENCH_END_MAX_WINDOWS ? " (unstable)"
+                                                 : " (cut off)",
             lv->errors);
-    fprintf(f, "       daemon overhead (queue + other) a request: p50 %.0f us, p99 %.0f us\n",
-            lv->overhead_p50, lv->overhead_p99);
+    char o50[16], o99[16];
+    if (lv->requests > 0)
+        fprintf(f, "       daemon overhead (queue + other) a request: p50 %s, p99 %s\n",
+                ctl_format_us(lv->overhead_p50, o50, sizeof o50),
+                ctl_format_us(lv->overhead_p99, o99, sizeof o99));
+    int nfew = 0, worst = 0;
+    for (int k = 0; k < BENCH_NPCT; k++)
+        if (lv->few[k] && lv->requests > 0) {
+            fprintf(f, "%s%s*", nfew++ ? ", " : "       ", bench_pct_name[k]);
+            worst = k;
+        }
+    if (nfew > 0)
+        fprintf(f, " from fewer than %d samples beyond it: rough (%" PRIu64 " requests measured; "
+                   "%s needs %" PRIu64 ": --min-requests)\n",
+                BENCH_TAIL_SAMPLES, lv->requests, bench_pct_name[worst],
+                pct_samples_needed(bench_pct_q[worst]));
     if (lv->errors > 0)
         fprintf(f, "       errors: %" PRIu64 " (%" PRIu64 " with unwritten outputs); first: %s\n",
                 lv->errors, lv->wrong, lv->first_error);
+    fflush(f);
+    char level[64];
+    if (lv->rate > 0)
+        snprintf(level, sizeof level, "concurrency %d, rate %s", lv->concurrency, rate);
+    else
+        snprintf(level, sizeof level, "concurrency %d", lv->concurrency);
+    if (lv->too_few) {
+        char took[16];
+        fprintf(stderr, "gpucdctl bench: ERROR: the level at %s measured %" PRIu64
+                        " request%s, fewer than the minimum of %d (--min-requests)",
+                level, lv->requests, lv->requests == 1 ? "" : "s", o->min_requests);
+        if (lv->ended == BENCH_END_MAX_LEVEL_S)
+            fprintf(stderr, ": cut off by --max-level-s %g", o->max_level_s);
+        if (lv->errors > 0)
+            fprintf(stderr, "; %" PRIu64 " requests failed", lv->errors);
+        else if (lv->requests > 0)
+            fprintf(stderr, "; a request took %s at p50: lower --min-requests or raise "
+                            "--max-level-s",
+                    ctl_format_us(lv->pct[BENCH_PCT_p50], took, sizeof took));
+        fprintf(stderr, "\n");
+    }
+    if (!lv->rate_sustained)
+        fprintf(stderr, "gpucdctl bench: warning: the daemon did not sustain --rate %s at %s: "
+                        "%.1f requests/s reached; requests waited in gpucdctl for one of the %d "
+                        "outstanding, and their latencies count from when each was due "
+                        "(lower --rate or raise --concurrency)\n",
+                rate, level, lv->rps, lv->concurrency);
 }
 
 static void json_string(FILE *f, const char *s)
@@ -610,9 +791,11 @@ static int write_json(const char *path, const bench_run *r, const bench_level *l
     fprintf(f, "{\"url\":");
     json_string(f, r->url);
     fprintf(f, ",\"op\":\"%s\",\"tensors\":\"%s\",\"batch\":%" PRId64 ",\"dtype\":\"%s\","
-               "\"seed\":%" PRIu64 ",\"warmup_s\":%g,\"window_s\":%g,\"tolerance\":%g,",
+               "\"seed\":%" PRIu64 ",\"warmup_s\":%g,\"window_s\":%g,\"tolerance\":%g,"
+               "\"min_requests\":%d,\"max_level_s\":%g,",
             o->preset->name, r->use_region ? "region" : "inline", o->shape.batch,
-            gpucd_dtype_name(o->shape.dtype), o->seed, o->warmup_s, o->window_s, o->tolerance);
+            gpucd_dtype_name(o->shape.dtype), o->seed, o->warmup_s, o->window_s, o->tolerance,
+            o->min_requests, o->max_level_s);
     fprintf(f, "\"check\":{\"done\":%s,\"batch\":%" PRId64 ",\"worst_rel_err\":%.3g,"
                "\"worst_output\":\"%s\"},",
             sum->check->done ? "true" : "false", sum->check->batch, sum->check->worst,
@@ -630,13 +813,23 @@ static int write_json(const char *path, const bench_run *r, const bench_level *l
     for (int i = 0; i < n; i++) {
         const bench_level *l = &lv[i];
         fprintf(f, "%s{\"concurrency\":%d,\"rate\":%g,\"windows\":%d,\"stable\":%s,"
-                   "\"requests\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"seconds\":%.3f,"
-                   "\"requests_per_s\":%.2f,\"rows_per_s\":%.1f,",
+                   "\"ended\":\"%s\",\"requests\":%" PRIu64 ",\"errors\":%" PRIu64 ","
+                   "\"seconds\":%.3f,\"requests_per_s\":%.2f,\"rows_per_s\":%.1f,",
                 i ? "," : "", l->concurrency, l->rate, l->windows, l->stable ? "true" : "false",
-                l->requests, l->errors, l->seconds, l->rps, l->rows_per_s);
-        fprintf(f, "\"latency_us\":{\"p50\":%.0f,\"p90\":%.0f,\"p95\":%.0f,\"p99\":%.0f,"
-                   "\"max\":%.0f},",
-                l->p50, l->p90, l->p95, l->p99, l->max);
+                bench_end_name[l->ended], l->requests, l->errors, l->seconds, l->rps,
+                l->rows_per_s);
+        if (l->rate > 0)
+            fprintf(f, "\"rate_sustained\":%s,", l->rate_sustained ? "true" : "false");
+        if (l->too_few)
+            fprintf(f, "\"error\":\"fewer than min_requests measured\",");
+        fprintf(f, "\"latency_us\":{");
+        for (int k = 0; k < BENCH_NPCT; k++)
+            fprintf(f, "\"%s\":%.0f,", bench_pct_name[k], l->pct[k]);
+        fprintf(f, "\"max\":%.0f},\"few_samples\":[", l->max);
+        for (int k = 0, nfew = 0; k < BENCH_NPCT; k++)
+            if (l->few[k])
+                fprintf(f, "%s\"%s\"", nfew++ ? "," : "", bench_pct_name[k]);
+        fprintf(f, "],");
         fprintf(f, "\"split_us\":{\"client_transport\":%.2f,\"server_queue\":%.2f,"
                    "\"batch_wait\":%.2f,\"copy_in\":%.2f,\"compute\":%.2f,\"copy_out\":%.2f,"
                    "\"server_other\":%.2f},\"daemon_overhead_us\":{\"p50\":%.0f,\"p99\":%.0f}",
@@ -662,16 +855,23 @@ static int write_csv(const char *path, const bench_run *r, const bench_level *lv
     fprintf(f, "op,tensors,batch,dtype,concurrency,rate,windows,stable,requests,errors,"
                "requests_per_s,rows_per_s,p50_us,p90_us,p95_us,p99_us,max_us,client_transport_us,"
                "server_queue_us,batch_wait_us,copy_in_us,compute_us,copy_out_us,server_other_us,"
-               "overhead_p50_us,overhead_p99_us\n");
+               "overhead_p50_us,overhead_p99_us,ended,few_samples,rate_sustained\n");
     for (int i = 0; i < n; i++) {
         const bench_level *l = &lv[i];
+        char few[32] = "";
+        for (int k = 0; k < BENCH_NPCT; k++)
+            if (l->few[k])
+                snprintf(few + strlen(few), sizeof few - strlen(few), "%s%s", few[0] ? " " : "",
+                         bench_pct_name[k]);
         fprintf(f, "%s,%s,%" PRId64 ",%s,%d,%g,%d,%d,%" PRIu64 ",%" PRIu64 ",%.2f,%.1f,%.0f,%.0f,"
-                   "%.0f,%.0f,%.0f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.0f,%.0f\n",
+                   "%.0f,%.0f,%.0f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.0f,%.0f,%s,%s,%d\n",
                 r->o->preset->name, r->use_region ? "region" : "inline", r->o->shape.batch,
                 gpucd_dtype_name(r->o->shape.dtype), l->concurrency, l->rate, l->windows,
-                l->stable, l->requests, l->errors, l->rps, l->rows_per_s, l->p50, l->p90, l->p95,
-                l->p99, l->max, l->transport, l->queue, l->batch_wait, l->copy_in, l->compute,
-                l->copy_out, l->server_other, l->overhead_p50, l->overhead_p99);
+                l->stable, l->requests, l->errors, l->rps, l->rows_per_s, l->pct[BENCH_PCT_p50],
+                l->pct[BENCH_PCT_p90], l->pct[BENCH_PCT_p95], l->pct[BENCH_PCT_p99], l->max,
+                l->transport, l->queue, l->batch_wait, l->copy_in, l->compute, l->copy_out,
+                l->server_other, l->overhead_p50, l->overhead_p99, bench_end_name[l->ended], few,
+                l->rate_sustained);
     }
     return fclose(f) == 0 ? 0 : -1;
 }
@@ -696,10 +896,16 @@ static void bench_usage(FILE *out)
             "  --concurrency SPEC    N, or a sweep A:B:xK (multiply) or A:B:+K (add); default 1\n"
             "  --rate R              open loop: R requests/s, at most --concurrency outstanding\n"
             "                        (default 16); latency counts from when a request was due\n"
-            "  --warmup-s S          warm-up per level (default 1)\n"
-            "  --window-s S          measurement window (default 1)\n"
+            "  --warmup-s S          warm-up per level, and until a request is answered (default 1;\n"
+            "                        0: none)\n"
+            "  --window-s S          shortest measurement window (default 1)\n"
+            "  --min-requests N      requests a level must measure (default 50): each of its three\n"
+            "                        windows stretches until it holds a third of N\n"
+            "  --max-level-s S       longest a level may run, warm-up included (default 300); one\n"
+            "                        cut off with fewer than --min-requests measured is an error\n"
             "  --max-windows N       windows before a level is reported unstable (default 10)\n"
-            "  --tolerance F         windows agree when max/min - 1 <= F (default 0.10)\n"
+            "  --tolerance F         windows agree when max/min - 1 <= F on requests/s (default\n"
+            "                        0.10)\n"
             "  --inline              send tensors inline even over ipc://\n"
             "  --seed N              random inputs from this seed (default: from the clock)\n"
             "  --json FILE, --csv FILE   also write the results there\n"
@@ -710,12 +916,17 @@ static void bench_usage(FILE *out)
             "  --server-repeats R    requests of N iterations; the median is reported (default 5)\n"
             "\n"
             "A level ends when three windows in a row agree; its figures come from them.\n"
+            "A percentile marked * has fewer than 10 samples beyond it (p99 needs 1000\n"
+            "requests measured): read it as rough.  Under --rate, a level that reached less\n"
+            "than 90%% of the rate is warned of: its latencies include time queued in gpucdctl.\n"
+            "Progress goes to stderr: redrawn on a terminal, else a line every 10 s.\n"
             "Latency split (means): transport = client round trip - daemon total (both ways\n"
             "through the socket, or the submission queue and the completion record, and the\n"
             "client library); queue, batch (waiting to be merged\n"
             "with other requests), copy in, compute, copy out as the daemon timed them; other =\n"
             "the rest of the daemon's total (decode, validation, reply).  Exit status 1 when\n"
-            "any request failed or a result was wrong.\n"
+            "any request failed, a result was wrong or a level measured fewer than\n"
+            "--min-requests.\n"
             "\n"
             "operations:\n");
     for (int i = 0; i < bench_preset_count; i++)
@@ -782,7 +993,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o)
 {
     enum { O_OP = 256, O_BATCH, O_DTYPE, O_HIDDEN, O_DIM, O_VOCAB, O_CONC, O_RATE, O_WARMUP,
            O_WINDOW, O_MAXWIN, O_TOL, O_INLINE, O_SEED, O_JSON, O_CSV, O_SERVER, O_SWARMUP,
-           O_SREPEATS, O_HELP };
+           O_SREPEATS, O_MINREQ, O_MAXLEVEL, O_HELP };
     static const struct option longopts[] = {
         {"op", required_argument, NULL, O_OP},
         {"batch", required_argument, NULL, O_BATCH},
@@ -795,6 +1006,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o)
         {"warmup-s", required_argument, NULL, O_WARMUP},
         {"window-s", required_argument, NULL, O_WINDOW},
         {"max-windows", required_argument, NULL, O_MAXWIN},
+        {"min-requests", required_argument, NULL, O_MINREQ},
+        {"max-level-s", required_argument, NULL, O_MAXLEVEL},
         {"tolerance", required_argument, NULL, O_TOL},
         {"inline", no_argument, NULL, O_INLINE},
         {"seed", required_argument, NULL, O_SEED},
@@ -816,6 +1029,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o)
     o->window_s = 1;
     o->tolerance = 0.10;
     o->max_windows = 10;
+    o->min_requests = 50;
+    o->max_level_s = 300;
     o->server.warmup = 10;
     o->server.repeats = 5;
     optind = 0; /* 0, not 1: glibc then rescans from scratch (bench parses twice) */
@@ -836,6 +1051,13 @@ static int parse_opts(int argc, char **argv, bench_opts *o)
         case O_MAXWIN:
             if (parse_i64(optarg, 3, BENCH_MAX_WINDOWS, &v)) bad = "--max-windows";
             else o->max_windows = (int)v;
+            break;
+        case O_MINREQ:
+            if (parse_i64(optarg, 1, 1000000000, &v)) bad = "--min-requests";
+            else o->min_requests = (int)v;
+            break;
+        case O_MAXLEVEL:
+            if (parse_f64(optarg, 0.01, 86400, &o->max_level_s)) bad = "--max-level-s";
             break;
         case O_TOL: if (parse_f64(optarg, 0, 10, &o->tolerance)) bad = "--tolerance"; break;
         case O_INLINE: o->inline_tensors = 1; break;
@@ -939,6 +1161,13 @@ int bench_main(gpucd_client *client, const char *url, int argc, char **argv)
         url = default_url;
     }
     bench_run r = {.client = client, .url = url, .o = &o};
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* level_wait's clock, now_us's */
+    pthread_mutex_init(&r.lock, NULL);
+    pthread_cond_init(&r.counted, &ca);
+    pthread_condattr_destroy(&ca);
+    r.progress = bench_progress_start(stderr);
     r.use_region = strncmp(url, "ipc://", 6) == 0 && !o.inline_tensors;
     int maxc = 0;
     for (int i = 0; i < o.nlevels; i++)
@@ -958,10 +1187,15 @@ int bench_main(gpucd_client *client, const char *url, int argc, char **argv)
            : r.use_region          ? "in shared-memory regions"
                                    : "inline",
            o.seed);
-    if ((rc = weights_upload(&r, whost, &rng)) < 0)
+    bench_progress_phase(r.progress, "uploading the weights");
+    rc = weights_upload(&r, whost, &rng);
+    bench_progress_phase(r.progress, NULL);
+    if (rc < 0)
         goto out;
     bench_check chk;
+    bench_progress_phase(r.progress, "checking a request against the CPU kernels");
     rc = check_once(&r, whost, &chk, &rng);
+    bench_progress_phase(r.progress, NULL);
     for (int i = 0; i < BENCH_MAX_TENSORS; i++) {
         free(whost[i]); /* only the check needs the host copies (the loss's C is large) */
         whost[i] = NULL;
@@ -975,13 +1209,15 @@ int bench_main(gpucd_client *client, const char *url, int argc, char **argv)
     uint64_t total_requests = chk.done ? 1 : 0, total_errors = 0;
     if (o.server.iterations > 0) {
         bench_server_result sv;
-        rc = bench_server_run(o.preset, &o.shape, url, 300000, &o.server, &sv, &rng);
+        rc = bench_server_run(o.preset, &o.shape, url, 300000, &o.server, &sv, &rng, r.progress);
         if (rc != 0)
             goto out;
-        printf("server-side %s: %.2f us per iteration on the daemon's device (median of %d "
-               "requests of %d warm-up + %u timed iterations; min %.2f, max %.2f), %.2f TFLOP/s\n",
-               o.preset->name, sv.median_us, sv.requests, o.server.warmup, sv.iterations_done,
-               sv.min_us, sv.max_us, sv.tflops);
+        char med[16], lo[16], hi[16];
+        printf("server-side %s: %s per iteration on the daemon's device (median of %d "
+               "requests of %d warm-up + %u timed iterations; min %s, max %s), %.2f TFLOP/s\n",
+               o.preset->name, ctl_format_us(sv.median_us, med, sizeof med), sv.requests,
+               o.server.warmup, sv.iterations_done, ctl_format_us(sv.min_us, lo, sizeof lo),
+               ctl_format_us(sv.max_us, hi, sizeof hi), sv.tflops);
         bench_summary sum = {total_requests + (uint64_t)sv.requests, 0, &chk, &sv, &o.server};
         status = o.json_path != NULL && write_json(o.json_path, &r, levels, 0, &sum) != 0 ? 1 : 0;
         goto out;
@@ -996,15 +1232,24 @@ int bench_main(gpucd_client *client, const char *url, int argc, char **argv)
         r.nworkers = i + 1;
     }
     print_header(stdout);
-    int done = 0;
+    fflush(stdout);
+    int done = 0, too_few = 0;
     for (int i = 0; i < o.nlevels; i++) {
-        if ((rc = level_run(&r, o.levels[i], o.rate, &levels[i])) < 0)
+        if (o.rate > 0)
+            bench_progress_phase(r.progress, "level %d/%d (concurrency %d, rate %g)", i + 1,
+                                 o.nlevels, o.levels[i], o.rate);
+        else
+            bench_progress_phase(r.progress, "level %d/%d (concurrency %d)", i + 1, o.nlevels,
+                                 o.levels[i]);
+        rc = level_run(&r, o.levels[i], o.rate, &levels[i]);
+        bench_progress_phase(r.progress, NULL);
+        if (rc < 0)
             break;
         for (int j = 0; j < o.levels[i]; j++)
             total_requests += r.workers[j].calls;
         total_errors += levels[i].errors;
-        print_level(stdout, &levels[i]);
-        fflush(stdout);
+        too_few += levels[i].too_few;
+        print_level(stdout, &o, &levels[i]);
         done = i + 1;
     }
     printf("requests: %" PRIu64 " %s (check, warm-up and measurement), errors: %" PRIu64 "\n",
@@ -1015,8 +1260,11 @@ int bench_main(gpucd_client *client, const char *url, int argc, char **argv)
         wrc |= write_json(o.json_path, &r, levels, done, &sum);
     if (o.csv_path != NULL)
         wrc |= write_csv(o.csv_path, &r, levels, done);
-    status = rc == 0 && done == o.nlevels && total_errors == 0 && wrc == 0 ? 0 : 1;
+    status = rc == 0 && done == o.nlevels && total_errors == 0 && too_few == 0 && wrc == 0 ? 0 : 1;
 out:
+    bench_progress_stop(r.progress);
+    pthread_cond_destroy(&r.counted);
+    pthread_mutex_destroy(&r.lock);
     for (int i = 0; i < r.nworkers; i++) {
         ioset_free(r.client, &r.workers[i].io);
         free(r.workers[i].rec);

@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "gpucd.h"
 
@@ -70,6 +71,23 @@ typedef struct bench_preset {
 extern const bench_preset bench_presets[];
 extern const int bench_preset_count;
 
+/* ---- progress (bench_progress.c) ----------------------------------------------------- */
+
+/* What a long bench is doing, drawn on out (stderr) by a thread of its own: redrawn in
+ * place on a terminal, else a line every 10 s once a phase has run that long. */
+typedef struct bench_progress bench_progress;
+
+/* NULL when it cannot start; every call below takes NULL and does nothing. */
+bench_progress *bench_progress_start(FILE *out);
+/* A new phase, its clock from 0 and no detail; fmt NULL: none (the line is cleared, so
+ * that the caller may print). */
+void bench_progress_phase(bench_progress *p, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Where the phase stands, shown from the next redraw on. */
+void bench_progress_detail(bench_progress *p, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void bench_progress_stop(bench_progress *p);
+
 /* ---- server-side timing (bench_server.c) ------------------------------------------ */
 
 typedef struct bench_server_opts {
@@ -85,10 +103,11 @@ typedef struct bench_server_result {
 } bench_server_result;
 
 /* Uploads every tensor of p as resident on its own connection to url, then sends
- * so->repeats requests of warm-up + iterations; 0 or -1 with the reason printed. */
+ * so->repeats requests of warm-up + iterations, each a phase of prog; 0 or -1 with the
+ * reason printed. */
 int bench_server_run(const bench_preset *p, const bench_shape *shape, const char *url,
                      int timeout_ms, const bench_server_opts *so, bench_server_result *res,
-                     uint64_t *rng);
+                     uint64_t *rng, bench_progress *prog);
 
 /* Fills an input tensor's bytes with valid random data (observations in range, targets < V). */
 void bench_fill(const bench_spec *spec, const bench_shape *s, void *data, uint64_t *rng);

@@ -238,7 +238,7 @@ static double conv_flops(const bench_preset *p, const bench_spec *ws, const benc
 
 int bench_server_run(const bench_preset *p, const bench_shape *shape, const char *url,
                      int timeout_ms, const bench_server_opts *so, bench_server_result *res,
-                     uint64_t *rng)
+                     uint64_t *rng, bench_progress *prog)
 {
     memset(res, 0, sizeof *res);
     if (p->server_conv == 0) {
@@ -254,6 +254,7 @@ int bench_server_run(const bench_preset *p, const bench_shape *shape, const char
     srv_conn c;
     if (srv_open(&c, url, timeout_ms) != 0)
         return -1;
+    bench_progress_phase(prog, "server-side %s: uploading the tensors", p->name);
     for (int i = 0; i < nw + nio; i++) {
         const bench_spec *sp = i < nw ? &ws[i] : &is[i - nw];
         size_t bytes = bench_spec_bytes(sp);
@@ -285,6 +286,9 @@ int bench_server_run(const bench_preset *p, const bench_shape *shape, const char
     if (us == NULL)
         goto out;
     for (int k = 0; k < so->repeats; k++) {
+        bench_progress_phase(prog, "server-side %s: request %d of %d (%d warm-up + %d timed "
+                                   "iterations)",
+                             p->name, k + 1, so->repeats, so->warmup, so->iterations);
         req.bench_warmup = (uint32_t)so->warmup;
         req.bench_iterations = (uint32_t)so->iterations;
         Gpucd__V1__Reply *r = srv_call(&c, &req, NULL, 0, p->name, NULL);
@@ -317,6 +321,7 @@ int bench_server_run(const bench_preset *p, const bench_shape *shape, const char
     free(us);
     rc = 0;
 out:
+    bench_progress_phase(prog, NULL);
     for (int i = 0; i < nwid; i++)
         srv_free(&c, wid[i]);
     for (int i = 0; i < niid; i++)

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "ctl_format.h"
 #include "gpucd.h"
 
 typedef struct ctl_command {
@@ -113,18 +114,53 @@ static int check_ping(int argc, char **argv)
     return 0;
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The round trips of `ping N`, least to most, as one line. */
+static void ping_summary(uint64_t *rtt, int n)
+{
+    qsort(rtt, (size_t)n, sizeof *rtt, cmp_u64);
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += (double)rtt[i];
+    double median = n % 2 ? (double)rtt[n / 2] : ((double)rtt[n / 2 - 1] + (double)rtt[n / 2]) / 2;
+    char lo[16], med[16], mean[16], hi[16];
+    printf("%d ping%s: round trip min %s, median %s, mean %s, max %s\n", n, n == 1 ? "" : "s",
+           ctl_format_us((double)rtt[0], lo, sizeof lo), ctl_format_us(median, med, sizeof med),
+           ctl_format_us(sum / n, mean, sizeof mean),
+           ctl_format_us((double)rtt[n - 1], hi, sizeof hi));
+}
+
 static int cmd_ping(gpucd_client *client, int argc, char **argv)
 {
     int count = ping_count(argc, argv);
+    if (count < 1)
+        return 2; /* check_ping refused it already */
+    uint64_t *rtt = malloc((size_t)count * sizeof *rtt);
+    if (rtt == NULL) {
+        fprintf(stderr, "gpucdctl: ping: out of memory\n");
+        return 1;
+    }
     for (int i = 0; i < count; i++) {
         gpucd_timings t;
         int rv = gpucd_ping(client, &t);
-        if (rv < 0)
+        if (rv < 0) {
+            free(rtt);
             return ctl_fail("ping", rv);
-        printf("ping %d: round trip %llu us (daemon: total %llu us, queue %llu us)\n", i + 1,
-               (unsigned long long)t.round_trip_us, (unsigned long long)t.total_us,
-               (unsigned long long)t.queue_us);
+        }
+        rtt[i] = t.round_trip_us;
+        char trip[16], total[16], queue[16];
+        printf("ping %d: round trip %s (daemon: total %s, queue %s)\n", i + 1,
+               ctl_format_us((double)t.round_trip_us, trip, sizeof trip),
+               ctl_format_us((double)t.total_us, total, sizeof total),
+               ctl_format_us((double)t.queue_us, queue, sizeof queue));
     }
+    ping_summary(rtt, count);
+    free(rtt);
     return 0;
 }
 
@@ -148,17 +184,35 @@ static int cmd_regions(gpucd_client *client, int argc, char **argv)
     return 0;
 }
 
+static int check_stats(int argc, char **argv)
+{
+    if (argc > 2 || (argc == 2 && strcmp(argv[1], "--json") != 0)) {
+        fprintf(stderr, "gpucdctl: stats: unexpected argument '%s' (only --json)\n",
+                argv[argc - 1]);
+        return 2;
+    }
+    return 0;
+}
+
+/* The daemon's JSON indented for people, or with --json on one line as the daemon sent it. */
 static int cmd_stats(gpucd_client *client, int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
     char *json;
     int rv = gpucd_stats_json(client, &json);
     if (rv < 0)
         return ctl_fail("stats", rv);
-    printf("%s\n", json);
+    int status = 0;
+    size_t at;
+    if (argc == 2) {
+        printf("%s\n", json);
+    } else if (ctl_json_pretty(stdout, json, strlen(json), &at) != 0) {
+        fprintf(stderr, "gpucdctl: stats: the daemon's reply is not JSON (at byte %zu); "
+                        "stats --json prints it as it came\n",
+                at);
+        status = 1;
+    }
     free(json);
-    return 0;
+    return status;
 }
 
 static const char *ctl_url; /* --url, for bench (NULL: the default) */
@@ -174,7 +228,8 @@ static const ctl_command ctl_commands[] = {
     {"ping", "[COUNT] round trips through the daemon, with timings", cmd_ping, check_ping},
     {"regions", "the shared-memory regions registered on this connection", cmd_regions,
      check_no_args},
-    {"stats", "the daemon's counters and latency histograms, as JSON", cmd_stats, check_no_args},
+    {"stats", "[--json] the daemon's counters and histograms, indented (--json: as sent)",
+     cmd_stats, check_stats},
     {"bench", "[OPTIONS] drive the daemon with an operation and measure (bench --help)",
      cmd_bench, bench_check_args},
 };
@@ -202,6 +257,7 @@ static void usage(FILE *out)
             "  --tls-cert FILE   tls+tcp://: this client's certificate (default $GPUCD_TLS_CERT)\n"
             "  --tls-key FILE    tls+tcp://: its private key (default $GPUCD_TLS_KEY)\n"
             "  -h, --help        this help\n"
+            "  --version         gpucdctl's version, its library's and its protocol's\n"
             "\n"
             "commands:\n",
             url);
@@ -249,6 +305,7 @@ int main(int argc, char **argv)
         {"tls-key", required_argument, NULL, 'K'},
         {"trust-uid", required_argument, NULL, 'r'},
         {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
     const char *url = NULL;
@@ -286,6 +343,10 @@ int main(int argc, char **argv)
             break;
         case 'h':
             usage(stdout);
+            return 0;
+        case 'V':
+            printf("gpucdctl %s (libgpucd %s, protocol %d)\n", GPUCD_VERSION_STRING,
+                   gpucd_version_string(), GPUCD_PROTOCOL_VERSION);
             return 0;
         default:
             usage(stderr);

@@ -395,6 +395,7 @@ void gcd_config_usage(FILE *out)
         fprintf(out, "  %-30s %s\n", flag, o->help);
     }
     fprintf(out, "  %-30s %s\n", "--help", "print this help and exit");
+    fprintf(out, "  %-30s %s\n", "--version", "print gpucd's version and exit");
     fprintf(out, "\nexit status: 0 drained with every request answered, 1 could not start, 2 bad "
                  "options, 3 the device was lost,\n4 drained but --drain-timeout-s cut requests "
                  "off (or the drain did not end 5 s past it), 128+N a second signal N\n");
@@ -406,6 +407,10 @@ int gcd_config_parse_args(gcd_config *cfg, int argc, char **argv, char *err, siz
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             gcd_config_usage(stdout);
+            return 1;
+        }
+        if (strcmp(a, "--version") == 0) {
+            printf("gpucd %s\n", GPUCD_VERSION_STRING);
             return 1;
         }
         if (strncmp(a, "--", 2) != 0) {

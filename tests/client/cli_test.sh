@@ -2,11 +2,12 @@
 # gpucdctl and the rl_worker example against a real daemon (CPU backend):
 # exit codes, what they print, and that the daemon and the library agree on
 # the default URL.
-#   cli_test.sh GPUCD_DAEMON GPUCDCTL RL_WORKER
+#   cli_test.sh GPUCD_DAEMON GPUCDCTL RL_WORKER VERSION
 set -u
 daemon=$1
 ctl=$2
 worker=$3
+version=$4
 dir=$(mktemp -d /tmp/gpucd-cli-test.XXXXXX)
 pid=
 cleanup() {
@@ -45,6 +46,16 @@ contains "unexpected argument '4'"
 expect 2 "$ctl" info now
 contains "info: unexpected argument 'now'"
 expect 2 "$worker" --batch 0
+expect 2 "$ctl" stats --yaml
+contains "stats: unexpected argument '--yaml'"
+
+# --version: the project's version, from both programs, with no daemon.
+expect 0 "$ctl" --version
+grep -q "^gpucdctl $version (libgpucd $version, protocol 1)\$" "$dir/out" || { cat "$dir/out" >&2; fail "gpucdctl --version"; }
+expect 0 "$daemon" --version
+grep -q "^gpucd $version\$" "$dir/out" || { cat "$dir/out" >&2; fail "gpucd --version"; }
+expect 0 "$daemon" --help
+contains "--version"
 
 # No daemon: 1, with the reason.
 expect 1 "$ctl" --url "ipc://$dir/nobody.sock" info
@@ -70,7 +81,24 @@ contains "backend              cpu"
 contains "protocol             1"
 contains "nmmo3_encode"
 expect 0 "$ctl" ping 3
-[ "$(grep -c '^ping [0-9]*: round trip' "$dir/out")" -eq 3 ] || fail "ping 3 did not print 3 lines"
+[ "$(grep -c '^ping [0-9]*: round trip [0-9.]* [um]s' "$dir/out")" -eq 3 ] || fail "ping 3 did not print 3 lines"
+# ... and ends with a summary of the three.
+tail -n 1 "$dir/out" | grep -q '^3 pings: round trip min [0-9.]* [um]s, median [0-9.]* [um]s, mean [0-9.]* [um]s, max [0-9.]* [um]s' ||
+  { cat "$dir/out" >&2; fail "ping 3 did not end with a summary line"; }
+
+# stats: indented for people by default, the daemon's JSON as it sent it with --json; both parse.
+expect 0 "$ctl" stats --json
+[ "$(wc -l <"$dir/out")" -eq 1 ] || { cat "$dir/out" >&2; fail "stats --json is not one line"; }
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["ready"] is True and d["backend"] == "cpu"' "$dir/out" ||
+  { cat "$dir/out" >&2; fail "stats --json is not the daemon's JSON"; }
+expect 0 "$ctl" stats
+contains '^  "ready": true,$'
+contains '^  "requests": {$'
+contains '^    "ping": {"OK": [0-9]*}'
+[ "$(wc -l <"$dir/out")" -gt 20 ] || { cat "$dir/out" >&2; fail "stats is not indented"; }
+[ "$(awk 'length > 120' "$dir/out" | wc -l)" -eq 0 ] || { cat "$dir/out" >&2; fail "stats has lines over 120 columns"; }
+python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$dir/out" ||
+  { cat "$dir/out" >&2; fail "stats printed no JSON"; }
 expect 0 "$ctl" --spin-us 500 ping 3
 [ "$(grep -c '^ping [0-9]*: round trip' "$dir/out")" -eq 3 ] || fail "a polling ping 3 did not print 3 lines"
 expect 0 "$ctl" --url "ipc://$dir/gpucd.sock" regions

@@ -101,6 +101,21 @@ static void test_bad_flags(void **state)
     expect_error(19, many, "at most 8");
 }
 
+/* --version and --help end the parse (1: printed, exit 0) wherever they stand, even
+ * after a flag that would be refused later. */
+static void test_version_and_help(void **state)
+{
+    gcd_config cfg;
+    char err[512] = "";
+    const char *version[] = {"gpucd", "--backend", "cpu", "--version", "--frobnicate"};
+    assert_int_equal(parse(&cfg, err, sizeof err, 5, version), 1);
+    assert_string_equal(err, "");
+    const char *help[] = {"gpucd", "-h"};
+    assert_int_equal(parse(&cfg, err, sizeof err, 2, help), 1);
+    const char *late[] = {"gpucd", "--frobnicate", "--version"};
+    assert_int_equal(parse(&cfg, err, sizeof err, 3, late), -1);
+}
+
 static void test_quota_flags(void **state)
 {
     (void)state;
@@ -411,6 +426,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_and_flags),
         cmocka_unit_test(test_bad_flags),
+        cmocka_unit_test(test_version_and_help),
         cmocka_unit_test(test_quota_flags),
         cmocka_unit_test(test_budget_drain_and_bench_limits),
         cmocka_unit_test(test_config_file),

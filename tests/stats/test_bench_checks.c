@@ -6,7 +6,10 @@
  *   honest  every answer right: exit 0, no errors;
  *   wrong   every answer off by a little: the check request fails, exit 1;
  *   lazy    the check answered right, every later reply leaves the output
- *           unwritten: each timed request is an error, none is timed, exit 1.
+ *           unwritten: each timed request is an error, none is timed, exit 1;
+ *   slow    every answer right after 30 ms: windows of 10 ms stretch until they
+ *           hold their share of --min-requests, and a level that cannot reach it
+ *           before --max-level-s is an error.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,7 +26,7 @@
 #include "fake_daemon.h"
 #include "gk.h"
 
-typedef enum fake_mode { HONEST, WRONG, LAZY } fake_mode;
+typedef enum fake_mode { HONEST, WRONG, LAZY, SLOW } fake_mode;
 
 typedef struct fake_state {
     fake_mode mode;
@@ -89,6 +92,8 @@ static fake_action serve(void *arg, const Gpucd__V1__Request *req, const uint8_t
                 ybuf[i] += 0.05f;
         if (s->mode == LAZY && s->conv_calls > 0)
             memset(ybuf, 0xff, yb); /* what an unwritten, poisoned buffer looks like */
+        if (s->mode == SLOW)
+            usleep(30000);
         s->conv_calls++;
         fake_reply_ok(out, req);
         fake_reply_output_payload(out, 0);
@@ -125,8 +130,9 @@ static double json_number(const char *json, const char *key)
     return strtod(p + strlen(pat), NULL);
 }
 
-/* Runs bench conv2 against the fake in `mode`; returns the exit status, JSON in *json. */
-static int bench_against(fake_mode mode, char **json, fake_state *st)
+/* Runs bench conv2 against the fake in `mode` with the options of `more` (NULL-terminated)
+ * after the defaults; returns the exit status, JSON in *json. */
+static int bench_with(fake_mode mode, const char *const *more, char **json, fake_state *st)
 {
     memset(st, 0, sizeof *st);
     st->mode = mode;
@@ -138,9 +144,13 @@ static int bench_against(fake_mode mode, char **json, fake_state *st)
     int tmp = mkstemp(path);
     assert_true(tmp >= 0);
     close(tmp);
-    char *argv[] = {"bench", "--op", "conv2", "--batch", "3", "--warmup-s", "0.05",
-                    "--window-s", "0.05", "--max-windows", "3", "--json", path, NULL};
-    int rc = bench_main(c, fd.url, (int)(sizeof argv / sizeof argv[0]) - 1, argv);
+    char *argv[32] = {"bench", "--op", "conv2", "--batch", "3", "--warmup-s", "0.05",
+                      "--window-s", "0.05", "--max-windows", "3", "--json", path};
+    int argc = 13;
+    for (int i = 0; more != NULL && more[i] != NULL && argc < 31; i++)
+        argv[argc++] = (char *)more[i];
+    argv[argc] = NULL;
+    int rc = bench_main(c, fd.url, argc, argv);
     gpucd_close(c);
     fake_daemon_stop(&fd);
     char *j = slurp(path);
@@ -149,6 +159,55 @@ static int bench_against(fake_mode mode, char **json, fake_state *st)
     for (int i = 0; i < st->nresident; i++)
         free(st->resident[i]);
     return rc;
+}
+
+static int bench_against(fake_mode mode, char **json, fake_state *st)
+{
+    return bench_with(mode, NULL, json, st);
+}
+
+/* The level object's number for key (the first level's). */
+static double level_number(const char *json, const char *key)
+{
+    const char *lv = strstr(json, "\"levels\":[");
+    if (lv == NULL)
+        fail_msg("no levels in %s", json);
+    return json_number(lv, key);
+}
+
+/* Each request takes 30 ms, each window 10 ms at least: the windows stretch until each
+ * holds 2 requests (a third of 6), so the level measures 6 or more, over 5 requests'
+ * time or more (the first may have been sent before its window opened). */
+static void test_windows_stretch_to_min_requests(void **state)
+{
+    fake_state st;
+    char *j;
+    const char *more[] = {"--window-s", "0.01", "--warmup-s", "0", "--min-requests", "6", NULL};
+    assert_int_equal(bench_with(SLOW, more, &j, &st), 0);
+    assert_non_null(j);
+    double measured = level_number(j, "requests"), seconds = level_number(j, "seconds");
+    fprintf(stderr, "slow daemon: %.0f requests measured in %.3f s\n", measured, seconds);
+    assert_true(measured >= 6);
+    assert_true(seconds >= 5 * 0.030);
+    assert_true(json_number(j, "min_requests") == 6);
+    assert_non_null(strstr(j, "\"few_samples\":[\"p50\",\"p90\",\"p95\",\"p99\"]"));
+    free(j);
+}
+
+/* 1000 requests of 30 ms cannot come in 0.2 s: the level is an error, reported as such. */
+static void test_level_cut_off_short_is_an_error(void **state)
+{
+    fake_state st;
+    char *j;
+    const char *more[] = {"--warmup-s", "0", "--min-requests", "1000", "--max-level-s", "0.2",
+                          NULL};
+    assert_int_equal(bench_with(SLOW, more, &j, &st), 1);
+    assert_non_null(j);
+    assert_true(level_number(j, "requests") < 1000);
+    assert_true(json_number(j, "errors") == 0); /* no request failed: the count alone */
+    assert_non_null(strstr(j, "\"ended\":\"max_level_s\""));
+    assert_non_null(strstr(j, "\"error\":\"fewer than min_requests measured\""));
+    free(j);
 }
 
 static void test_honest_daemon_passes(void **state)
@@ -199,6 +258,8 @@ int main(void)
         cmocka_unit_test(test_honest_daemon_passes),
         cmocka_unit_test(test_wrong_answer_fails_the_check),
         cmocka_unit_test(test_unwritten_outputs_are_errors),
+        cmocka_unit_test(test_windows_stretch_to_min_requests),
+        cmocka_unit_test(test_level_cut_off_short_is_an_error),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -165,7 +165,8 @@ static void test_ping_sweep_counts_match(void **state)
     assert_non_null(strstr(j, "\"p99\":"));
     /* The daemon's own time a request, as percentiles (its target is a p50: docs/measurements.md). */
     assert_int_equal(count_of(j, "\"daemon_overhead_us\":{\"p50\":"), 3);
-    assert_non_null(strstr(c, "server_other_us,overhead_p50_us,overhead_p99_us\n"));
+    assert_non_null(strstr(c, "server_other_us,overhead_p50_us,overhead_p99_us,ended,few_samples,"
+                              "rate_sustained\n"));
     assert_int_equal(count_of(c, "\n"), 4); /* header and one row a level */
     assert_int_equal(strncmp(c, "op,tensors,batch,dtype,concurrency,", 35), 0);
     free(j);
@@ -244,16 +245,24 @@ static void test_server_side(void **state)
     ts_metrics_free(&b);
 }
 
-/* `gpucdctl stats` prints the daemon's JSON through the socket; `bench --help` lists the presets. */
+/* `gpucdctl stats --json` prints the daemon's JSON through the socket, `stats` the same
+ * indented; `bench --help` lists the presets. */
 static void test_stats_command_and_help(void **state)
 {
     char log[128];
     snprintf(log, sizeof log, "%s/stats.log", dir_);
-    const char *args[] = {"--url", daemon_.tcp_url, "stats", NULL};
+    const char *args[] = {"--url", daemon_.tcp_url, "stats", "--json", NULL};
     assert_int_equal(run_ctl(args, log), 0);
     char *out = slurp(log);
     assert_non_null(out);
     if (out[0] != '{' || strstr(out, "\"requests\":{") == NULL || strstr(out, "\"ready\":true") == NULL)
+        fail_msg("gpucdctl stats --json printed: %s", out);
+    free(out);
+    const char *pretty[] = {"--url", daemon_.tcp_url, "stats", NULL};
+    assert_int_equal(run_ctl(pretty, log), 0);
+    out = slurp(log);
+    assert_non_null(out);
+    if (strncmp(out, "{\n  \"version\": ", 15) != 0 || strstr(out, "\n  \"ready\": true,\n") == NULL)
         fail_msg("gpucdctl stats printed: %s", out);
     free(out);
     /* no daemon needed for the usage */
