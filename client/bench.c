@@ -1147,13 +1147,15 @@ int bench_check_args(int argc, char **argv)
     return rc < 0 ? 2 : 0;
 }
 
-int bench_main(gpucd_client *client, const char *url, int argc, char **argv)
+int bench_main(gpucd_client *client, const char *url, uint64_t trust_uid, int argc,
+               char **argv)
 {
     static bench_opts o; /* the levels array is large-ish; one bench per process */
     memset(&o, 0, sizeof o);
     int prc = parse_opts(argc, argv, &o);
     if (prc != 0)
         return prc > 0 ? 0 : 2;
+    o.server.trust_uid = trust_uid;
     char default_url[512];
     if (url == NULL) {
         if (gpucd_default_url(default_url, sizeof default_url) < 0)

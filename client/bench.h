@@ -16,7 +16,8 @@
 #include "gpucd.h"
 
 /* Entry point of the subcommand: argv[0] is "bench"; returns the exit status. */
-int bench_main(gpucd_client *client, const char *url, int argc, char **argv);
+int bench_main(gpucd_client *client, const char *url, uint64_t trust_uid, int argc,
+               char **argv);
 /* Checks the options before anything connects: 0, or 2 after a usage error;
  * --help prints the usage and exits 0. */
 int bench_check_args(int argc, char **argv);
@@ -92,6 +93,7 @@ void bench_progress_stop(bench_progress *p);
 
 typedef struct bench_server_opts {
     int warmup, iterations, repeats;
+    uint64_t trust_uid; /* over ipc://, the uid the daemon must run as (gpucd_trusted_uid) */
 } bench_server_opts;
 
 typedef struct bench_server_result {
@@ -102,7 +104,8 @@ typedef struct bench_server_result {
     double tflops;                     /* at the median */
 } bench_server_result;
 
-/* Uploads every tensor of p as resident on its own connection to url, then sends
+/* Uploads every tensor of p as resident on its own connection to url (over ipc://, closed
+ * unasked when the daemon is not of so->trust_uid), then sends
  * so->repeats requests of warm-up + iterations, each a phase of prog; 0 or -1 with the
  * reason printed. */
 int bench_server_run(const bench_preset *p, const bench_shape *shape, const char *url,

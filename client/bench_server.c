@@ -14,6 +14,7 @@
 #include <math.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,12 +27,38 @@ typedef struct srv_conn {
     nng_socket sock;
     uint64_t next_id;
     nng_msg *last; /* the last reply's message (its payload) */
+    uint64_t trust_uid;
+    uint64_t refused_uid; /* of the daemon refused, once refused is set (UINT64_MAX: unknown) */
+    atomic_int refused;
 } srv_conn;
 
-static int srv_open(srv_conn *c, const char *url, int timeout_ms)
+/*
+ * nng thread, before a connection is used: over ipc:// the daemon must run as the trusted
+ * uid, as the library checks for its own connections; another's is closed before any
+ * request goes over it.
+ */
+static void srv_check_peer(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    (void)ev;
+    srv_conn *c = arg;
+    uint64_t uid;
+    if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &uid) != 0)
+        uid = UINT64_MAX;
+    if (uid == c->trust_uid)
+        return;
+    c->refused_uid = uid;
+    atomic_store(&c->refused, 1);
+    nng_pipe_close(p);
+}
+
+static int srv_open(srv_conn *c, const char *url, int timeout_ms, uint64_t trust_uid)
 {
     memset(c, 0, sizeof *c);
+    c->trust_uid = trust_uid;
+    atomic_init(&c->refused, 0);
     int rv = nng_req0_open(&c->sock);
+    if (rv == 0 && strncmp(url, "ipc://", 6) == 0)
+        rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_ADD_PRE, srv_check_peer, c);
     if (rv == 0)
         rv = nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
     if (rv == 0)
@@ -40,10 +67,21 @@ static int srv_open(srv_conn *c, const char *url, int timeout_ms)
         rv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, 0);
     if (rv == 0)
         rv = nng_dial(c->sock, url, NULL, 0);
-    if (rv != 0)
+    /* The dial returns once the check has run on its connection. */
+    const int refused = atomic_load(&c->refused);
+    if (refused && c->refused_uid == UINT64_MAX)
+        fprintf(stderr, "gpucdctl bench: --server-side: the uid of the daemon at %s cannot be "
+                        "learnt; not using it\n",
+                url);
+    else if (refused)
+        fprintf(stderr, "gpucdctl bench: --server-side: the daemon at %s runs as uid %llu, "
+                        "expected %llu (--trust-uid or GPUCD_TRUST_UID name another to "
+                        "trust); not using it\n",
+                url, (unsigned long long)c->refused_uid, (unsigned long long)trust_uid);
+    else if (rv != 0)
         fprintf(stderr, "gpucdctl bench: --server-side: cannot connect to %s: %s\n", url,
                 nng_strerror(rv));
-    return rv == 0 ? 0 : -1;
+    return rv == 0 && !refused ? 0 : -1;
 }
 
 static void srv_close(srv_conn *c)
@@ -252,7 +290,7 @@ int bench_server_run(const bench_preset *p, const bench_shape *shape, const char
     uint64_t wid[BENCH_MAX_TENSORS] = {0}, iid[BENCH_MAX_TENSORS] = {0};
     int nwid = 0, niid = 0, rc = -1;
     srv_conn c;
-    if (srv_open(&c, url, timeout_ms) != 0)
+    if (srv_open(&c, url, timeout_ms, so->trust_uid) != 0)
         return -1;
     bench_progress_phase(prog, "server-side %s: uploading the tensors", p->name);
     for (int i = 0; i < nw + nio; i++) {

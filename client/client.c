@@ -106,10 +106,11 @@ static void connection_check(nng_pipe p, nng_pipe_ev ev, void *arg)
     nng_pipe_close(p);
 }
 
-/* The uid the daemon must run as: opts', else GPUCD_TRUST_UID's, else this process's. */
-static int trust_uid_of(const gpucd_options *opts, uint64_t *uid)
+int gpucd_trusted_uid(const gpucd_options *opts, uint64_t *uid)
 {
-    if (opts->trust_uid_set) {
+    if (uid == NULL)
+        return gpucdc_fail(GPUCD_EINVAL, "gpucd_trusted_uid: uid is NULL");
+    if (opts != NULL && opts->trust_uid_set) {
         *uid = opts->trust_uid;
         return 0;
     }
@@ -122,7 +123,7 @@ static int trust_uid_of(const gpucd_options *opts, uint64_t *uid)
     errno = 0;
     unsigned long long v = strtoull(env, &end, 10);
     if (env[0] < '0' || env[0] > '9' || *end != '\0' || errno != 0 || v >= UINT32_MAX)
-        return gpucdc_fail(GPUCD_EINVAL, "gpucd_connect: GPUCD_TRUST_UID '%s' is not a uid", env);
+        return gpucdc_fail(GPUCD_EINVAL, "GPUCD_TRUST_UID '%s' is not a uid", env);
     *uid = v;
     return 0;
 }
@@ -180,7 +181,7 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
                            opts->spin_us, GPUCDC_MAX_SPIN_US);
     uint64_t trust_uid = 0;
     const bool check_uid = strncmp(url, "ipc://", 6) == 0;
-    int bad = check_uid ? trust_uid_of(opts, &trust_uid) : 0;
+    int bad = check_uid ? gpucd_trusted_uid(opts, &trust_uid) : 0;
     if (bad == 0 && have_default == 0 && strcmp(url, default_url) == 0)
         bad = default_dir_check(url);
     if (bad < 0)

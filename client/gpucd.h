@@ -192,6 +192,11 @@ typedef struct gpucd_options {
  * daemon's uid checked against $GPUCD_TRUST_UID or this process's). */
 GPUCD_EXPORT void gpucd_options_init(gpucd_options *opts);
 
+/* The uid a daemon at an ipc:// URL must run as under opts (NULL: the defaults), as
+ * gpucd_connect checks it: for a program that also dials the daemon by other means.
+ * 0, or GPUCD_EINVAL when $GPUCD_TRUST_UID is no uid. */
+GPUCD_EXPORT int gpucd_trusted_uid(const gpucd_options *opts, uint64_t *uid);
+
 /*
  * Writes the daemon's default URL into buf: ipc://$XDG_RUNTIME_DIR/gpucd.sock
  * when XDG_RUNTIME_DIR is an absolute path, else ipc:///tmp/gpucd-<uid>/gpucd.sock.

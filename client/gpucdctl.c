@@ -216,10 +216,11 @@ static int cmd_stats(gpucd_client *client, int argc, char **argv)
 }
 
 static const char *ctl_url; /* --url, for bench (NULL: the default) */
+static uint64_t ctl_trust_uid; /* for bench's own connection (--server-side) */
 
 static int cmd_bench(gpucd_client *client, int argc, char **argv)
 {
-    return bench_main(client, ctl_url, argc, argv);
+    return bench_main(client, ctl_url, ctl_trust_uid, argc, argv);
 }
 
 static const ctl_command ctl_commands[] = {
@@ -373,8 +374,11 @@ int main(int argc, char **argv)
             return status;
     }
     ctl_url = url;
+    int rv = gpucd_trusted_uid(&opts, &ctl_trust_uid);
+    if (rv < 0)
+        return ctl_fail("connect", rv);
     gpucd_client *client;
-    int rv = gpucd_connect(url, &opts, &client);
+    rv = gpucd_connect(url, &opts, &client);
     if (rv < 0)
         return ctl_fail("connect", rv);
     int status = cmd->run(client, argc - optind, argv + optind);

@@ -61,8 +61,8 @@ void gcd_config_defaults(gcd_config *cfg);
 
 /*
  * Applies argv (flags; "--config FILE" reads a file of "key = value" lines in
- * place).  Returns 0, 1 when --help was printed (exit 0), or -1 with a message
- * in err.  A listen URL given on the command line or in a file replaces the
+ * place).  Returns 0, 1 when --help or --version was printed (exit 0), or -1
+ * with a message in err.  A listen URL given on the command line or in a file replaces the
  * default rather than adding to it.
  */
 int gcd_config_parse_args(gcd_config *cfg, int argc, char **argv, char *err, size_t errlen);

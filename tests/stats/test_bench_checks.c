@@ -150,7 +150,7 @@ static int bench_with(fake_mode mode, const char *const *more, char **json, fake
     for (int i = 0; more != NULL && more[i] != NULL && argc < 31; i++)
         argv[argc++] = (char *)more[i];
     argv[argc] = NULL;
-    int rc = bench_main(c, fd.url, argc, argv);
+    int rc = bench_main(c, fd.url, (uint64_t)geteuid(), argc, argv);
     gpucd_close(c);
     fake_daemon_stop(&fd);
     char *j = slurp(path);
@@ -252,10 +252,44 @@ static void test_unwritten_outputs_are_errors(void **state)
     free(j);
 }
 
+/*
+ * --server-side dials a connection of its own: over ipc:// one to a daemon of another uid
+ * than the trusted one is closed before any request goes over it, as the library's are.
+ */
+static void test_server_side_checks_the_daemons_uid(void **state)
+{
+    const bench_preset *conv2 = NULL;
+    for (int i = 0; i < bench_preset_count; i++)
+        if (strcmp(bench_presets[i].name, "conv2") == 0)
+            conv2 = &bench_presets[i];
+    assert_non_null(conv2);
+    bench_shape shape = conv2->defaults;
+    shape.batch = 2;
+    for (int trusted = 0; trusted < 2; trusted++) {
+        fake_state st = {.mode = HONEST};
+        fake_daemon fd;
+        fake_daemon_start_with_regions(&fd, serve, &st);
+        bench_server_opts so = {.warmup = 0, .iterations = 1, .repeats = 1,
+                                .trust_uid = (uint64_t)geteuid() + (trusted ? 0 : 1)};
+        bench_server_result res;
+        uint64_t rng = 1;
+        const int rc = bench_server_run(conv2, &shape, fd.url, 2000, &so, &res, &rng, NULL);
+        const int requests = fd.requests;
+        fake_daemon_stop(&fd);
+        if (trusted) {
+            assert_true(requests > 0); /* it got through (whatever the fake then answers) */
+        } else {
+            assert_int_equal(rc, -1);
+            assert_int_equal(requests, 0);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_honest_daemon_passes),
+        cmocka_unit_test(test_server_side_checks_the_daemons_uid),
         cmocka_unit_test(test_wrong_answer_fails_the_check),
         cmocka_unit_test(test_unwritten_outputs_are_errors),
         cmocka_unit_test(test_windows_stretch_to_min_requests),
