@@ -189,12 +189,13 @@ int main(int argc, char **argv)
     static gcd_main m; /* large (the stats), so not on the stack */
     gcd_daemon *d = &m.d;
     char err[512];
+    gcd_log_init();
     gcd_config_defaults(&d->cfg);
     int rc = gcd_config_parse_args(&d->cfg, argc, argv, err, sizeof err);
     if (rc == 1)
         return 0;
     if (rc != 0 || gcd_config_finish(&d->cfg, err, sizeof err) != 0) {
-        fprintf(stderr, "gpucd: %s\n", err);
+        gcd_log_error("%s", err); /* as any failure to start: journalctl -p err shows it */
         return 2;
     }
     gcd_log_set_level(d->cfg.log_level);
