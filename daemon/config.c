@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "gpucd.h"
+#include "notify.h"
 #include "socket_dir.h"
 
 typedef int (*config_setter)(gcd_config *cfg, const char *value, char *err, size_t errlen);
@@ -395,6 +396,14 @@ void gcd_config_usage(FILE *out)
         fprintf(out, "  %-30s %s\n", flag, o->help);
     }
     fprintf(out, "  %-30s %s\n", "--help", "print this help and exit");
+    fprintf(out, "\nsystemd: %s\n",
+            gcd_notify_built
+                ? "under Type=notify the daemon reports READY=1 once warm, STOPPING=1 when it "
+                  "drains, a STATUS line,\nand WATCHDOG=1 when the unit sets WatchdogSec=; its "
+                  "log lines carry syslog priorities in the journal"
+                : "this build has no libsystemd and sends systemd no notifications: run it as "
+                  "Type=exec, without WatchdogSec=;\nits log lines still carry syslog "
+                  "priorities in the journal");
     fprintf(out, "\nexit status: 0 drained with every request answered, 1 could not start, 2 bad "
                  "options, 3 the device was lost,\n4 drained but --drain-timeout-s cut requests "
                  "off (or the drain did not end 5 s past it), 128+N a second signal N\n");
