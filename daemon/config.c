@@ -159,9 +159,10 @@ static int set_config(gcd_config *cfg, const char *v, char *err, size_t errlen)
 
 static const config_option config_options[] = {
     {"listen", "URL",
-     "serve on URL (ipc://, tls+tcp:// or tcp://); repeatable. Default ipc:// under "
-     "$XDG_RUNTIME_DIR, else /tmp/gpucd-$UID/, mode 0600; that folder is made 0700 and refused "
-     "unless it is the daemon's own, writable by nobody else",
+     "serve on URL (ipc://, tls+tcp:// or tcp://); repeatable. Default: the clients' default, "
+     "$GPUCD_URL, else ipc:// under $XDG_RUNTIME_DIR, else /tmp/gpucd-$UID/, mode 0600; an "
+     "ipc:// default's folder is made 0700 and refused unless it is the daemon's own, writable "
+     "by nobody else",
      CONFIG_SETTER(set_listen)},
     {"tls-cert", "FILE", "tls+tcp:// listeners: the daemon's certificate (PEM)",
      CONFIG_SETTER(set_tls_cert)},
@@ -528,21 +529,27 @@ int gcd_config_finish(gcd_config *cfg, char *err, size_t errlen)
         snprintf(err, errlen, "cannot form the default listen URL; give --listen");
         return -1;
     }
+    /* The clients' default is the daemon's (GPUCD_URL's included), checked as --listen is. */
+    char why[GCD_URL_MAX + 256];
+    if (set_listen(cfg, url, why, sizeof why) != 0 || listen_check(cfg, url, why, sizeof why) != 0) {
+        cfg->nlisten = 0;
+        snprintf(err, errlen, "the default URL (GPUCD_URL, else under XDG_RUNTIME_DIR): %s", why);
+        return -1;
+    }
     /* The socket's folder must exist and be this user's alone: one made first by another
      * user, or writable by one, would let them put their own server at this address. */
     char dir[GCD_URL_MAX];
     if (gpucdc_socket_dir_of(url, dir, sizeof dir) == 0) {
         if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
             snprintf(err, errlen, "cannot create %s: %s", dir, strerror(errno));
+            cfg->nlisten = 0;
             return -1;
         }
-        char why[GCD_URL_MAX + 128];
         if (gpucdc_socket_dir_check(dir, geteuid(), why, sizeof why) != 0) {
             snprintf(err, errlen, "%s: not listening there (remove it, or give --listen)", why);
+            cfg->nlisten = 0;
             return -1;
         }
     }
-    snprintf(cfg->listen[0], GCD_URL_MAX, "%s", url);
-    cfg->nlisten = 1;
     return 0;
 }
