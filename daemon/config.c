@@ -228,7 +228,9 @@ static const config_option config_options[] = {
      CONFIG_NUMBER(spin_us, 0, 1000000)},
     {"cpu-latency-us", "US",
      "while running, ask the kernel (/dev/cpu_dma_latency) to keep every CPU's wake-up latency "
-     "at most US: lower request latency for the whole machine's idle power (default: off)",
+     "at most US: lower request latency for the whole machine's idle power (default: off). "
+     "Needs write access to that file, root's alone: not under the shipped systemd unit, where "
+     "the daemon warns and serves without it",
      CONFIG_NUMBER(cpu_latency_us, 0, 1000000)},
     {"peer-resident-mb", "MB",
      "most resident tensor memory one peer (a uid over ipc://, an address over tcp://) may "
