@@ -6,9 +6,11 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libuv1-dev libnng-dev libmbedtls-dev libprotobuf-c-dev protobuf-c-compiler
+  libsystemd-dev                                 # sd_notify: Type=notify, the watchdog
   libcmocka-dev                                  # the test framework
   clang libclang-rt-14-dev libomp-14-dev          # the libFuzzer target
   valgrind
+  prometheus                                     # promtool: the metrics and alert rule tests
 )
 
 missing=()
