@@ -10,7 +10,8 @@ packages=(
   libcmocka-dev                                  # the test framework
   clang libclang-rt-14-dev libomp-14-dev          # the libFuzzer target
   valgrind
-  prometheus                                     # promtool: the metrics and alert rule tests
+  prometheus   # promtool, for the metrics and alert rule tests (the package also enables a
+               # Prometheus server: `systemctl disable --now prometheus` where none should run)
 )
 
 missing=()
