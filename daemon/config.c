@@ -533,7 +533,8 @@ int gcd_config_finish(gcd_config *cfg, char *err, size_t errlen)
     }
     /* The clients' default is the daemon's (GPUCD_URL's included), checked as --listen is. */
     char why[GCD_URL_MAX + 256];
-    if (set_listen(cfg, url, why, sizeof why) != 0 || listen_check(cfg, url, why, sizeof why) != 0) {
+    if (set_listen(cfg, url, why, sizeof why) != 0 ||
+        listen_check(cfg, url, why, sizeof why) != 0) {
         cfg->nlisten = 0;
         snprintf(err, errlen, "the default URL (GPUCD_URL, else under XDG_RUNTIME_DIR): %s", why);
         return -1;

@@ -18,8 +18,11 @@
 
 #include "log.h"
 
-/* Logs one line at each level with stderr on a fresh file and JOURNAL_STREAM as js (NULL:
- * unset, "SELF...": that file's own device and inode, then the rest); returns the file's text (free it). */
+/*
+ * Logs one line at each level with stderr on a fresh file and JOURNAL_STREAM as js (NULL:
+ * unset, "SELF...": that file's own device and inode, then the rest); returns the file's text
+ * (free it).
+ */
 static char *log_all_levels(const char *js)
 {
     char path[] = "/tmp/gpucd-log-XXXXXX";
