@@ -292,10 +292,15 @@ static void test_process_metrics(void **state)
         if (strncmp(line, "Max open files", 14) == 0)
             max_fds = strtod(line + 14, NULL);
     fclose(f);
-    assert_true(ts_metric(&m, "process_max_fds") == max_fds);
+    /* valgrind keeps descriptors of its own and shows the program a lower limit than /proc's */
+    const char *wrapper = getenv("GPUCD_TEST_WRAPPER");
+    if (wrapper == NULL || *wrapper == '\0')
+        assert_true(ts_metric(&m, "process_max_fds") == max_fds);
+    else
+        assert_true(ts_metric(&m, "process_max_fds") <= max_fds);
     const double fds = ts_metric(&m, "process_open_fds");
     /* stdio, the listeners, the loop's and the HTTP server's descriptors at least */
-    assert_true(fds >= 6 && fds < max_fds);
+    assert_true(fds >= 6 && fds < ts_metric(&m, "process_max_fds"));
     ts_metrics_free(&m);
 }
 
