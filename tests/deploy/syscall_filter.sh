@@ -3,7 +3,8 @@
 # SystemCallFilter=@system-service, without systemd: runs integration tests with the daemon under
 # `strace -f` and lists every call outside the set (exit 1 if any).  With
 # GPUCD_TEST_BACKEND=cuda on a GPU machine it checks the CUDA backend's calls.  The tests' own
-# verdicts are ignored: strace slows the daemon's exit past the harness's wait.
+# verdicts are ignored: strace, as the harness's wrapper, is the process the harness stops with
+# SIGTERM, so their teardowns wait for a daemon that never drains and report it (20 s each).
 #   syscall_filter.sh BUILD_DIR [TEST...]
 #   (TEST relative to BUILD_DIR/tests; default stats/test_stats_exposition integration/test_ops
 #   integration/test_doorbell integration/test_submit_queue integration/test_memfd)
