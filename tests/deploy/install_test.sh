@@ -34,7 +34,7 @@ fi
 grep -qx "Environment=GPUCD_URL=ipc:///run/gpucd/gpucd.sock" "$unit" || fail "the unit sets no GPUCD_URL"
 grep -q "^RuntimeDirectory=gpucd$" "$unit" || fail "the unit makes no /run/gpucd"
 ! grep -q "^listen" "$prefix/etc/gpucd/gpucd.conf" || fail "gpucd.conf overrides GPUCD_URL with a listen line"
-# Hardening the issue asked for, and what must stay off.
+# Hardening that must be there, and what must stay off.
 for line in UMask=0077 SystemCallFilter=@system-service; do
   grep -qx "$line" "$unit" || fail "no $line"
 done
