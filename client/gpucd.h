@@ -198,8 +198,10 @@ GPUCD_EXPORT void gpucd_options_init(gpucd_options *opts);
 GPUCD_EXPORT int gpucd_trusted_uid(const gpucd_options *opts, uint64_t *uid);
 
 /*
- * Writes the daemon's default URL into buf: ipc://$XDG_RUNTIME_DIR/gpucd.sock
- * when XDG_RUNTIME_DIR is an absolute path, else ipc:///tmp/gpucd-<uid>/gpucd.sock.
+ * Writes the daemon's default URL into buf: $GPUCD_URL when it is set and not empty (the
+ * system service's clients set GPUCD_URL=ipc:///run/gpucd/gpucd.sock), else
+ * ipc://$XDG_RUNTIME_DIR/gpucd.sock when XDG_RUNTIME_DIR is an absolute path, else
+ * ipc:///tmp/gpucd-<uid>/gpucd.sock.  The daemon listens there when given no --listen.
  * Returns 0, or GPUCD_EINVAL when buf is NULL or too small (256 bytes always do
  * unless XDG_RUNTIME_DIR is very long).
  */

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "gpucd.h"
+#include "notify.h"
 #include "socket_dir.h"
 
 typedef int (*config_setter)(gcd_config *cfg, const char *value, char *err, size_t errlen);
@@ -158,9 +159,10 @@ static int set_config(gcd_config *cfg, const char *v, char *err, size_t errlen)
 
 static const config_option config_options[] = {
     {"listen", "URL",
-     "serve on URL (ipc://, tls+tcp:// or tcp://); repeatable. Default ipc:// under "
-     "$XDG_RUNTIME_DIR, else /tmp/gpucd-$UID/, mode 0600; that folder is made 0700 and refused "
-     "unless it is the daemon's own, writable by nobody else",
+     "serve on URL (ipc://, tls+tcp:// or tcp://); repeatable. Default: the clients' default, "
+     "$GPUCD_URL, else ipc:// under $XDG_RUNTIME_DIR, else /tmp/gpucd-$UID/, mode 0600; an "
+     "ipc:// default's folder is made 0700 and refused unless it is the daemon's own, writable "
+     "by nobody else",
      CONFIG_SETTER(set_listen)},
     {"tls-cert", "FILE", "tls+tcp:// listeners: the daemon's certificate (PEM)",
      CONFIG_SETTER(set_tls_cert)},
@@ -226,7 +228,9 @@ static const config_option config_options[] = {
      CONFIG_NUMBER(spin_us, 0, 1000000)},
     {"cpu-latency-us", "US",
      "while running, ask the kernel (/dev/cpu_dma_latency) to keep every CPU's wake-up latency "
-     "at most US: lower request latency for the whole machine's idle power (default: off)",
+     "at most US: lower request latency for the whole machine's idle power (default: off). "
+     "Needs write access to that file, root's alone: not under the shipped systemd unit, where "
+     "the daemon warns and serves without it",
      CONFIG_NUMBER(cpu_latency_us, 0, 1000000)},
     {"peer-resident-mb", "MB",
      "most resident tensor memory one peer (a uid over ipc://, an address over tcp://) may "
@@ -396,6 +400,14 @@ void gcd_config_usage(FILE *out)
     }
     fprintf(out, "  %-30s %s\n", "--help", "print this help and exit");
     fprintf(out, "  %-30s %s\n", "--version", "print gpucd's version and exit");
+    fprintf(out, "\nsystemd: %s\n",
+            gcd_notify_built
+                ? "under Type=notify the daemon reports READY=1 once warm, STOPPING=1 when it "
+                  "drains, a STATUS line,\nand WATCHDOG=1 when the unit sets WatchdogSec=; its "
+                  "log lines carry syslog priorities in the journal"
+                : "this build has no libsystemd and sends systemd no notifications: run it as "
+                  "Type=exec, without WatchdogSec=;\nits log lines still carry syslog "
+                  "priorities in the journal");
     fprintf(out, "\nexit status: 0 drained with every request answered, 1 could not start, 2 bad "
                  "options, 3 the device was lost,\n4 drained but --drain-timeout-s cut requests "
                  "off (or the drain did not end 5 s past it), 128+N a second signal N\n");
@@ -488,14 +500,19 @@ static int host_is_loopback(const char *hostport)
 
 static int listen_check(const gcd_config *cfg, const char *url, char *err, size_t errlen)
 {
-    char dir[GCD_URL_MAX], why[GCD_URL_MAX + 128];
-    if (gpucdc_socket_dir_of(url, dir, sizeof dir) == 0 &&
-        gpucdc_socket_dir_check_given(dir, geteuid(), why, sizeof why) == -1) {
-        /* A missing folder is the listener's to report. */
-        snprintf(err, errlen, "--listen %s: %s: another user could put their own server at "
-                              "this address",
-                 url, why);
-        return -1;
+    char dir[GCD_URL_MAX];
+    if (gpucdc_socket_dir_of(url, dir, sizeof dir) == 0) {
+        /* The message names the URL, then the folder's fault; a missing folder is the
+         * listener's to report. */
+        const int n = snprintf(err, errlen, "--listen %s: ", url);
+        const size_t at = n > 0 && (size_t)n < errlen ? (size_t)n : 0;
+        if (gpucdc_socket_dir_check_given(dir, geteuid(), err + at, errlen - at) == -1) {
+            const size_t len = strlen(err);
+            snprintf(err + len, errlen - len, ": another user could put their own server at "
+                                              "this address");
+            return -1;
+        }
+        err[0] = '\0';
     }
     if (strncmp(url, "tls+tcp://", 10) == 0) {
         if (cfg->tls_cert[0] == '\0' || cfg->tls_key[0] == '\0') {
@@ -533,21 +550,28 @@ int gcd_config_finish(gcd_config *cfg, char *err, size_t errlen)
         snprintf(err, errlen, "cannot form the default listen URL; give --listen");
         return -1;
     }
+    /* The clients' default is the daemon's (GPUCD_URL's included), checked as --listen is. */
+    char why[GCD_URL_MAX + 256];
+    if (set_listen(cfg, url, why, sizeof why) != 0 ||
+        listen_check(cfg, url, why, sizeof why) != 0) {
+        cfg->nlisten = 0;
+        snprintf(err, errlen, "the default URL (GPUCD_URL, else under XDG_RUNTIME_DIR): %s", why);
+        return -1;
+    }
     /* The socket's folder must exist and be this user's alone: one made first by another
      * user, or writable by one, would let them put their own server at this address. */
     char dir[GCD_URL_MAX];
     if (gpucdc_socket_dir_of(url, dir, sizeof dir) == 0) {
         if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
             snprintf(err, errlen, "cannot create %s: %s", dir, strerror(errno));
+            cfg->nlisten = 0;
             return -1;
         }
-        char why[GCD_URL_MAX + 128];
         if (gpucdc_socket_dir_check(dir, geteuid(), why, sizeof why) != 0) {
             snprintf(err, errlen, "%s: not listening there (remove it, or give --listen)", why);
+            cfg->nlisten = 0;
             return -1;
         }
     }
-    snprintf(cfg->listen[0], GCD_URL_MAX, "%s", url);
-    cfg->nlisten = 1;
     return 0;
 }

@@ -9,6 +9,12 @@ typedef enum gcd_log_level {
     GCD_LOG_DEBUG = 3,
 } gcd_log_level;
 
+/*
+ * Reads the environment once, before the first line: when stderr is the journal's stream
+ * ($JOURNAL_STREAM names its device and inode), lines start with their syslog priority ("<3>"
+ * for an error, sd-daemon(3)) instead of a timestamp, so that `journalctl -p` filters them.
+ */
+void gcd_log_init(void);
 /* Parses "error|warn|info|debug"; returns 0 or -1. */
 int gcd_log_level_parse(const char *s, gcd_log_level *out);
 void gcd_log_set_level(gcd_log_level level);

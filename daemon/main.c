@@ -22,6 +22,7 @@
 #include "daemon.h"
 #include "http_stats.h"
 #include "log.h"
+#include "notify.h"
 #include "quota.h"
 #include "server.h"
 
@@ -34,6 +35,7 @@ typedef struct gcd_main {
     uint64_t trimmed_at; /* message bytes moved when the heaps were last trimmed */
     gcd_server *server;
     gcd_http_stats *http;
+    gcd_notify *notify; /* NULL: not under systemd's Type=notify */
     int signals;
     int exit_code;
     atomic_int drained; /* the drain ended (drain_guard) */
@@ -77,6 +79,7 @@ static void *drain_guard(void *arg)
 
 static void drain_begin(gcd_main *m)
 {
+    gcd_notify_stopping(m->notify);
     pthread_t t;
     if (pthread_create(&t, NULL, drain_guard, m) == 0)
         pthread_detach(t);
@@ -189,12 +192,13 @@ int main(int argc, char **argv)
     static gcd_main m; /* large (the stats), so not on the stack */
     gcd_daemon *d = &m.d;
     char err[512];
+    gcd_log_init();
     gcd_config_defaults(&d->cfg);
     int rc = gcd_config_parse_args(&d->cfg, argc, argv, err, sizeof err);
     if (rc == 1)
         return 0;
     if (rc != 0 || gcd_config_finish(&d->cfg, err, sizeof err) != 0) {
-        fprintf(stderr, "gpucd: %s\n", err);
+        gcd_log_error("%s", err); /* as any failure to start: journalctl -p err shows it */
         return 2;
     }
     gcd_log_set_level(d->cfg.log_level);
@@ -212,6 +216,10 @@ int main(int argc, char **argv)
         return 1;
     }
 
+    if (gcd_notify_open(&m.notify, d) != 0) {
+        gcd_log_error("out of memory");
+        return 1;
+    }
     d->ops = backend_choose(&d->cfg, err, sizeof err);
     if (d->ops == NULL) {
         gcd_log_error("%s", err);
@@ -272,12 +280,14 @@ int main(int argc, char **argv)
     atomic_store(&d->ready, 1);
     gcd_log_info("ready: backend %s on %s, %u contexts", d->ops->name, d->device.name,
                  d->cfg.max_inflight);
+    gcd_notify_ready(m.notify, &m.loop); /* after the line: READY=1 finds it written */
 
     uv_run(&m.loop, UV_RUN_DEFAULT); /* until drained() stops it */
     uv_close((uv_handle_t *)&m.sigint, NULL);
     uv_close((uv_handle_t *)&m.sigterm, NULL);
     uv_close((uv_handle_t *)&m.device_watch, NULL);
     uv_close((uv_handle_t *)&m.trim_poll, NULL);
+    gcd_notify_close(m.notify);
     gcd_server_free(m.server);
     uv_run(&m.loop, UV_RUN_DEFAULT);
     uv_loop_close(&m.loop);

@@ -12,6 +12,7 @@
 
 #include "clock.h"
 #include "device_usage.h"
+#include "process.h"
 #include "quota.h"
 #include "strbuf.h"
 
@@ -74,56 +75,101 @@ static void requests_total(strbuf *b, gcd_stats *s)
         }
 }
 
-static void durations(strbuf *b, gcd_stats *s)
+/*
+ * A histogram's samples from per-bucket counts: the bucket lines (cumulative), the sum and the
+ * count, labelled op="op" when op is not NULL.
+ */
+static void histogram(strbuf *b, const char *name, const char *op, const uint64_t *bucket,
+                      uint64_t sum_us)
 {
-    family(b, "gpucd_request_duration_seconds", "histogram",
-           "Time of answered requests by operation and phase: queue (received to started), "
-           "copy_in, compute, copy_out, and total (received to reply built).");
-    for (int k = 0; k < GCD_REQ_KIND_COUNT; k++) {
-        if (load_u(&s->latency[k][GCD_PHASE_TOTAL].count) == 0)
-            continue; /* operations never asked for would be ~100 lines of zeros each */
-        const char *op = gcd_req_kind_name((gcd_req_kind)k);
-        for (int p = 0; p < GCD_PHASE_COUNT; p++) {
-            gcd_hist *h = &s->latency[k][p];
-            const char *phase = gcd_phase_name((gcd_phase)p);
-            uint64_t cum = 0;
-            for (int i = 0; i < GCD_HIST_BUCKETS; i++) {
-                cum += load_u(&h->bucket[i]);
-                if (i < GCD_HIST_BUCKETS - 1)
-                    strbuf_printf(b, "gpucd_request_duration_seconds_bucket{op=\"%s\",phase=\"%s\","
-                                     "le=\"%g\"} %" PRIu64 "\n",
-                                  op, phase, gcd_hist_bounds[i], cum);
-                else
-                    strbuf_printf(b, "gpucd_request_duration_seconds_bucket{op=\"%s\",phase=\"%s\","
-                                     "le=\"+Inf\"} %" PRIu64 "\n",
-                                  op, phase, cum);
-            }
-            strbuf_printf(b, "gpucd_request_duration_seconds_sum{op=\"%s\",phase=\"%s\"} %.6f\n",
-                          op, phase, (double)load_u(&h->sum_us) * 1e-6);
-            strbuf_printf(b, "gpucd_request_duration_seconds_count{op=\"%s\",phase=\"%s\"} %" PRIu64
-                             "\n",
-                          op, phase, cum);
-        }
+    char labels[96] = "", braces[96] = "";
+    if (op != NULL) {
+        snprintf(labels, sizeof labels, "op=\"%s\",", op);
+        snprintf(braces, sizeof braces, "{op=\"%s\"}", op);
     }
+    uint64_t cum = 0;
+    for (int i = 0; i < GCD_HIST_BUCKETS; i++) {
+        cum += bucket[i];
+        if (i < GCD_HIST_BUCKETS - 1)
+            strbuf_printf(b, "%s_bucket{%sle=\"%g\"} %" PRIu64 "\n", name, labels,
+                          gcd_hist_bounds[i], cum);
+        else
+            strbuf_printf(b, "%s_bucket{%sle=\"+Inf\"} %" PRIu64 "\n", name, labels, cum);
+    }
+    strbuf_printf(b, "%s_sum%s %.6f\n", name, braces, (double)sum_us * 1e-6);
+    strbuf_printf(b, "%s_count%s %" PRIu64 "\n", name, braces, cum);
+}
+
+/* Adds h's per-bucket counts and sum to bucket and *sum_us. */
+static void hist_add(gcd_hist *h, uint64_t *bucket, uint64_t *sum_us)
+{
+    for (int i = 0; i < GCD_HIST_BUCKETS; i++)
+        bucket[i] += load_u(&h->bucket[i]);
+    *sum_us += load_u(&h->sum_us);
+}
+
+/* Whether kind k gets latency metrics: a compute operation asked for at least once. */
+static int timed(gcd_stats *s, int k)
+{
+    return gcd_req_kind_computes((gcd_req_kind)k) &&
+           load_u(&s->latency[k][GCD_PHASE_TOTAL].count) != 0;
 }
 
 /*
- * The wall-clock start, derived once from the first scrape and kept, so that
- * it never jitters between scrapes (changes() of it counts restarts).
+ * Latency of compute requests only (control requests take microseconds, and their histograms
+ * were most of the document): the whole request by operation, the queue wait of all operations
+ * together (saturation), and each phase's time as a counter by operation (for its mean).
+ * Operations never asked for are left out: a histogram is 22 lines even of zeros.
  */
-static double start_time_seconds(double uptime)
+static void durations(strbuf *b, gcd_stats *s)
 {
-    static atomic_uint_fast64_t start_ms;
-    uint64_t ms = atomic_load(&start_ms);
-    if (ms == 0) {
-        struct timespec now;
-        clock_gettime(CLOCK_REALTIME, &now);
-        ms = (uint64_t)((double)now.tv_sec * 1e3 + (double)now.tv_nsec * 1e-6 - uptime * 1e3);
-        uint_fast64_t expected = 0;
-        if (!atomic_compare_exchange_strong(&start_ms, &expected, ms))
-            ms = expected;
+    family(b, "gpucd_request_duration_seconds", "histogram",
+           "Time of answered compute requests, received to reply built, by operation.");
+    uint64_t queue[GCD_HIST_BUCKETS] = {0}, queue_sum = 0;
+    for (int k = 0; k < GCD_REQ_KIND_COUNT; k++) {
+        if (!timed(s, k))
+            continue;
+        uint64_t bucket[GCD_HIST_BUCKETS] = {0}, sum = 0;
+        hist_add(&s->latency[k][GCD_PHASE_TOTAL], bucket, &sum);
+        histogram(b, "gpucd_request_duration_seconds", gcd_req_kind_name((gcd_req_kind)k), bucket,
+                  sum);
+        hist_add(&s->latency[k][GCD_PHASE_QUEUE], queue, &queue_sum);
     }
-    return (double)ms * 1e-3;
+    family(b, "gpucd_request_queue_seconds", "histogram",
+           "Time answered compute requests waited for a worker (received to started), all "
+           "operations together.");
+    histogram(b, "gpucd_request_queue_seconds", NULL, queue, queue_sum);
+    family(b, "gpucd_request_phase_seconds_total", "counter",
+           "Time answered compute requests spent in each phase, by operation: queue (received to "
+           "started), copy_in, compute, copy_out; over gpucd_request_duration_seconds_count, "
+           "each phase's mean.");
+    for (int k = 0; k < GCD_REQ_KIND_COUNT; k++) {
+        if (!timed(s, k))
+            continue;
+        for (int p = 0; p < GCD_PHASE_TOTAL; p++)
+            strbuf_printf(b, "gpucd_request_phase_seconds_total{op=\"%s\",phase=\"%s\"} %.6f\n",
+                          gcd_req_kind_name((gcd_req_kind)k), gcd_phase_name((gcd_phase)p),
+                          (double)load_u(&s->latency[k][p].sum_us) * 1e-6);
+    }
+}
+
+/* The process_* metrics of every Prometheus client library, under their names and help. */
+static void process(strbuf *b)
+{
+    gcd_process p;
+    if (gcd_process_read(&p) != 0)
+        return;
+    single_f(b, "process_cpu_seconds_total", "counter",
+             "Total user and system CPU time spent in seconds.", p.cpu_seconds);
+    single_u(b, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
+             p.resident_bytes);
+    single_u(b, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.",
+             p.virtual_bytes);
+    single_u(b, "process_open_fds", "gauge", "Number of open file descriptors.", p.open_fds);
+    single_u(b, "process_max_fds", "gauge", "Maximum number of open file descriptors.",
+             p.max_fds);
+    single_f(b, "process_start_time_seconds", "gauge",
+             "Start time of the process since unix epoch in seconds.", p.start_time);
 }
 
 static void build_and_state(strbuf *b, gcd_daemon *d, int opened)
@@ -147,8 +193,6 @@ static void build_and_state(strbuf *b, gcd_daemon *d, int opened)
              (uint64_t)(atomic_load(&d->draining) != 0));
     double up = (double)(gcd_now_us() - d->stats.start_us) * 1e-6;
     single_f(b, "gpucd_uptime_seconds", "gauge", "Seconds since the daemon started.", up);
-    single_f(b, "gpucd_start_time_seconds", "gauge", "When the daemon started, in Unix seconds.",
-             start_time_seconds(up));
 }
 
 static void load_and_traffic(strbuf *b, gcd_stats *s)
@@ -242,9 +286,10 @@ static void memory(strbuf *b, gcd_daemon *d)
             strbuf_printf(b, "gpucd_host_phase_seconds_total{phase=\"%s\"} %.6f\n", phase[i].name,
                           (double)phase[i].us * 1e-6);
     }
-    single_i(b, "gpucd_cpu_latency_held_microseconds", "gauge",
-             "The CPU wake-up latency --cpu-latency-us holds through /dev/cpu_dma_latency; -1: none.",
-             d->cpu_latency.held ? d->cpu_latency.us : -1);
+    if (d->cpu_latency.held) /* absent when none is held: no value stands for "none" */
+        single_f(b, "gpucd_cpu_latency_limit_seconds", "gauge",
+                 "The CPU wake-up latency --cpu-latency-us holds through /dev/cpu_dma_latency.",
+                 (double)d->cpu_latency.us * 1e-6);
     if (d->ops->lost != NULL)
         single_u(b, "gpucd_device_lost", "gauge",
                  "1 once the device failed for good; the daemon then drains and exits 3.",
@@ -276,5 +321,6 @@ char *gcd_metrics_text(gcd_daemon *d, size_t *len)
         memory(&b, d);
     requests_total(&b, &d->stats);
     durations(&b, &d->stats);
+    process(&b);
     return strbuf_finish(&b, len);
 }

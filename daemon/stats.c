@@ -5,12 +5,13 @@
 
 #include "clock.h"
 
-static const char *const req_kind_names[GCD_REQ_KIND_COUNT] = {
-    "hello", "ping", "region_register", "region_unregister", "region_list",
-    "tensor_put", "tensor_get", "tensor_free", "stats", "submit_queue_open",
-    "conv2d_forward",
-    "conv2d_backward", "multihot_encode", "embedding_forward", "embedding_backward",
-    "linear_cross_entropy", "nmmo3_encode", "invalid",
+static const struct {
+    const char *name;
+    int computes;
+} req_kinds[GCD_REQ_KIND_COUNT] = {
+#define GCD_REQ_KIND_ROW(id, name, compute) {name, compute},
+    GCD_REQ_KINDS(GCD_REQ_KIND_ROW)
+#undef GCD_REQ_KIND_ROW
 };
 
 static const char *const phase_names[GCD_PHASE_COUNT] = {
@@ -25,7 +26,12 @@ const double gcd_hist_bounds[GCD_HIST_BUCKETS - 1] = {
 
 const char *gcd_req_kind_name(gcd_req_kind k)
 {
-    return (unsigned)k < GCD_REQ_KIND_COUNT ? req_kind_names[k] : "invalid";
+    return (unsigned)k < GCD_REQ_KIND_COUNT ? req_kinds[k].name : "invalid";
+}
+
+int gcd_req_kind_computes(gcd_req_kind k)
+{
+    return (unsigned)k < GCD_REQ_KIND_COUNT && req_kinds[k].computes;
 }
 
 const char *gcd_phase_name(gcd_phase p)

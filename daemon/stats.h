@@ -11,30 +11,41 @@
 
 #include "status.h"
 
-/* Request kinds as counted: one per wire operation, plus malformed/unknown ones. */
+/*
+ * Request kinds as counted: one per wire operation, plus malformed/unknown ones.  X(NAME, name,
+ * compute): compute kinds run a kernel and get latency histograms in /metrics; the others
+ * (control: connection, region and resident tensor bookkeeping, stats) are only counted.
+ */
+#define GCD_REQ_KINDS(X)                                                                           \
+    X(HELLO, "hello", 0)                                                                           \
+    X(PING, "ping", 0)                                                                             \
+    X(REGION_REGISTER, "region_register", 0)                                                       \
+    X(REGION_UNREGISTER, "region_unregister", 0)                                                   \
+    X(REGION_LIST, "region_list", 0)                                                               \
+    X(TENSOR_PUT, "tensor_put", 0)                                                                 \
+    X(TENSOR_GET, "tensor_get", 0)                                                                 \
+    X(TENSOR_FREE, "tensor_free", 0)                                                               \
+    X(STATS, "stats", 0)                                                                           \
+    X(SUBMIT_QUEUE_OPEN, "submit_queue_open", 0)                                                   \
+    X(CONV2D_FORWARD, "conv2d_forward", 1)                                                         \
+    X(CONV2D_BACKWARD, "conv2d_backward", 1)                                                       \
+    X(MULTIHOT_ENCODE, "multihot_encode", 1)                                                       \
+    X(EMBEDDING_FORWARD, "embedding_forward", 1)                                                   \
+    X(EMBEDDING_BACKWARD, "embedding_backward", 1)                                                 \
+    X(LINEAR_CROSS_ENTROPY, "linear_cross_entropy", 1)                                             \
+    X(NMMO3_ENCODE, "nmmo3_encode", 1)                                                             \
+    X(INVALID, "invalid", 0) /* undecodable, wrong version or unknown operation */
+
 typedef enum gcd_req_kind {
-    GCD_REQ_HELLO,
-    GCD_REQ_PING,
-    GCD_REQ_REGION_REGISTER,
-    GCD_REQ_REGION_UNREGISTER,
-    GCD_REQ_REGION_LIST,
-    GCD_REQ_TENSOR_PUT,
-    GCD_REQ_TENSOR_GET,
-    GCD_REQ_TENSOR_FREE,
-    GCD_REQ_STATS,
-    GCD_REQ_SUBMIT_QUEUE_OPEN,
-    GCD_REQ_CONV2D_FORWARD,
-    GCD_REQ_CONV2D_BACKWARD,
-    GCD_REQ_MULTIHOT_ENCODE,
-    GCD_REQ_EMBEDDING_FORWARD,
-    GCD_REQ_EMBEDDING_BACKWARD,
-    GCD_REQ_LINEAR_CROSS_ENTROPY,
-    GCD_REQ_NMMO3_ENCODE,
-    GCD_REQ_INVALID, /* undecodable, wrong version or unknown operation */
+#define GCD_REQ_KIND_ENUM(id, name, compute) GCD_REQ_##id,
+    GCD_REQ_KINDS(GCD_REQ_KIND_ENUM)
+#undef GCD_REQ_KIND_ENUM
     GCD_REQ_KIND_COUNT,
 } gcd_req_kind;
 
 const char *gcd_req_kind_name(gcd_req_kind k);
+/* 1 when requests of kind k run a kernel (see GCD_REQ_KINDS). */
+int gcd_req_kind_computes(gcd_req_kind k);
 
 /* The phases of a request whose latency is kept as a histogram. */
 typedef enum gcd_phase {
@@ -42,7 +53,7 @@ typedef enum gcd_phase {
     GCD_PHASE_COPY_IN,
     GCD_PHASE_COMPUTE,
     GCD_PHASE_COPY_OUT,
-    GCD_PHASE_TOTAL,
+    GCD_PHASE_TOTAL, /* received to reply built; last: the phases before it are its parts */
     GCD_PHASE_COUNT,
 } gcd_phase;
 

@@ -22,6 +22,7 @@ libnng-dev             run   the transport (ipc://, tcp://, tls+tcp://, the stat
 libmbedtls-dev         run   nng TLS; its static archives for GPUCD_STATIC_DEPS
 libprotobuf-c-dev      run   the wire schema at run time
 protobuf-c-compiler    run   protoc-c generates the wire code at build time
+libsystemd-dev         run   sd_notify: Type=notify, STATUS lines and the watchdog under systemd
 libcmocka-dev          test  the test framework
 clang                  test  the request-path fuzzer (libFuzzer)
 libclang-rt-14-dev     test  libFuzzer and the sanitizers for clang
@@ -29,6 +30,7 @@ libomp-14-dev          test  OpenMP for the fuzzing build (clang)
 valgrind               test  the daemon under valgrind
 openssl                test  certificates for the TLS tests
 python3                test  the documentation link check, the stats scripts
+prometheus             test  promtool checks the metrics and alert rules (the package also enables a Prometheus server: systemctl disable --now prometheus where none should run)
 '
 
 use=${1:-run}

@@ -16,6 +16,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "cli_test: $*" >&2; exit 1; }
+unset GPUCD_URL # the default URL is the one under test
 
 # expect RC CMD...: runs CMD, output in $dir/out, and checks its exit status.
 expect() {
@@ -80,6 +81,11 @@ expect 0 "$ctl" info
 contains "backend              cpu"
 contains "protocol             1"
 contains "nmmo3_encode"
+# GPUCD_URL, when set, is the clients' default instead (the system service's clients set it).
+expect 0 env GPUCD_URL="ipc://$dir/gpucd.sock" XDG_RUNTIME_DIR=/nonexistent "$ctl" info
+contains "backend              cpu"
+expect 1 env GPUCD_URL="ipc://$dir/nobody.sock" "$ctl" info
+contains "$dir/nobody.sock"
 expect 0 "$ctl" ping 3
 [ "$(grep -c '^ping [0-9]*: round trip [0-9.]* [um]s' "$dir/out")" -eq 3 ] || fail "ping 3 did not print 3 lines"
 # ... and ends with a summary of the three.

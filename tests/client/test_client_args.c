@@ -330,6 +330,31 @@ static void test_default_url(void **state)
     assert_string_equal(buf, want);
 }
 
+/* GPUCD_URL, when set and not empty, is the default, whatever XDG_RUNTIME_DIR says. */
+static void test_default_url_from_environment(void **state)
+{
+    (void)state;
+    char buf[256];
+    setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1);
+    setenv("GPUCD_URL", "ipc:///run/gpucd/gpucd.sock", 1);
+    assert_int_equal(gpucd_default_url(buf, sizeof buf), 0);
+    assert_string_equal(buf, "ipc:///run/gpucd/gpucd.sock");
+    assert_int_equal(gpucd_default_url(buf, strlen("ipc:///run/gpucd/gpucd.sock")), GPUCD_EINVAL);
+    setenv("GPUCD_URL", "tls+tcp://gpu7:9465", 1);
+    assert_int_equal(gpucd_default_url(buf, sizeof buf), 0);
+    assert_string_equal(buf, "tls+tcp://gpu7:9465");
+    setenv("GPUCD_URL", "", 1); /* empty: as if unset */
+    assert_int_equal(gpucd_default_url(buf, sizeof buf), 0);
+    assert_string_equal(buf, "ipc:///run/user/4242/gpucd.sock");
+    /* connecting to the default goes where it names: a URL of a scheme never served fails */
+    setenv("GPUCD_URL", "http://127.0.0.1:1", 1);
+    gpucd_client *c = NULL;
+    assert_int_equal(gpucd_connect(NULL, NULL, &c), GPUCD_EADDRESS);
+    assert_null(c);
+    unsetenv("GPUCD_URL");
+    unsetenv("XDG_RUNTIME_DIR");
+}
+
 static void test_tensor_helpers(void **state)
 {
     (void)state;
@@ -398,6 +423,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_nmmo3, setup, teardown),
         cmocka_unit_test(test_strerror),
         cmocka_unit_test(test_default_url),
+        cmocka_unit_test(test_default_url_from_environment),
         cmocka_unit_test(test_tensor_helpers),
         cmocka_unit_test(test_connect_errors),
     };

@@ -298,6 +298,52 @@ static int finish_in(const char *dir, char *err, size_t errlen)
     return rc;
 }
 
+/* GPUCD_URL, the clients' default, is the daemon's default listener too, checked as --listen. */
+static void test_listen_default_from_environment(void **state)
+{
+    (void)state;
+    char base[] = "/tmp/gpucd-config-XXXXXX";
+    assert_non_null(mkdtemp(base));
+    char url[200], err[512];
+    snprintf(url, sizeof url, "ipc://%s/run/agreed.sock", base);
+    setenv("GPUCD_URL", url, 1);
+    gcd_config cfg;
+    gcd_config_defaults(&cfg);
+    assert_int_equal(gcd_config_finish(&cfg, err, sizeof err), 0);
+    assert_int_equal(cfg.nlisten, 1);
+    assert_string_equal(cfg.listen[0], url);
+    /* its folder is made the daemon's own, as the built-in default's is */
+    char dir[200];
+    snprintf(dir, sizeof dir, "%s/run", base);
+    struct stat st;
+    assert_int_equal(lstat(dir, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0700);
+    rmdir(dir);
+    rmdir(base);
+    static const char *const refused[][2] = {
+        {"tcp://0.0.0.0:9465", "plain tcp:// beyond loopback"},
+        {"http://127.0.0.1:9465", "only ipc://, tcp:// and tls+tcp://"},
+        {"tls+tcp://0.0.0.0:9465", "needs --tls-cert"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        setenv("GPUCD_URL", refused[i][0], 1);
+        gcd_config_defaults(&cfg);
+        err[0] = '\0';
+        assert_int_equal(gcd_config_finish(&cfg, err, sizeof err), -1);
+        if (strstr(err, refused[i][1]) == NULL || strstr(err, "GPUCD_URL") == NULL)
+            fail_msg("GPUCD_URL=%s: '%s', expected GPUCD_URL and '%s'", refused[i][0], err,
+                     refused[i][1]);
+    }
+    /* a --listen given wins */
+    setenv("GPUCD_URL", "tcp://0.0.0.0:9465", 1);
+    gcd_config_defaults(&cfg);
+    const char *argv[] = {"gpucd", "--listen", "tcp://127.0.0.1:9465"};
+    assert_int_equal(gcd_config_parse_args(&cfg, 3, (char **)argv, err, sizeof err), 0);
+    assert_int_equal(gcd_config_finish(&cfg, err, sizeof err), 0);
+    assert_string_equal(cfg.listen[0], "tcp://127.0.0.1:9465");
+    unsetenv("GPUCD_URL");
+}
+
 /* A refusal: non-zero, and err names the folder and the problem. */
 static void expect_refused(const char *dir, const char *problem)
 {
@@ -433,6 +479,7 @@ int main(void)
         cmocka_unit_test(test_listeners_checked),
         cmocka_unit_test(test_socket_dir),
         cmocka_unit_test(test_listen_dir),
+        cmocka_unit_test(test_listen_default_from_environment),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -424,6 +424,7 @@ static void test_default_dir_checked(void **state)
     th_daemon d;
     th_daemon_start(&d, extra);
 
+    unsetenv("GPUCD_URL"); /* the built-in default is under test */
     assert_int_equal(setenv("XDG_RUNTIME_DIR", dir, 1), 0);
     expect_connects(NULL, NULL);
     assert_int_equal(chmod(dir, 0777), 0);

@@ -202,8 +202,9 @@ static int parse_sample(const char *line, int lineno, const family *fams, int nf
         return fail_line(why, whylen, lineno, line, "no metric name");
     memcpy(s->name, line, nl);
     s->name[nl] = '\0';
-    if (strncmp(s->name, "gpucd_", 6) != 0)
-        return fail_line(why, whylen, lineno, line, "name without the gpucd_ prefix");
+    /* process_*: the names every Prometheus client library gives a process's own figures */
+    if (strncmp(s->name, "gpucd_", 6) != 0 && strncmp(s->name, "process_", 8) != 0)
+        return fail_line(why, whylen, lineno, line, "name without the gpucd_ or process_ prefix");
     if (family_of(fams, nf, s->name) == NULL)
         return fail_line(why, whylen, lineno, line, "sample before its # TYPE line");
     const char *p = line + nl;
