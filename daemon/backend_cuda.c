@@ -638,6 +638,13 @@ static gk_nmmo3_weights nmmo3_weights_placed(const arg_place *pl, int first)
     return w;
 }
 
+/* After an operation switch: an op kind no case serves (none: -Wswitch sees each switch whole). */
+static int op_unserved(const gcd_op *op, gk_err *err)
+{
+    return gk_fail(err, GK_EINVAL, "operation %d is not served by the cuda backend",
+                   (int)op->kind);
+}
+
 /*
  * The kernel's scratch bytes for this run (device views of the arguments in
  * place); avail is what the slot has left after the tensors.
@@ -686,13 +693,16 @@ static int run_scratch(const gcd_backend *b, const gcd_op *op, const arg_place *
         return gk_cuda_embedding_backward_workspace_bytes(
             &pl[EMB_BWD_IDX].dev, &pl[EMB_BWD_DOUT].dev, &pl[EMB_BWD_DTABLE].dev, b->sm_count,
             scratch, err);
-    default: {
-        int x = op->kind == GCD_OP_CONV2D_FORWARD ? CONV_FWD_X : CONV_BWD_X;
-        int w = op->kind == GCD_OP_CONV2D_FORWARD ? CONV_FWD_W : CONV_BWD_W;
-        return gk_cuda_conv2d_workspace_bytes(&op->p.conv, &pl[x].dev, &pl[w].dev, b->sm_count,
-                                              scratch, err);
+    case GCD_OP_CONV2D_FORWARD:
+        return gk_cuda_conv2d_workspace_bytes(&op->p.conv, &pl[CONV_FWD_X].dev,
+                                              &pl[CONV_FWD_W].dev, b->sm_count, scratch, err);
+    case GCD_OP_CONV2D_BACKWARD:
+        return gk_cuda_conv2d_workspace_bytes(&op->p.conv, &pl[CONV_BWD_X].dev,
+                                              &pl[CONV_BWD_W].dev, b->sm_count, scratch, err);
+    case GCD_OP_COUNT:
+        break;
     }
-    }
+    return op_unserved(op, err);
 }
 
 /* ---- host tensors, whole or in parts (a merged batch: ops.h) ---------------------------- */
@@ -913,16 +923,18 @@ static int run_kernel(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
         return gk_cuda_lce(&op->p.lce, &pl[LCE_E].dev, &pl[LCE_C].dev, &pl[LCE_BIAS].dev,
                            &pl[LCE_TARGETS].dev, &pl[LCE_LOSS].dev, &pl[LCE_LSE].dev,
                            &pl[LCE_DE].dev, &pl[LCE_DC].dev, &pl[LCE_DBIAS].dev, &ex, err);
-    default:
-        break;
-    }
-    if (op->kind == GCD_OP_CONV2D_FORWARD)
+    case GCD_OP_CONV2D_FORWARD:
         return gk_cuda_conv2d_forward(&op->p.conv, &pl[CONV_FWD_X].dev, &pl[CONV_FWD_W].dev,
                                       &pl[CONV_FWD_B].dev, &pl[CONV_FWD_Y].dev, &ex, err);
-    return gk_cuda_conv2d_backward(&op->p.conv, &pl[CONV_BWD_X].dev, &pl[CONV_BWD_W].dev,
-                                   &pl[CONV_BWD_Y].dev, &pl[CONV_BWD_DY].dev,
-                                   &pl[CONV_BWD_DX].dev, &pl[CONV_BWD_DW].dev,
-                                   &pl[CONV_BWD_DB].dev, &ex, err);
+    case GCD_OP_CONV2D_BACKWARD:
+        return gk_cuda_conv2d_backward(&op->p.conv, &pl[CONV_BWD_X].dev, &pl[CONV_BWD_W].dev,
+                                       &pl[CONV_BWD_Y].dev, &pl[CONV_BWD_DY].dev,
+                                       &pl[CONV_BWD_DX].dev, &pl[CONV_BWD_DW].dev,
+                                       &pl[CONV_BWD_DB].dev, &ex, err);
+    case GCD_OP_COUNT:
+        break;
+    }
+    return op_unserved(op, err);
 }
 
 /* How many device error records (gk_cuda.h) the op leaves at the start of its scratch. */
@@ -935,9 +947,14 @@ static int op_records(gcd_op_kind kind)
         return 1;
     case GCD_OP_NMMO3_FORWARD:
         return GK_CUDA_NMMO3_RECORDS;
-    default:
-        return 0; /* none, or checked inside the call (the encoder backward, the loss) */
+    case GCD_OP_NMMO3_BACKWARD:       /* checked inside the call */
+    case GCD_OP_LINEAR_CROSS_ENTROPY: /* checked inside the call */
+    case GCD_OP_CONV2D_FORWARD:
+    case GCD_OP_CONV2D_BACKWARD:
+    case GCD_OP_COUNT:
+        break;
     }
+    return 0;
 }
 
 /* Enqueues the copy of the op's records into pinned words (the slot's), after its kernels. */
@@ -985,7 +1002,11 @@ static int run_status(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
     case GCD_OP_NMMO3_FORWARD:
         rc = gk_cuda_nmmo3_status(&pl[NMMO3_OBS].dev, &ex, err);
         break;
-    default:
+    case GCD_OP_NMMO3_BACKWARD: /* no records (op_records) */
+    case GCD_OP_LINEAR_CROSS_ENTROPY:
+    case GCD_OP_CONV2D_FORWARD:
+    case GCD_OP_CONV2D_BACKWARD:
+    case GCD_OP_COUNT:
         return 0;
     }
     if (rc == GK_EDEVICE)

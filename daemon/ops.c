@@ -117,9 +117,10 @@ int gcd_op_check(const gcd_op *op, gk_err *err)
                                                  arg(op, NMMO3_BWD_DOUT), &g, err);
         return gk_nmmo3_backward_check(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_BWD_DOUT), &g, err);
     }
-    default:
-        return gk_fail(err, GK_EINVAL, "unknown operation %d", (int)op->kind);
+    case GCD_OP_COUNT: /* no default: -Wswitch names an operation left out */
+        break;
     }
+    return gk_fail(err, GK_EINVAL, "unknown operation %d", (int)op->kind);
 }
 
 int gcd_op_output_shape(const gcd_op *op, int slot, gk_tensor *t, gk_err *err)

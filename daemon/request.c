@@ -105,24 +105,13 @@ static gcd_status payload_align(gcd_daemon *d, reply_state *rs, size_t len, uint
 static gcd_req_kind kind_of(const Gpucd__V1__Request *req)
 {
     switch (req->op_case) {
-    case GPUCD__V1__REQUEST__OP_HELLO: return GCD_REQ_HELLO;
-    case GPUCD__V1__REQUEST__OP_PING: return GCD_REQ_PING;
-    case GPUCD__V1__REQUEST__OP_REGION_REGISTER: return GCD_REQ_REGION_REGISTER;
-    case GPUCD__V1__REQUEST__OP_REGION_UNREGISTER: return GCD_REQ_REGION_UNREGISTER;
-    case GPUCD__V1__REQUEST__OP_REGION_LIST: return GCD_REQ_REGION_LIST;
-    case GPUCD__V1__REQUEST__OP_TENSOR_PUT: return GCD_REQ_TENSOR_PUT;
-    case GPUCD__V1__REQUEST__OP_TENSOR_GET: return GCD_REQ_TENSOR_GET;
-    case GPUCD__V1__REQUEST__OP_TENSOR_FREE: return GCD_REQ_TENSOR_FREE;
-    case GPUCD__V1__REQUEST__OP_STATS: return GCD_REQ_STATS;
-    case GPUCD__V1__REQUEST__OP_SUBMIT_QUEUE_OPEN: return GCD_REQ_SUBMIT_QUEUE_OPEN;
-    case GPUCD__V1__REQUEST__OP_CONV2D_FORWARD: return GCD_REQ_CONV2D_FORWARD;
-    case GPUCD__V1__REQUEST__OP_CONV2D_BACKWARD: return GCD_REQ_CONV2D_BACKWARD;
-    case GPUCD__V1__REQUEST__OP_MULTIHOT_ENCODE: return GCD_REQ_MULTIHOT_ENCODE;
-    case GPUCD__V1__REQUEST__OP_EMBEDDING_FORWARD: return GCD_REQ_EMBEDDING_FORWARD;
-    case GPUCD__V1__REQUEST__OP_EMBEDDING_BACKWARD: return GCD_REQ_EMBEDDING_BACKWARD;
-    case GPUCD__V1__REQUEST__OP_LINEAR_CROSS_ENTROPY: return GCD_REQ_LINEAR_CROSS_ENTROPY;
-    case GPUCD__V1__REQUEST__OP_NMMO3_ENCODE: return GCD_REQ_NMMO3_ENCODE;
-    default: return GCD_REQ_INVALID;
+#define KIND_OF_CASE(id, name, compute)                                                           \
+    case GPUCD__V1__REQUEST__OP_##id:                                                              \
+        return GCD_REQ_##id;
+        GCD_REQ_KINDS(KIND_OF_CASE)
+#undef KIND_OF_CASE
+    default: /* an operation of a newer schema, or none */
+        return GCD_REQ_INVALID;
     }
 }
 

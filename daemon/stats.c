@@ -12,6 +12,7 @@ static const struct {
 #define GCD_REQ_KIND_ROW(id, name, compute) {name, compute},
     GCD_REQ_KINDS(GCD_REQ_KIND_ROW)
 #undef GCD_REQ_KIND_ROW
+    [GCD_REQ_INVALID] = {"invalid", 0},
 };
 
 static const char *const phase_names[GCD_PHASE_COUNT] = {

@@ -12,9 +12,10 @@
 #include "status.h"
 
 /*
- * Request kinds as counted: one per wire operation, plus malformed/unknown ones.  X(NAME, name,
- * compute): compute kinds run a kernel and get latency histograms in /metrics; the others
- * (control: connection, region and resident tensor bookkeeping, stats) are only counted.
+ * Request kinds as counted: one per wire operation (NAME is its case in gpucd.proto's Request),
+ * then GCD_REQ_INVALID for malformed and unknown ones.  X(NAME, name, compute): compute kinds
+ * run a kernel and get latency histograms in /metrics; the others (control: connection, region
+ * and resident tensor bookkeeping, stats) are only counted.
  */
 #define GCD_REQ_KINDS(X)                                                                           \
     X(HELLO, "hello", 0)                                                                           \
@@ -33,13 +34,13 @@
     X(EMBEDDING_FORWARD, "embedding_forward", 1)                                                   \
     X(EMBEDDING_BACKWARD, "embedding_backward", 1)                                                 \
     X(LINEAR_CROSS_ENTROPY, "linear_cross_entropy", 1)                                             \
-    X(NMMO3_ENCODE, "nmmo3_encode", 1)                                                             \
-    X(INVALID, "invalid", 0) /* undecodable, wrong version or unknown operation */
+    X(NMMO3_ENCODE, "nmmo3_encode", 1)
 
 typedef enum gcd_req_kind {
 #define GCD_REQ_KIND_ENUM(id, name, compute) GCD_REQ_##id,
     GCD_REQ_KINDS(GCD_REQ_KIND_ENUM)
 #undef GCD_REQ_KIND_ENUM
+    GCD_REQ_INVALID, /* undecodable, wrong version or unknown operation */
     GCD_REQ_KIND_COUNT,
 } gcd_req_kind;
 
