@@ -197,39 +197,14 @@ static void build_and_state(strbuf *b, gcd_daemon *d, int opened)
 
 static void load_and_traffic(strbuf *b, gcd_stats *s)
 {
-    single_i(b, "gpucd_requests_in_flight", "gauge", "Requests being worked on by a worker.",
-             load_i(&s->inflight));
-    single_i(b, "gpucd_requests_queued", "gauge", "Requests received and waiting for a worker.",
-             load_i(&s->queued));
-    single_i(b, "gpucd_clients_connected", "gauge", "Connections open to the request socket.",
-             load_i(&s->clients));
-    single_u(b, "gpucd_received_bytes_total", "counter", "Bytes of request messages received.",
-             load_u(&s->bytes_in));
-    single_u(b, "gpucd_sent_bytes_total", "counter", "Bytes of reply messages sent.",
-             load_u(&s->bytes_out));
-    single_u(b, "gpucd_batches_total", "counter",
-             "Batches the backend ran (each compute request is one).", load_u(&s->batches));
-    single_u(b, "gpucd_batch_rows_total", "counter",
-             "Rows of all batches run (rows / batches is the mean batch size).",
-             load_u(&s->batch_rows));
-    single_u(b, "gpucd_doorbells_total", "counter",
-             "Completion records written into clients' shared memory.", load_u(&s->doorbells));
-    single_u(b, "gpucd_record_answers_total", "counter",
-             "Requests answered by their completion record alone, with no reply sent.",
-             load_u(&s->record_answers));
-    single_i(b, "gpucd_submit_queues", "gauge",
-             "Submission queues open (local clients' requests through shared memory).",
-             load_i(&s->submit_queues));
-    single_u(b, "gpucd_submit_taken_total", "counter",
-             "Requests taken from submission queues.", load_u(&s->submit_taken));
-    single_u(b, "gpucd_submit_rejected_total", "counter",
-             "Submission queue entries refused (a slot or length out of range).",
-             load_u(&s->submit_rejected));
-    single_u(b, "gpucd_submit_sleeps_total", "counter",
-             "Times the submission queue poller went to sleep.", load_u(&s->submit_sleeps));
-    single_u(b, "gpucd_listener_restarts_total", "counter",
-             "Listeners found no longer accepting connections and re-created.",
-             load_u(&s->listener_restarts));
+#define METRIC_GAUGE(field, metric, help) single_i(b, metric, "gauge", help, load_i(&s->field));
+#define METRIC_COUNTER(field, metric, help)                                                       \
+    single_u(b, metric, "counter", help, load_u(&s->field));
+#define METRIC(field, kind, metric, help) METRIC_##kind(field, metric, help)
+    GCD_STATS_NUMBERS(METRIC)
+#undef METRIC
+#undef METRIC_COUNTER
+#undef METRIC_GAUGE
 }
 
 static void memory(strbuf *b, gcd_daemon *d)
@@ -250,7 +225,8 @@ static void memory(strbuf *b, gcd_daemon *d)
     for (int k = 0; k < GCD_QUOTA_KINDS; k++)
         for (int scope = 0; scope < 2; scope++)
             strbuf_printf(b, "gpucd_quota_refusals_total{quota=\"%s\",per=\"%s\"} %" PRIu64 "\n",
-                          gcd_quota_kind_name((gcd_quota_kind)k), scope ? "peer" : "connection", refused[k][scope]);
+                          gcd_quota_kind_name((gcd_quota_kind)k), scope ? "peer" : "connection",
+                          refused[k][scope]);
     single_u(b, "gpucd_connections_refused_total", "counter",
              "Connections closed as they came: past --max-connections or --peer-connections.",
              refused_connections);

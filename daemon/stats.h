@@ -70,21 +70,46 @@ typedef struct gcd_hist {
     atomic_uint_fast64_t count;
 } gcd_hist;
 
+/*
+ * The daemon-wide numbers that are one value each, in the order /stats lists them:
+ * X(field, kind, metric, help).  kind: GAUGE (signed, goes up and down) or COUNTER (unsigned,
+ * only up); field is also the /stats key, metric the /metrics name.  metrics.c and
+ * stats_json.c expand this list: a number added here shows in both.
+ */
+#define GCD_STATS_NUMBERS(X)                                                                       \
+    X(inflight, GAUGE, "gpucd_requests_in_flight", "Requests being worked on by a worker.")       \
+    X(queued, GAUGE, "gpucd_requests_queued", "Requests received and waiting for a worker.")      \
+    X(clients, GAUGE, "gpucd_clients_connected", "Connections open to the request socket.")       \
+    X(bytes_in, COUNTER, "gpucd_received_bytes_total", "Bytes of request messages received.")     \
+    X(bytes_out, COUNTER, "gpucd_sent_bytes_total", "Bytes of reply messages sent.")              \
+    X(batches, COUNTER, "gpucd_batches_total",                                                     \
+      "Batches the backend ran (each compute request is one).")                                   \
+    X(batch_rows, COUNTER, "gpucd_batch_rows_total",                                               \
+      "Rows of all batches run (rows / batches is the mean batch size).")                         \
+    X(doorbells, COUNTER, "gpucd_doorbells_total",                                                 \
+      "Completion records written into clients' shared memory.")                                  \
+    X(record_answers, COUNTER, "gpucd_record_answers_total",                                       \
+      "Requests answered by their completion record alone, with no reply sent.")                  \
+    X(submit_queues, GAUGE, "gpucd_submit_queues",                                                 \
+      "Submission queues open (local clients' requests through shared memory).")                  \
+    X(submit_taken, COUNTER, "gpucd_submit_taken_total", "Requests taken from submission queues.") \
+    X(submit_rejected, COUNTER, "gpucd_submit_rejected_total",                                     \
+      "Submission queue entries refused (a slot or length out of range).")                        \
+    X(submit_sleeps, COUNTER, "gpucd_submit_sleeps_total",                                         \
+      "Times the submission queue poller went to sleep.")                                         \
+    X(listener_restarts, COUNTER, "gpucd_listener_restarts_total",                                 \
+      "Listeners found no longer accepting connections and re-created.")
+
+/* The atomic type of each kind of number. */
+typedef atomic_int_fast64_t gcd_stat_GAUGE;
+typedef atomic_uint_fast64_t gcd_stat_COUNTER;
+
 typedef struct gcd_stats {
     atomic_uint_fast64_t requests[GCD_REQ_KIND_COUNT][GCD_STATUS_COUNT];
     gcd_hist latency[GCD_REQ_KIND_COUNT][GCD_PHASE_COUNT];
-    atomic_int_fast64_t inflight;  /* being worked on */
-    atomic_int_fast64_t queued;    /* received, waiting for a worker */
-    atomic_uint_fast64_t bytes_in, bytes_out;
-    atomic_int_fast64_t clients;
-    atomic_uint_fast64_t batches, batch_rows;
-    atomic_uint_fast64_t doorbells; /* completion records written (proto/doorbell_record.h) */
-    atomic_uint_fast64_t record_answers; /* of those, requests answered by the record alone */
-    atomic_int_fast64_t submit_queues;   /* submission queues open (submitq.h) */
-    atomic_uint_fast64_t submit_taken;   /* cells taken from them */
-    atomic_uint_fast64_t submit_rejected; /* of those, refused: a slot or length out of range */
-    atomic_uint_fast64_t submit_sleeps;  /* times the queue poller went to sleep */
-    atomic_uint_fast64_t listener_restarts; /* stopped listeners re-created (listen_watch.h) */
+#define GCD_STATS_FIELD(field, kind, metric, help) gcd_stat_##kind field;
+    GCD_STATS_NUMBERS(GCD_STATS_FIELD)
+#undef GCD_STATS_FIELD
     uint64_t start_us;
 } gcd_stats;
 

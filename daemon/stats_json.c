@@ -120,19 +120,13 @@ char *gcd_stats_json(gcd_daemon *d)
                   atomic_load(&d->draining) ? "true" : "false");
     if (gcd_daemon_opened(d))
         json_backend(&b, d);
-    strbuf_printf(&b, "\"inflight\":%" PRId64 ",\"queued\":%" PRId64 ",\"clients\":%" PRId64
-                      ",\"bytes_in\":%" PRIu64 ",\"bytes_out\":%" PRIu64 ",",
-                  load_i(&s->inflight), load_i(&s->queued), load_i(&s->clients),
-                  load(&s->bytes_in), load(&s->bytes_out));
-    strbuf_printf(&b, "\"batches\":%" PRIu64 ",\"batch_rows\":%" PRIu64 ",\"doorbells\":%" PRIu64
-                      ",\"record_answers\":%" PRIu64 ",",
-                  load(&s->batches), load(&s->batch_rows), load(&s->doorbells),
-                  load(&s->record_answers));
-    strbuf_printf(&b, "\"submit_queues\":%" PRId64 ",\"submit_taken\":%" PRIu64
-                      ",\"submit_rejected\":%" PRIu64 ",\"submit_sleeps\":%" PRIu64 ",",
-                  load_i(&s->submit_queues), load(&s->submit_taken), load(&s->submit_rejected),
-                  load(&s->submit_sleeps));
-    strbuf_printf(&b, "\"listener_restarts\":%" PRIu64 ",", load(&s->listener_restarts));
+#define JSON_GAUGE(field) strbuf_printf(&b, "\"" #field "\":%" PRId64 ",", load_i(&s->field));
+#define JSON_COUNTER(field) strbuf_printf(&b, "\"" #field "\":%" PRIu64 ",", load(&s->field));
+#define JSON_NUMBER(field, kind, metric, help) JSON_##kind(field)
+    GCD_STATS_NUMBERS(JSON_NUMBER)
+#undef JSON_NUMBER
+#undef JSON_COUNTER
+#undef JSON_GAUGE
     strbuf_printf(&b, "\"spin_us\":%" PRIu64 ",", d->cfg.spin_us);
     if (d->cpu_latency.held)
         strbuf_printf(&b, "\"cpu_latency_us\":%" PRId64 ",", d->cpu_latency.us);

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Every metric name the alert rules, the Prometheus configuration and the Grafana dashboard use
-# is one the daemon writes (daemon/metrics.c), so that a renamed metric cannot leave a rule or a
-# panel silently empty.  usage: metric_names.sh SOURCE_DIR
+# is one the daemon writes (named in daemon/: metrics.c, or stats.h's list of numbers), so that
+# a renamed metric cannot leave a rule or a panel silently empty.  usage: metric_names.sh SOURCE_DIR
 set -eu
 src=$1
 names=$(cat "$src/deploy/alerts.yml" "$src/deploy/prometheus.yml" "$src/deploy/grafana-dashboard.json" |
@@ -9,7 +9,7 @@ names=$(cat "$src/deploy/alerts.yml" "$src/deploy/prometheus.yml" "$src/deploy/g
 [ -n "$names" ] || { echo "no metric names found"; exit 1; }
 bad=0
 for n in $names; do
-  if ! grep -q "\"$n\"" "$src/daemon/metrics.c"; then
+  if ! cat "$src"/daemon/*.c "$src"/daemon/*.h | grep -q "\"$n\""; then
     echo "used but never written by the daemon: $n"
     bad=1
   fi
