@@ -251,11 +251,11 @@ static const config_option config_options[] = {
      CONFIG_NUMBER(conn_region_mb, 1, 1u << 30)},
     {"peer-inflight-mb", "MB",
      "most request and inline reply bytes of one peer's requests being worked on (default: 4 "
-     "messages of --max-message-mb)",
+     "messages of --max-message-mb, plus 4 MiB)",
      CONFIG_NUMBER(peer_inflight_mb, 1, 1u << 20)},
     {"conn-inflight-mb", "MB",
      "most request and inline reply bytes of one connection's requests being worked on "
-     "(default: 2 messages of --max-message-mb)",
+     "(default: 2 messages of --max-message-mb, plus 2 MiB)",
      CONFIG_NUMBER(conn_inflight_mb, 1, 1u << 20)},
     {"max-connections", "N",
      "most connections open at once; more are closed as they come (default: the descriptor "
