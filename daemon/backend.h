@@ -76,7 +76,10 @@ extern const gcd_backend_ops gcd_backend_cpu;
 /* NULL when the daemon was built without CUDA. */
 extern const gcd_backend_ops *const gcd_backend_cuda;
 
-/* Reports whether a CUDA device is usable (for --backend auto). */
-int gcd_backend_cuda_usable(int device);
+/*
+ * Reports whether CUDA device number device is usable (for --backend auto and cuda): 1, or 0
+ * with why it is not in why (the CUDA error, or that the build has no CUDA backend).
+ */
+int gcd_backend_cuda_usable(int device, char *why, size_t whylen);
 
 #endif

@@ -12,6 +12,7 @@
 #include "clock.h"
 #include "conns.h"
 #include "fdpass.h"
+#include "listen_explain.h"
 #include "listen_watch.h"
 #include "log.h"
 #include "peer.h"
@@ -248,7 +249,11 @@ static int server_listen(void *arg, const char *url, nng_listener *out, char *er
     if (rv == 0)
         rv = nng_listener_start(l, 0);
     if (rv != 0) {
-        snprintf(err, errlen, "cannot listen on %s: %s", url, nng_strerror(rv));
+        char why[768];
+        if (gcd_listen_explain(url, rv, "--listen", why, sizeof why) == 0)
+            snprintf(err, errlen, "cannot listen on %s (%s): %s", url, nng_strerror(rv), why);
+        else
+            snprintf(err, errlen, "cannot listen on %s: %s", url, nng_strerror(rv));
         return -1;
     }
     gcd_log_info("listening on %s", url);

@@ -1,0 +1,31 @@
+/*
+ * listen_explain.h - what to do about a listener that cannot start.
+ *
+ * nng reports a taken address as "Address in use" and a socket path whose
+ * folder is missing as "Entry not found", which name neither the process in
+ * the way nor the folder.  This looks them up:
+ *
+ * - ipc:// in use: nng has already removed a stale socket file (it connects,
+ *   and unlinks the path when the connection is refused), so something
+ *   answers there, or the path could not be removed.  A connection tells
+ *   which, and SO_PEERCRED names the process that listens.
+ * - tcp://, tls+tcp:// and http:// in use: the listening socket of that port
+ *   in /proc/net/tcp and tcp6, and the process holding it by its descriptors
+ *   under /proc (found for the daemon's own uid, or as root; otherwise its
+ *   uid, and the `ss` command that names it).
+ * - ipc:// not found, or not permitted: the socket's folder, and how it is
+ *   made (systemd's RuntimeDirectory=, or by hand).
+ */
+#ifndef GCD_LISTEN_EXPLAIN_H
+#define GCD_LISTEN_EXPLAIN_H
+
+#include <stddef.h>
+
+/*
+ * Writes to out a sentence saying what stands in the way of listening on url, which failed
+ * with nng error rv, and what to do; flag is the option that gave url ("--listen").  Returns
+ * 0, or -1 with out empty when there is nothing to add to nng's own message.
+ */
+int gcd_listen_explain(const char *url, int rv, const char *flag, char *out, size_t outlen);
+
+#endif
