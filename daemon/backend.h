@@ -61,6 +61,11 @@ typedef struct gcd_backend_ops {
     uint64_t (*allocations)(gcd_backend *b);
     /* Requests replayed as captured CUDA graphs, and graphs captured, since open (NULL: none). */
     void (*graphs)(gcd_backend *b, uint64_t *replays, uint64_t *captures);
+    /*
+     * The OpenMP threads the runs computing at once may use: the most there have been since
+     * open, and the cores they share (NULL: the backend runs no OpenMP teams).
+     */
+    void (*cpu_threads)(gcd_backend *b, unsigned *peak, unsigned *cores);
     /* The host phases of the runs since open (NULL: not measured). */
     void (*host_phases)(gcd_backend *b, gcd_host_phases *out);
     /*
