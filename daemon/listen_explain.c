@@ -96,10 +96,6 @@ static int ipc_in_use(const char *path, const char *flag, char *out, size_t outl
     struct stat st;
     if (lstat(path, &st) != 0) /* gone meanwhile: a retry may work */
         return -1;
-    if (S_ISDIR(st.st_mode)) {
-        snprintf(out, outlen, "%s is a folder: give a socket's path inside it to %s", path, flag);
-        return 0;
-    }
     if (why == EACCES || why == EPERM) {
         snprintf(out, outlen,
                  "%s belongs to uid %u and this daemon (uid %u) may neither connect to it nor "
@@ -263,6 +259,20 @@ static int tcp_in_use(const char *url, const char *flag, char *out, size_t outle
                  port, uid, port, flag);
     }
     return 0;
+}
+
+int gcd_listen_path_check(const char *url, const char *flag, char *out, size_t outlen)
+{
+    struct stat st;
+    if (strncmp(url, "ipc://", 6) != 0 || lstat(url + 6, &st) != 0 || S_ISSOCK(st.st_mode))
+        return 0;
+    snprintf(out, outlen,
+             "cannot listen on %s: %s is a %s, not a socket, and listening there would remove "
+             "it; give another %s",
+             url, url + 6, S_ISDIR(st.st_mode) ? "folder" : S_ISLNK(st.st_mode) ? "symbolic link"
+                                                                                : "file",
+             flag);
+    return -1;
 }
 
 int gcd_listen_explain(const char *url, int rv, const char *flag, char *out, size_t outlen)

@@ -15,6 +15,10 @@
  *   uid, and the `ss` command that names it).
  * - ipc:// not found, or not permitted: the socket's folder, and how it is
  *   made (systemd's RuntimeDirectory=, or by hand).
+ *
+ * nng's stale-socket check also removes whatever else is at an ipc:// path
+ * (connecting to a regular file is refused too), so a mistyped --listen
+ * would delete a file: gcd_listen_path_check refuses such a path first.
  */
 #ifndef GCD_LISTEN_EXPLAIN_H
 #define GCD_LISTEN_EXPLAIN_H
@@ -27,5 +31,11 @@
  * 0, or -1 with out empty when there is nothing to add to nng's own message.
  */
 int gcd_listen_explain(const char *url, int rv, const char *flag, char *out, size_t outlen);
+
+/*
+ * For an ipc:// url: -1 with a message in out when something other than a socket is at its
+ * path (nng would remove it to listen there); else 0.
+ */
+int gcd_listen_path_check(const char *url, const char *flag, char *out, size_t outlen);
 
 #endif

@@ -241,6 +241,8 @@ static int server_listen(void *arg, const char *url, nng_listener *out, char *er
     int is_tls = strncmp(url, "tls+tcp://", 10) == 0;
     if (is_tls && srv->tls == NULL && server_tls_config(&srv->d->cfg, &srv->tls, err, errlen) != 0)
         return -1;
+    if (gcd_listen_path_check(url, "--listen", err, errlen) != 0)
+        return -1;
     int rv = nng_listener_create(&l, srv->sock, url);
     if (rv == 0 && strncmp(url, "ipc://", 6) == 0)
         rv = nng_listener_set_int(l, NNG_OPT_IPC_PERMISSIONS, 0600);

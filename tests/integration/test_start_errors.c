@@ -2,8 +2,9 @@
  * test_start_errors.c - a daemon that cannot listen says what is in the way and what to do.
  *
  * Each case starts a daemon whose listener cannot start (its ipc:// folder missing, the
- * address held by another daemon or process, the shipped configuration outside systemd) and
- * checks that it exits 1 with a message naming the folder, the process or the port.
+ * address held by another daemon or process, a file at the socket's path, the shipped
+ * configuration outside systemd) and checks that it exits 1 with a message naming the folder,
+ * the process, the file or the port.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -134,6 +135,28 @@ static void test_ipc_stale_socket_replaced(void **state)
     rmdir(dir);
 }
 
+/* nng removes whatever is at an ipc:// path to listen there: a file is refused, and kept. */
+static void test_ipc_path_is_a_file(void **state)
+{
+    (void)state;
+    char dir[64], path[96], url[128];
+    temp_dir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/notes.txt", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("keep me\n", f);
+    fclose(f);
+    snprintf(url, sizeof url, "ipc://%s", path);
+    expect_refused((const char *[]){"--listen", url, NULL},
+                   (const char *[]){path, "is a file, not a socket", "give another --listen",
+                                    NULL});
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_size, 8);
+    unlink(path);
+    rmdir(dir);
+}
+
 static void test_tcp_port_held(void **state)
 {
     (void)state;
@@ -176,6 +199,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ipc_held_by_a_daemon),
         cmocka_unit_test(test_ipc_given_twice),
         cmocka_unit_test(test_ipc_stale_socket_replaced),
+        cmocka_unit_test(test_ipc_path_is_a_file),
         cmocka_unit_test(test_tcp_port_held),
         cmocka_unit_test(test_stats_port_held),
     };
