@@ -153,11 +153,7 @@ int gcd_http_stats_start(gcd_http_stats **out, gcd_daemon *d, const char *url, c
         }
     }
     if ((rv = nng_http_server_start(h->server)) != 0) {
-        char why[768];
-        if (gcd_listen_explain(url, rv, "--stats-listen", why, sizeof why) == 0)
-            snprintf(err, errlen, "cannot serve stats on %s (%s): %s", url, nng_strerror(rv), why);
-        else
-            snprintf(err, errlen, "cannot serve stats on %s: %s", url, nng_strerror(rv));
+        gcd_listen_error("serve stats", url, rv, "--stats-listen", err, errlen);
         goto fail;
     }
     gcd_log_info("stats endpoint on %s (/metrics /stats /health/live /health/ready)", url);

@@ -4,7 +4,6 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
-#include <limits.h>
 #include <nng/nng.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,7 +111,7 @@ static int ipc_in_use(const char *path, const char *flag, char *out, size_t outl
 
 static int ipc_folder(const char *path, int rv, const char *flag, char *out, size_t outlen)
 {
-    char dir[PATH_MAX];
+    char dir[128]; /* a socket path has at most 107 bytes */
     path_dir(path, dir, sizeof dir);
     struct stat st;
     if (rv == NNG_ENOENT && stat(dir, &st) != 0) {
@@ -275,19 +274,21 @@ int gcd_listen_path_check(const char *url, const char *flag, char *out, size_t o
     return -1;
 }
 
-int gcd_listen_explain(const char *url, int rv, const char *flag, char *out, size_t outlen)
+void gcd_listen_error(const char *what, const char *url, int rv, const char *flag, char *err,
+                      size_t errlen)
 {
-    out[0] = '\0';
-    int done = -1;
+    char why[768];
+    int known = -1;
     if (strncmp(url, "ipc://", 6) == 0) {
         if (rv == NNG_EADDRINUSE)
-            done = ipc_in_use(url + 6, flag, out, outlen);
+            known = ipc_in_use(url + 6, flag, why, sizeof why);
         else
-            done = ipc_folder(url + 6, rv, flag, out, outlen);
+            known = ipc_folder(url + 6, rv, flag, why, sizeof why);
     } else if (rv == NNG_EADDRINUSE) {
-        done = tcp_in_use(url, flag, out, outlen);
+        known = tcp_in_use(url, flag, why, sizeof why);
     }
-    if (done != 0)
-        out[0] = '\0';
-    return done;
+    if (known == 0)
+        snprintf(err, errlen, "cannot %s on %s (%s): %s", what, url, nng_strerror(rv), why);
+    else
+        snprintf(err, errlen, "cannot %s on %s: %s", what, url, nng_strerror(rv));
 }

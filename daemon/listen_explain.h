@@ -26,11 +26,12 @@
 #include <stddef.h>
 
 /*
- * Writes to out a sentence saying what stands in the way of listening on url, which failed
- * with nng error rv, and what to do; flag is the option that gave url ("--listen").  Returns
- * 0, or -1 with out empty when there is nothing to add to nng's own message.
+ * The message for a listener at url that failed with nng error rv: "cannot <what> on url",
+ * nng's error, and what stands in the way and what to do where that is known; flag is the
+ * option that gave url ("--listen").
  */
-int gcd_listen_explain(const char *url, int rv, const char *flag, char *out, size_t outlen);
+void gcd_listen_error(const char *what, const char *url, int rv, const char *flag, char *err,
+                      size_t errlen);
 
 /*
  * For an ipc:// url: -1 with a message in out when something other than a socket is at its

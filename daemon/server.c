@@ -251,11 +251,7 @@ static int server_listen(void *arg, const char *url, nng_listener *out, char *er
     if (rv == 0)
         rv = nng_listener_start(l, 0);
     if (rv != 0) {
-        char why[768];
-        if (gcd_listen_explain(url, rv, "--listen", why, sizeof why) == 0)
-            snprintf(err, errlen, "cannot listen on %s (%s): %s", url, nng_strerror(rv), why);
-        else
-            snprintf(err, errlen, "cannot listen on %s: %s", url, nng_strerror(rv));
+        gcd_listen_error("listen", url, rv, "--listen", err, errlen);
         return -1;
     }
     gcd_log_info("listening on %s", url);
