@@ -61,6 +61,11 @@ typedef struct gcd_backend_ops {
     uint64_t (*allocations)(gcd_backend *b);
     /* Requests replayed as captured CUDA graphs, and graphs captured, since open (NULL: none). */
     void (*graphs)(gcd_backend *b, uint64_t *replays, uint64_t *captures);
+    /*
+     * The OpenMP threads the runs computing at once may use: the most there have been since
+     * open, and the cores they share (NULL: the backend runs no OpenMP teams).
+     */
+    void (*cpu_threads)(gcd_backend *b, unsigned *peak, unsigned *cores);
     /* The host phases of the runs since open (NULL: not measured). */
     void (*host_phases)(gcd_backend *b, gcd_host_phases *out);
     /*
@@ -76,7 +81,10 @@ extern const gcd_backend_ops gcd_backend_cpu;
 /* NULL when the daemon was built without CUDA. */
 extern const gcd_backend_ops *const gcd_backend_cuda;
 
-/* Reports whether a CUDA device is usable (for --backend auto). */
-int gcd_backend_cuda_usable(int device);
+/*
+ * Reports whether CUDA device number device is usable (for --backend auto and cuda): 1, or 0
+ * with why it is not in why (the CUDA error, or that the build has no CUDA backend).
+ */
+int gcd_backend_cuda_usable(int device, char *why, size_t whylen);
 
 #endif

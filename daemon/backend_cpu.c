@@ -1,8 +1,10 @@
 /*
  * backend_cpu.c - the CPU backend: the portable kernels of kernels/cpu/ on host
  * memory.  Every tensor is already in host memory, so there is nothing to copy:
- * copy in and copy out are always zero.
+ * copy in and copy out are always zero.  Runs computing at once share the cores
+ * (cpu_cores.h); waiting for them is the run's wait (queueing in the reply).
  */
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,10 +12,11 @@
 
 #include "backend.h"
 #include "clock.h"
+#include "cpu_cores.h"
 #include "parts.h"
 
 struct gcd_backend {
-    int unused; /* the CPU backend keeps no state; the struct gives the handle a type */
+    gcd_cpu_cores cores;
 };
 
 static int cpu_open(const gcd_config *cfg, gcd_backend **out, gk_err *err)
@@ -21,11 +24,21 @@ static int cpu_open(const gcd_config *cfg, gcd_backend **out, gk_err *err)
     gcd_backend *b = calloc(1, sizeof *b);
     if (b == NULL)
         return gk_fail(err, GK_ENOMEM, "cannot allocate the CPU backend");
+    /* The cores OpenMP may use (its affinity mask); a team as large as OMP_NUM_THREADS allows. */
+    if (gcd_cpu_cores_init(&b->cores, (unsigned)omp_get_num_procs(),
+                           (unsigned)omp_get_max_threads()) != 0) {
+        free(b);
+        return gk_fail(err, GK_ENOMEM, "cannot allocate the CPU backend's core sharing");
+    }
     *out = b;
     return 0;
 }
 
-static void cpu_close(gcd_backend *b) { free(b); }
+static void cpu_close(gcd_backend *b)
+{
+    gcd_cpu_cores_fini(&b->cores);
+    free(b);
+}
 
 static void cpu_describe(gcd_backend *b, gcd_device_info *out)
 {
@@ -115,19 +128,30 @@ static int cpu_run_whole(gcd_op *op, gk_err *err)
 /* The kernels take each tensor in one piece: a merged batch's parts are gathered first. */
 static int cpu_run(gcd_backend *b, gcd_op *op, gcd_run_timing *timing, gk_err *err)
 {
-    uint64_t t0 = gcd_now_us();
+    uint64_t t0 = gcd_now_us(), wait = 0;
     gcd_op whole = *op;
     void *bufs[GCD_OP_MAX_ARGS];
     int rc = gcd_parts_gather(&whole, bufs, err);
     if (rc == 0) {
+        const uint64_t t1 = gcd_now_us();
+        const unsigned team = gcd_cpu_cores_take(&b->cores);
+        wait = gcd_now_us() - t1;
+        omp_set_num_threads((int)team); /* this thread's teams, for this run */
         rc = cpu_run_whole(&whole, err);
+        gcd_cpu_cores_give(&b->cores, team);
         gcd_parts_scatter(&whole, bufs); /* a failed run's outputs are undefined anyway */
     }
-    *timing = (gcd_run_timing){.compute_us = gcd_now_us() - t0};
+    *timing = (gcd_run_timing){.wait_us = wait, .compute_us = gcd_now_us() - t0 - wait};
     return rc;
 }
 
 static uint64_t cpu_allocations(gcd_backend *b) { return 0; }
+
+static void cpu_threads(gcd_backend *b, unsigned *peak, unsigned *cores)
+{
+    *peak = gcd_cpu_cores_peak(&b->cores);
+    *cores = b->cores.cores;
+}
 
 const gcd_backend_ops gcd_backend_cpu = {
     .name = "cpu",
@@ -140,4 +164,5 @@ const gcd_backend_ops gcd_backend_cpu = {
     .tensor_read = cpu_tensor_read,
     .run = cpu_run,
     .allocations = cpu_allocations,
+    .cpu_threads = cpu_threads,
 };

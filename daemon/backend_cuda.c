@@ -1276,14 +1276,27 @@ static int cuda_run(gcd_backend *b, gcd_op *op, gcd_run_timing *timing, gk_err *
 
 /* ---- the table ---------------------------------------------------------------------------- */
 
-int gcd_backend_cuda_usable(int device)
+int gcd_backend_cuda_usable(int device, char *why, size_t whylen)
 {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
         (void)cudaGetLastError();
+        /* A machine without the NVIDIA driver (libcuda) gets cudaErrorInsufficientDriver too. */
+        snprintf(why, whylen, "no usable CUDA device: cudaGetDeviceCount: %s (%s%s)",
+                 cudaGetErrorString(e), cudaGetErrorName(e),
+                 e == cudaErrorInsufficientDriver
+                     ? ": no NVIDIA driver is installed, or it is older than this build's CUDA "
+                       "runtime"
+                     : "");
         return 0;
     }
-    return device >= 0 && device < n;
+    if (device < 0 || device >= n) {
+        snprintf(why, whylen, "no usable CUDA device: --device %d, and the machine has %d "
+                              "(numbered from 0)", device, n);
+        return 0;
+    }
+    return 1;
 }
 
 static const gcd_backend_ops cuda_ops = {

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "listen_explain.h"
 #include "log.h"
 #include "metrics.h"
 #include "request.h"
@@ -152,7 +153,7 @@ int gcd_http_stats_start(gcd_http_stats **out, gcd_daemon *d, const char *url, c
         }
     }
     if ((rv = nng_http_server_start(h->server)) != 0) {
-        snprintf(err, errlen, "cannot serve stats on %s: %s", url, nng_strerror(rv));
+        gcd_listen_error("serve stats", url, rv, "--stats-listen", err, errlen);
         goto fail;
     }
     gcd_log_info("stats endpoint on %s (/metrics /stats /health/live /health/ready)", url);

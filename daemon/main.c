@@ -141,23 +141,23 @@ static uint64_t nofile_raise(void)
 
 static const gcd_backend_ops *backend_choose(const gcd_config *cfg, char *err, size_t errlen)
 {
-    int cuda = gcd_backend_cuda != NULL && gcd_backend_cuda_usable(cfg->device);
-    switch (cfg->backend) {
-    case GCD_BACKEND_CPU:
+    if (cfg->backend == GCD_BACKEND_CPU)
         return &gcd_backend_cpu;
-    case GCD_BACKEND_CUDA:
+    char why[384];
+    const int cuda = gcd_backend_cuda_usable(cfg->device, why, sizeof why);
+    if (cfg->backend == GCD_BACKEND_CUDA) {
         if (!cuda) {
-            snprintf(err, errlen, "--backend cuda: %s",
-                     gcd_backend_cuda == NULL ? "this build has no CUDA backend"
-                                              : "no usable CUDA device");
+            snprintf(err, errlen, "--backend cuda: %s; --backend cpu (or auto) serves without it",
+                     why);
             return NULL;
         }
         return gcd_backend_cuda;
-    default:
-        gcd_log_info("backend auto: %s", cuda ? "a CUDA device is usable, using cuda"
-                                              : "no usable CUDA device, using cpu");
-        return cuda ? gcd_backend_cuda : &gcd_backend_cpu;
     }
+    if (cuda)
+        gcd_log_info("backend auto: CUDA device %d is usable, using cuda", cfg->device);
+    else
+        gcd_log_info("backend auto: using cpu, since %s", why);
+    return cuda ? gcd_backend_cuda : &gcd_backend_cpu;
 }
 
 /*
@@ -191,7 +191,7 @@ int main(int argc, char **argv)
 {
     static gcd_main m; /* large (the stats), so not on the stack */
     gcd_daemon *d = &m.d;
-    char err[512];
+    char err[1024];
     gcd_log_init();
     gcd_config_defaults(&d->cfg);
     int rc = gcd_config_parse_args(&d->cfg, argc, argv, err, sizeof err);

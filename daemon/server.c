@@ -12,6 +12,7 @@
 #include "clock.h"
 #include "conns.h"
 #include "fdpass.h"
+#include "listen_explain.h"
 #include "listen_watch.h"
 #include "log.h"
 #include "peer.h"
@@ -240,6 +241,8 @@ static int server_listen(void *arg, const char *url, nng_listener *out, char *er
     int is_tls = strncmp(url, "tls+tcp://", 10) == 0;
     if (is_tls && srv->tls == NULL && server_tls_config(&srv->d->cfg, &srv->tls, err, errlen) != 0)
         return -1;
+    if (gcd_listen_path_check(url, "--listen", err, errlen) != 0)
+        return -1;
     int rv = nng_listener_create(&l, srv->sock, url);
     if (rv == 0 && strncmp(url, "ipc://", 6) == 0)
         rv = nng_listener_set_int(l, NNG_OPT_IPC_PERMISSIONS, 0600);
@@ -248,7 +251,7 @@ static int server_listen(void *arg, const char *url, nng_listener *out, char *er
     if (rv == 0)
         rv = nng_listener_start(l, 0);
     if (rv != 0) {
-        snprintf(err, errlen, "cannot listen on %s: %s", url, nng_strerror(rv));
+        gcd_listen_error("listen", url, rv, "--listen", err, errlen);
         return -1;
     }
     gcd_log_info("listening on %s", url);

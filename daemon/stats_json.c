@@ -43,6 +43,11 @@ static void json_backend(strbuf *b, gcd_daemon *d)
         d->ops->graphs(d->backend, &replays, &captures);
     strbuf_printf(b, "\"graphs\":{\"replays\":%" PRIu64 ",\"captures\":%" PRIu64 "},", replays,
                   captures);
+    if (d->ops->cpu_threads != NULL) {
+        unsigned peak, cores;
+        d->ops->cpu_threads(d->backend, &peak, &cores);
+        strbuf_printf(b, "\"cpu_threads\":{\"peak\":%u,\"cores\":%u},", peak, cores);
+    }
     if (d->ops->host_phases != NULL) {
         gcd_host_phases h;
         d->ops->host_phases(d->backend, &h);

@@ -99,6 +99,57 @@ int th_free_tcp_port(void)
     return port;
 }
 
+int th_daemon_run_refused(const char *const *args, char *text, size_t textlen)
+{
+    char log[] = "/tmp/gpucd-refused-XXXXXX";
+    int fd = mkstemp(log);
+    if (fd < 0)
+        th_die("mkstemp: %s", strerror(errno));
+    const char *argv[32] = {th_daemon_exe, "--backend", "cpu", "--stats-listen", "none"};
+    int argc = 5;
+    for (int i = 0; args[i] != NULL && argc < 31; i++)
+        argv[argc++] = args[i];
+    argv[argc] = NULL;
+    pid_t pid = fork();
+    if (pid < 0)
+        th_die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(fd, STDERR_FILENO);
+        dup2(fd, STDOUT_FILENO);
+        execv(th_daemon_exe, (char *const *)argv);
+        _exit(127);
+    }
+    int status = 0;
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (waitpid(pid, &status, WNOHANG) != pid) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - t0.tv_sec > 60) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            unlink(log);
+            th_die("the daemon started (still running after 60 s) with %s", args[0]);
+        }
+        usleep(10000);
+    }
+    ssize_t n = pread(fd, text, textlen - 1, 0);
+    text[n > 0 ? n : 0] = '\0';
+    close(fd);
+    unlink(log);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+    fprintf(stderr, "refused (exit %d): %s", code, text);
+    return code;
+}
+
+const char *th_text_lacks(const char *text, const char *const *needles)
+{
+    for (int i = 0; needles[i] != NULL; i++)
+        if (strstr(text, needles[i]) == NULL)
+            return needles[i];
+    return NULL;
+}
+
 void th_daemon_start(th_daemon *d, const char *const *extra)
 {
     memset(d, 0, sizeof *d);

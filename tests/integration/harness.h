@@ -49,6 +49,16 @@ int th_daemon_stop_checked(th_daemon *d);
 extern th_daemon th_group_daemon;
 int th_group_daemon_setup(void **state);
 int th_group_daemon_teardown(void **state);
+/*
+ * Runs the daemon with args (NULL-terminated, after "--backend cpu --stats-listen none", which
+ * they may override) for a start it should refuse: waits up to 60 s for it to exit (ending the
+ * test when it is still running then).  Returns its exit status (-signal when killed by one),
+ * its output (stderr and stdout) in text.
+ */
+int th_daemon_run_refused(const char *const *args, char *text, size_t textlen);
+/* The first of needles (NULL-terminated) that text does not contain; NULL when it has them all. */
+const char *th_text_lacks(const char *text, const char *const *needles);
+
 /* Prints the daemon's log (for a failing test). */
 void th_daemon_dump_log(const th_daemon *d);
 
