@@ -71,8 +71,9 @@ static void test_ipc_folder_missing(void **state)
     rmdir(dir);
 }
 
-/* The shipped configuration listens in /run/gpucd, which systemd makes for the service. */
-static void test_shipped_config_outside_systemd(void **state)
+/* The unit's GPUCD_URL names /run/gpucd, which systemd makes for the service: run by hand
+ * with that environment and the shipped configuration, the daemon says how to make it. */
+static void test_unit_url_outside_systemd(void **state)
 {
     (void)state;
     struct stat st;
@@ -80,10 +81,12 @@ static void test_shipped_config_outside_systemd(void **state)
         printf("skipped: /run/gpucd exists on this machine\n");
         return;
     }
+    assert_int_equal(setenv("GPUCD_URL", "ipc:///run/gpucd/gpucd.sock", 1), 0);
     expect_refused((const char *[]){"--config", GPUCD_SOURCE_DIR "/deploy/gpucd.conf",
                                     "--stats-listen", "none", "--backend", "cpu", NULL},
                    (const char *[]){"the folder /run/gpucd does not exist", "RuntimeDirectory=",
                                     "mkdir -m 0700 /run/gpucd", NULL});
+    unsetenv("GPUCD_URL");
 }
 
 static void test_ipc_held_by_a_daemon(void **state)
@@ -195,7 +198,7 @@ int main(int argc, char **argv)
     th_init(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ipc_folder_missing),
-        cmocka_unit_test(test_shipped_config_outside_systemd),
+        cmocka_unit_test(test_unit_url_outside_systemd),
         cmocka_unit_test(test_ipc_held_by_a_daemon),
         cmocka_unit_test(test_ipc_given_twice),
         cmocka_unit_test(test_ipc_stale_socket_replaced),
