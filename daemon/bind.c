@@ -342,16 +342,10 @@ gcd_status gcd_bind(const gcd_bind_ctx *ctx, gcd_op *op, const gcd_ref *const re
                      total, (unsigned long long)limit);
             st = GCD_MESSAGE_TOO_LARGE;
         } else if (total > 0) {
-            const gcd_charge c = {.n = {[GCD_QUOTA_INFLIGHT_BYTES] = total}};
-            st = gcd_quota_take(ctx->daemon->quota, ctx->pipe, &c, &bound->out_payload_held, why,
-                                whylen);
-            if (st == GCD_OK &&
-                (bound->out_payload = payload_alloc(total, &bound->out_payload_mapped)) == NULL) {
-                gcd_quota_give(ctx->daemon->quota, bound->out_payload_held, &c);
-                bound->out_payload_held = NULL;
+            if ((bound->out_payload = payload_alloc(total, &bound->out_payload_mapped)) == NULL) {
                 snprintf(why, whylen, "out of memory for %zu bytes of inline outputs", total);
                 st = GCD_RESOURCE_EXHAUSTED;
-            } else if (st == GCD_OK) {
+            } else {
                 bound->out_payload_len = total;
                 for (int i = 0; i < op->nargs; i++)
                     if (bound->b[i].to_payload)
@@ -365,6 +359,16 @@ gcd_status gcd_bind(const gcd_bind_ctx *ctx, gcd_op *op, const gcd_ref *const re
     }
     lock_residents(bound);
     return GCD_OK;
+}
+
+gcd_status gcd_bound_payload_charge(const gcd_bind_ctx *ctx, gcd_bound *bound, char *why,
+                                    size_t whylen)
+{
+    if (bound->out_payload_len == 0 || bound->out_payload_held != NULL)
+        return GCD_OK;
+    const gcd_charge c = {.n = {[GCD_QUOTA_INFLIGHT_BYTES] = bound->out_payload_len}};
+    return gcd_quota_take(ctx->daemon->quota, ctx->pipe, &c, &bound->out_payload_held, why,
+                          whylen);
 }
 
 void gcd_unbind(const gcd_bind_ctx *ctx, gcd_bound *bound, int success)

@@ -58,6 +58,15 @@ gcd_status gcd_bind(const gcd_bind_ctx *ctx, gcd_op *op, const gcd_ref *const re
                     const char *const names[], gcd_bound *bound, char *why, size_t whylen);
 
 /*
+ * Charges the reply payload's bytes to the caller's in-flight quota (nothing when there is no
+ * payload or it is charged already).  After the request's own checks, so that a request wrong
+ * in itself is told so whatever the caller's other requests hold; before anything writes into
+ * the payload (its pages are untouched until then).
+ */
+gcd_status gcd_bound_payload_charge(const gcd_bind_ctx *ctx, gcd_bound *bound, char *why,
+                                    size_t whylen);
+
+/*
  * Binds the n bytes at slice, in one of the caller's regions, into *b (region,
  * lo, hi); every message starts with name.  On failure b->region may hold a
  * reference, released by gcd_unbind or the caller.

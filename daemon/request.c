@@ -288,6 +288,8 @@ static gcd_status do_tensor_get(const gcd_bind_ctx *ctx, const Gpucd__V1__Tensor
                   m->id);
     }
     if (st == GCD_OK)
+        st = gcd_bound_payload_charge(ctx, bound, rs->why, sizeof rs->why);
+    if (st == GCD_OK)
         st = inline_take(d, rs, bound->out_payload_len, "tensor_get: the inline reply");
     if (st == GCD_OK) {
         gcd_bound_payload_commit(&op, bound);
@@ -445,6 +447,9 @@ static gcd_status do_compute(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *
     int rc = gcd_op_check(&op, &err);
     if (rc != 0)
         return fail(rs, gcd_status_from_gk(rc), "%s: %s", desc->name, err.msg);
+    st = gcd_bound_payload_charge(ctx, bound, rs->why, sizeof rs->why);
+    if (st != GCD_OK)
+        return st;
     st = inline_take(d, rs, bound->out_payload_len, "the inline outputs");
     if (st != GCD_OK)
         return st;

@@ -110,6 +110,20 @@ static void *huge_thread(void *arg)
     return NULL;
 }
 
+/* A request wrong in itself is told so, not that its declared output is over a quota: the
+ * shapes are checked before the output's bytes are charged.  (Before, 16 threads of such
+ * requests sometimes held the peer's quota between them and got RESOURCE_EXHAUSTED.) */
+static void test_bad_shape_is_told_before_the_quota(void **state)
+{
+    th_daemon d;
+    th_daemon_start(&d, (const char *const[]){"--conn-inflight-mb", "64", NULL});
+    huge_call hc = {.url = d.tcp_url};
+    huge_thread(&hc);
+    if (hc.bad != 0)
+        fail_msg("%d of %d replies not INVALID_ARGUMENT about y: %s", hc.bad, HUGE_CALLS, hc.why);
+    assert_int_equal(th_daemon_stop(&d), 0);
+}
+
 static void test_huge_inline_output_is_refused_cheaply(void **state)
 {
     th_daemon d;
@@ -540,6 +554,7 @@ int main(int argc, char **argv)
 {
     th_init(argc, argv);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_shape_is_told_before_the_quota),
         cmocka_unit_test(test_huge_inline_output_is_refused_cheaply),
         cmocka_unit_test(test_memory_returns_after_a_flood),
         cmocka_unit_test(test_inflight_budget_refuses_by_name),
