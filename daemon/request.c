@@ -390,7 +390,7 @@ static gcd_status compute_run(gcd_daemon *d, gcd_op *op, const gcd_ref *const re
                               const Gpucd__V1__Request *req, reply_state *rs,
                               const gcd_bound *bound)
 {
-    const gcd_op_desc *desc = &gcd_op_descs[op->kind];
+    const gcd_op_desc *desc = gcd_op_desc_of(op->kind);
     gk_err err = {{0}};
     gcd_run_timing t = {0};
     int rc;
@@ -434,7 +434,7 @@ static gcd_status do_compute(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *
     gcd_status st = gcd_decode_compute(req, &op, refs, rs->why, sizeof rs->why);
     if (st != GCD_OK)
         return st;
-    const gcd_op_desc *desc = &gcd_op_descs[op.kind];
+    const gcd_op_desc *desc = gcd_op_desc_of(op.kind);
     st = gcd_bind(ctx, &op, refs, desc->arg_names, bound, rs->why, sizeof rs->why);
     if (st == GCD_OK && req->doorbell != NULL)
         st = gcd_doorbell_bind(ctx, req->doorbell, desc->arg_names, bound, rs->why,
