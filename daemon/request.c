@@ -541,27 +541,6 @@ static void reply_state_free(reply_state *rs)
     free(rs->stats_json);
 }
 
-void gcd_outcome_open(gcd_outcome *out)
-{
-    atomic_store(&out->id, 0);
-    atomic_store(&out->answer, GCD_ANSWER_OPEN);
-}
-
-int gcd_outcome_cut(gcd_outcome *out)
-{
-    int expected = GCD_ANSWER_OPEN;
-    return atomic_compare_exchange_strong(&out->answer, &expected, GCD_ANSWER_CUT);
-}
-
-/* 1 when the worker answers the request: it was not cut off, and now cannot be. */
-static int outcome_take(gcd_outcome *out)
-{
-    int expected = GCD_ANSWER_OPEN;
-    if (atomic_compare_exchange_strong(&out->answer, &expected, GCD_ANSWER_WORKER))
-        return 1;
-    return expected != GCD_ANSWER_CUT;
-}
-
 static nng_msg *request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int refuse,
                                gcd_outcome *out)
 {
@@ -572,7 +551,7 @@ static nng_msg *request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int
     reply_state *rs = calloc(1, sizeof *rs);
     if (rs == NULL) {
         nng_msg_free(msg);
-        out->cut = !outcome_take(out);
+        out->cut = !gcd_outcome_take(out);
         return NULL;
     }
     gpucd__v1__reply__init(&rs->rep);
@@ -658,7 +637,7 @@ static nng_msg *request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int
     rs->rep.timings = &rs->timings;
     /* A doorbell is bound only after the request decoded, so req is there. */
     out->status = st;
-    out->cut = !outcome_take(out); /* then its one answer was the drain's */
+    out->cut = !gcd_outcome_take(out); /* then its one answer was the drain's */
     out->by_record =
         !out->cut && bound.doorbell.region != NULL && st == GCD_OK && req->record_only;
     if (!out->cut && bound.doorbell.region != NULL) {
