@@ -46,9 +46,11 @@
 #include "cuda_graphs.h"
 #include "cuda_run.h"
 #include "gk_cuda.h"
+#include "host_phases.h"
 #include "log.h"
 #include "ops/table.h"
 #include "parts.h"
+#include "pinned.h"
 #include "pool.h"
 
 /*
@@ -93,10 +95,6 @@ typedef struct exec_slot {
     struct exec_slot *next_free;
 } exec_slot;
 
-typedef struct pinned_range {
-    uintptr_t lo, hi;
-} pinned_range;
-
 struct gcd_backend {
     int device;
     char name[128];
@@ -120,14 +118,10 @@ struct gcd_backend {
     gcd_pool *pool;
     pthread_mutex_t pool_lock;
 
-    pinned_range *pinned; /* registered regions */
-    size_t npinned, pinned_cap;
-    pthread_rwlock_t pinned_lock;
+    gcd_pinned pinned; /* registered regions */
 
     atomic_uint_fast64_t allocations;
-    /* gcd_host_phases, summed by the runs' threads */
-    atomic_uint_fast64_t phase_runs, phase_prepare_us, phase_enqueue_us, phase_wait_us,
-        phase_finish_us;
+    gcd_phase_sums phases; /* summed by the runs' threads */
     atomic_int lost;     /* 0 healthy; 1 being marked; 2 lost, lost_why final */
     atomic_int fault_armed; /* GPUCD_CUDA_FAULT_INJECT: the next forward faults */
     char lost_why[256];
@@ -246,19 +240,7 @@ static void slot_give(gcd_backend *b, exec_slot *s)
     pthread_mutex_unlock(&b->slot_lock);
 }
 
-/* ---- pinned regions --------------------------------------------------------------- */
-
-/* Whether [p, p + bytes) lies inside one registered region. */
-static int pinned_contains(gcd_backend *b, const void *p, size_t bytes)
-{
-    uintptr_t lo = (uintptr_t)p;
-    int found = 0;
-    pthread_rwlock_rdlock(&b->pinned_lock);
-    for (size_t i = 0; i < b->npinned && !found; i++)
-        found = lo >= b->pinned[i].lo && lo < b->pinned[i].hi && bytes <= b->pinned[i].hi - lo;
-    pthread_rwlock_unlock(&b->pinned_lock);
-    return found;
-}
+/* ---- pinned regions (pinned.h) ---------------------------------------------------- */
 
 static int resident_contains(const gcd_backend *b, const void *p)
 {
@@ -266,55 +248,45 @@ static int resident_contains(const gcd_backend *b, const void *p)
     return a >= base && a < base + b->resident_bytes;
 }
 
-static int cuda_host_register(gcd_backend *b, void *base, size_t bytes, gk_err *err)
+/* gcd_pinned_add's pin: registers a region's pages with the driver. */
+static int region_pin(void *ctx, void *base, size_t bytes, gk_err *err)
 {
-    if (backend_check_lost(b, err) != 0)
-        return -1;
-    pthread_rwlock_wrlock(&b->pinned_lock);
-    if (b->npinned == b->pinned_cap) {
-        size_t cap = b->pinned_cap ? b->pinned_cap * 2 : 16;
-        pinned_range *r = realloc(b->pinned, cap * sizeof *r);
-        if (r == NULL) {
-            pthread_rwlock_unlock(&b->pinned_lock);
-            return gk_fail(err, GK_ENOMEM, "out of memory");
-        }
-        b->pinned = r;
-        b->pinned_cap = cap;
-    }
+    gcd_backend *b = ctx;
     /* The mapping covers whole pages; pinning whole pages is what the driver does anyway. */
     long page = sysconf(_SC_PAGESIZE);
     size_t pinned = page > 0 ? (bytes + (size_t)page - 1) / (size_t)page * (size_t)page : bytes;
     cudaSetDevice(b->device);
     cudaError_t e = cudaHostRegister(base, pinned, cudaHostRegisterDefault);
+    if (e == cudaSuccess)
+        return 0;
+    (void)cudaGetLastError();
+    if (cuda_error_sticky(e))
+        backend_lose(b, "cudaHostRegister: %s", cudaGetErrorString(e));
+    return gk_fail(err, GK_EDEVICE, "cudaHostRegister of %zu bytes: %s", bytes,
+                   cudaGetErrorString(e));
+}
+
+static void region_unpin(void *ctx, void *base)
+{
+    gcd_backend *b = ctx;
+    cudaSetDevice(b->device);
+    cudaError_t e = cudaHostUnregister(base);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        pthread_rwlock_unlock(&b->pinned_lock);
-        if (cuda_error_sticky(e))
-            backend_lose(b, "cudaHostRegister: %s", cudaGetErrorString(e));
-        return gk_fail(err, GK_EDEVICE, "cudaHostRegister of %zu bytes: %s", bytes,
-                       cudaGetErrorString(e));
+        gcd_log_warn("cuda: cudaHostUnregister: %s", cudaGetErrorString(e));
     }
-    b->pinned[b->npinned++] = (pinned_range){(uintptr_t)base, (uintptr_t)base + bytes};
-    pthread_rwlock_unlock(&b->pinned_lock);
-    return 0;
+}
+
+static int cuda_host_register(gcd_backend *b, void *base, size_t bytes, gk_err *err)
+{
+    if (backend_check_lost(b, err) != 0)
+        return -1;
+    return gcd_pinned_add(&b->pinned, base, bytes, region_pin, b, err);
 }
 
 static void cuda_host_unregister(gcd_backend *b, void *base)
 {
-    pthread_rwlock_wrlock(&b->pinned_lock);
-    for (size_t i = 0; i < b->npinned; i++) {
-        if (b->pinned[i].lo != (uintptr_t)base)
-            continue;
-        b->pinned[i] = b->pinned[--b->npinned];
-        cudaSetDevice(b->device);
-        cudaError_t e = cudaHostUnregister(base);
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError();
-            gcd_log_warn("cuda: cudaHostUnregister: %s", cudaGetErrorString(e));
-        }
-        break;
-    }
-    pthread_rwlock_unlock(&b->pinned_lock);
+    gcd_pinned_remove(&b->pinned, base, region_unpin, b);
 }
 
 /* ---- open and close ------------------------------------------------------------- */
@@ -356,11 +328,10 @@ static void cuda_close(gcd_backend *b)
         cudaFreeHost(b->records);
     (void)cudaGetLastError();
     gcd_pool_destroy(b->pool);
-    free(b->pinned);
     pthread_mutex_destroy(&b->slot_lock);
     pthread_cond_destroy(&b->slot_freed);
     pthread_mutex_destroy(&b->pool_lock);
-    pthread_rwlock_destroy(&b->pinned_lock);
+    gcd_pinned_destroy(&b->pinned);
     free(b);
 }
 
@@ -405,7 +376,7 @@ static int cuda_open(const gcd_config *cfg, gcd_backend **out, gk_err *err)
     pthread_mutex_init(&b->slot_lock, NULL);
     pthread_cond_init(&b->slot_freed, NULL);
     pthread_mutex_init(&b->pool_lock, NULL);
-    pthread_rwlock_init(&b->pinned_lock, NULL);
+    gcd_pinned_init(&b->pinned);
 
     OPEN_CHECK(cudaSetDevice(cfg->device), "cudaSetDevice");
     struct cudaDeviceProp prop;
@@ -588,7 +559,7 @@ static int resident_copy(gcd_backend *b, uint8_t *dev, uint8_t *host, size_t byt
         e = cudaMemcpyAsync(dev, host, bytes, cudaMemcpyDeviceToDevice, s->stream);
         if (e == cudaSuccess)
             e = cudaStreamSynchronize(s->stream);
-    } else if (pinned_contains(b, host, bytes)) {
+    } else if (gcd_pinned_contains(&b->pinned, host, bytes)) {
         e = to_device ? cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, s->stream)
                       : cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, s->stream);
         if (e == cudaSuccess)
@@ -662,39 +633,12 @@ static int run_scratch(const gcd_backend *b, const gcd_op *op, const gcd_arg_pla
 static int arg_pinned(gcd_backend *b, const gcd_arg *a, size_t bytes)
 {
     if (a->parts == NULL)
-        return pinned_contains(b, a->t.data, bytes);
+        return gcd_pinned_contains(&b->pinned, a->t.data, bytes);
     const size_t row = gcd_arg_row_bytes(a);
     for (int k = 0; k < a->parts->n; k++)
-        if (!pinned_contains(b, a->parts->data[k], (size_t)a->parts->rows[k] * row))
+        if (!gcd_pinned_contains(&b->pinned, a->parts->data[k], (size_t)a->parts->rows[k] * row))
             return 0;
     return 1;
-}
-
-/* Host bytes between the argument's memory and one contiguous buffer (staging). */
-static void host_gather(void *dst, const gcd_arg *a, size_t bytes)
-{
-    if (a->parts == NULL) {
-        memcpy(dst, a->t.data, bytes);
-        return;
-    }
-    const size_t row = gcd_arg_row_bytes(a);
-    for (int k = 0; k < a->parts->n; k++) {
-        memcpy(dst, a->parts->data[k], (size_t)a->parts->rows[k] * row);
-        dst = (uint8_t *)dst + (size_t)a->parts->rows[k] * row;
-    }
-}
-
-static void host_scatter(const gcd_arg *a, const void *src, size_t bytes)
-{
-    if (a->parts == NULL) {
-        memcpy(a->t.data, src, bytes);
-        return;
-    }
-    const size_t row = gcd_arg_row_bytes(a);
-    for (int k = 0; k < a->parts->n; k++) {
-        memcpy(a->parts->data[k], src, (size_t)a->parts->rows[k] * row);
-        src = (const uint8_t *)src + (size_t)a->parts->rows[k] * row;
-    }
 }
 
 /*
@@ -841,30 +785,11 @@ static int run_status(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_arg_place *p
     return rc;
 }
 
-/* ---- the host's phases of a run (gcd_host_phases) ------------------------------------------ */
-
-/* Times taken along one run: slot taken, first enqueue, last enqueue, device done, end. */
-typedef struct run_clock {
-    uint64_t start, enqueue, wait, done;
-} run_clock;
-
-static void phases_add(gcd_backend *b, const run_clock *c)
-{
-    const uint64_t end = gcd_now_us();
-    atomic_fetch_add_explicit(&b->phase_runs, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&b->phase_prepare_us, c->enqueue - c->start, memory_order_relaxed);
-    atomic_fetch_add_explicit(&b->phase_enqueue_us, c->wait - c->enqueue, memory_order_relaxed);
-    atomic_fetch_add_explicit(&b->phase_wait_us, c->done - c->wait, memory_order_relaxed);
-    atomic_fetch_add_explicit(&b->phase_finish_us, end - c->done, memory_order_relaxed);
-}
+/* ---- the host's phases of a run (host_phases.h) ------------------------------------------- */
 
 static void cuda_host_phases(gcd_backend *b, gcd_host_phases *out)
 {
-    out->runs = atomic_load_explicit(&b->phase_runs, memory_order_relaxed);
-    out->prepare_us = atomic_load_explicit(&b->phase_prepare_us, memory_order_relaxed);
-    out->enqueue_us = atomic_load_explicit(&b->phase_enqueue_us, memory_order_relaxed);
-    out->wait_us = atomic_load_explicit(&b->phase_wait_us, memory_order_relaxed);
-    out->finish_us = atomic_load_explicit(&b->phase_finish_us, memory_order_relaxed);
+    gcd_phase_sums_read(&b->phases, out);
 }
 
 /* ---- a large encoder forward as a pipeline ------------------------------------------------- */
@@ -928,7 +853,7 @@ static gk_tensor rows_view(gk_tensor t, int64_t r0, int64_t r1)
  * path, which is what the request waited for.
  */
 static int slot_run_pipelined(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_arg_place *pl,
-                              int chunks, size_t scratch_off, run_clock *clock,
+                              int chunks, size_t scratch_off, gcd_run_clock *clock,
                               gcd_run_timing *timing, gk_err *err)
 {
     const int *io = adapter(op)->pipe_io;
@@ -1007,14 +932,14 @@ static int slot_run_pipelined(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_arg_
     timing->copy_in_us = elapsed_us(s->ev[EV_START], s->ev[EV_COPIED_IN]);
     timing->compute_us = elapsed_us(s->ev[EV_COPIED_IN], s->ev[EV_COMPUTED]);
     timing->copy_out_us = elapsed_us(s->ev[EV_COMPUTED], s->ev[EV_COPIED_OUT]);
-    phases_add(b, clock);
+    gcd_phase_sums_add(&b->phases, clock);
     return 0;
 }
 
 static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *timing,
                     gk_err *err)
 {
-    run_clock clock = {.start = gcd_now_us()};
+    gcd_run_clock clock = {.start = gcd_now_us()};
     gcd_arg_place pl[GCD_OP_MAX_ARGS];
     memset(pl, 0, sizeof pl);
     size_t scratch_off = 0;
@@ -1038,7 +963,7 @@ static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *ti
         if (!p->copy || op->args[i].output)
             continue;
         if (p->staged) {
-            host_gather(s->staging + p->staging_off, &op->args[i], p->bytes);
+            gcd_arg_gather(s->staging + p->staging_off, &op->args[i], p->bytes);
             RUN_CHECK(cudaMemcpyAsync(p->dev.data, s->staging + p->staging_off, p->bytes,
                                       cudaMemcpyHostToDevice, s->stream),
                       "copy in");
@@ -1074,14 +999,14 @@ static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *ti
     uint64_t t0 = gcd_now_us();
     for (int i = 0; i < op->nargs; i++)
         if (pl[i].copy && pl[i].staged && op->args[i].output)
-            host_scatter(&op->args[i], s->staging + pl[i].staging_off, pl[i].bytes);
+            gcd_arg_scatter(&op->args[i], s->staging + pl[i].staging_off, pl[i].bytes);
     /* The start event runs as soon as the stream is idle, so copy_in also
      * covers the host's copies into the staging buffer that the uploads wait for. */
     timing->copy_in_us = elapsed_us(s->ev[EV_START], s->ev[EV_COPIED_IN]);
     timing->compute_us = elapsed_us(s->ev[EV_COPIED_IN], s->ev[EV_COMPUTED]);
     timing->copy_out_us = elapsed_us(s->ev[EV_COMPUTED], s->ev[EV_COPIED_OUT]) +
                           (gcd_now_us() - t0);
-    phases_add(b, &clock);
+    gcd_phase_sums_add(&b->phases, &clock);
     return 0;
 }
 
