@@ -52,6 +52,7 @@
 #include "parts.h"
 #include "pinned.h"
 #include "pool.h"
+#include "slot_pool.h"
 
 /*
  * Few slots: two already overlap one request's copies with another's
@@ -59,6 +60,7 @@
  * smaller largest request.
  */
 enum { SLOTS_MAX = 4, SLOT_ALIGN = GCD_POOL_ALIGN };
+_Static_assert((int)SLOTS_MAX <= (int)GCD_SLOT_POOL_MAX, "the slot pool holds every slot");
 
 /*
  * Encoder forwards a slot keeps as graphs: an RL setup sends a handful of
@@ -92,7 +94,6 @@ typedef struct exec_slot {
     gcd_graph_cache *graphs; /* the encoder forwards this slot replays as graphs */
     uint64_t *records; /* pinned host: the op's device error records, copied back with its outputs,
                         * GCD_CUDA_RECORDS_MAX words for each of PIPE_CHUNKS chunks */
-    struct exec_slot *next_free;
 } exec_slot;
 
 struct gcd_backend {
@@ -109,9 +110,7 @@ struct gcd_backend {
     uint64_t *records; /* pinned host, RECORD_WORDS a slot */
     exec_slot slots[SLOTS_MAX];
     int nslots;
-    exec_slot *free_slots;
-    pthread_mutex_t slot_lock;
-    pthread_cond_t slot_freed;
+    gcd_slot_pool free_slots; /* indices into slots */
 
     uint8_t *resident; /* device, resident_bytes */
     size_t resident_bytes;
@@ -222,22 +221,12 @@ static int kernel_fail(gcd_backend *b, exec_slot *s, int rc, const gk_err *err)
 
 static exec_slot *slot_take(gcd_backend *b)
 {
-    pthread_mutex_lock(&b->slot_lock);
-    while (b->free_slots == NULL)
-        pthread_cond_wait(&b->slot_freed, &b->slot_lock);
-    exec_slot *s = b->free_slots;
-    b->free_slots = s->next_free;
-    pthread_mutex_unlock(&b->slot_lock);
-    return s;
+    return &b->slots[gcd_slot_pool_take(&b->free_slots)];
 }
 
 static void slot_give(gcd_backend *b, exec_slot *s)
 {
-    pthread_mutex_lock(&b->slot_lock);
-    s->next_free = b->free_slots;
-    b->free_slots = s;
-    pthread_cond_signal(&b->slot_freed);
-    pthread_mutex_unlock(&b->slot_lock);
+    gcd_slot_pool_give(&b->free_slots, (int)(s - b->slots));
 }
 
 /* ---- pinned regions (pinned.h) ---------------------------------------------------- */
@@ -328,8 +317,7 @@ static void cuda_close(gcd_backend *b)
         cudaFreeHost(b->records);
     (void)cudaGetLastError();
     gcd_pool_destroy(b->pool);
-    pthread_mutex_destroy(&b->slot_lock);
-    pthread_cond_destroy(&b->slot_freed);
+    gcd_slot_pool_destroy(&b->free_slots);
     pthread_mutex_destroy(&b->pool_lock);
     gcd_pinned_destroy(&b->pinned);
     free(b);
@@ -373,8 +361,7 @@ static int cuda_open(const gcd_config *cfg, gcd_backend **out, gk_err *err)
         return gk_fail(err, GK_ENOMEM, "cannot allocate the CUDA backend");
     b->device = cfg->device;
     b->workspace_mb = cfg->workspace_mb;
-    pthread_mutex_init(&b->slot_lock, NULL);
-    pthread_cond_init(&b->slot_freed, NULL);
+    gcd_slot_pool_init(&b->free_slots);
     pthread_mutex_init(&b->pool_lock, NULL);
     gcd_pinned_init(&b->pinned);
 
@@ -451,8 +438,7 @@ static int cuda_open(const gcd_config *cfg, gcd_backend **out, gk_err *err)
         s->ws = b->arena + (size_t)i * b->slot_bytes;
         s->staging = b->staging + (size_t)i * b->staging_bytes;
         s->records = b->records + (size_t)i * RECORD_WORDS;
-        s->next_free = b->free_slots;
-        b->free_slots = s;
+        gcd_slot_pool_give(&b->free_slots, i);
     }
     if (gk_cuda_conv_warmup(err) != 0)
         goto fail;
