@@ -3,6 +3,8 @@
  * memory.  Every tensor is already in host memory, so there is nothing to copy:
  * copy in and copy out are always zero.  Runs computing at once share the cores
  * (cpu_cores.h); waiting for them is the run's wait (queueing in the reply).
+ * Each operation's kernel call is its entry's cpu_run in the operations table
+ * (ops/table.h).
  */
 #include <omp.h>
 #include <stdio.h>
@@ -13,6 +15,7 @@
 #include "backend.h"
 #include "clock.h"
 #include "cpu_cores.h"
+#include "ops/table.h"
 #include "parts.h"
 
 struct gcd_backend {
@@ -21,6 +24,9 @@ struct gcd_backend {
 
 static int cpu_open(const gcd_config *cfg, gcd_backend **out, gk_err *err)
 {
+    int rc = gcd_op_table_check(gcd_op_families, gcd_op_nfamilies, NULL, err);
+    if (rc != 0)
+        return rc;
     gcd_backend *b = calloc(1, sizeof *b);
     if (b == NULL)
         return gk_fail(err, GK_ENOMEM, "cannot allocate the CPU backend");
@@ -76,55 +82,6 @@ static int cpu_tensor_read(gcd_backend *b, void *host, const void *storage, size
     return 0;
 }
 
-static const gk_tensor *arg(const gcd_op *op, int i) { return &op->args[i].t; }
-
-static int cpu_run_whole(gcd_op *op, gk_err *err)
-{
-    switch (op->kind) {
-    case GCD_OP_CONV2D_FORWARD:
-        return gk_cpu_conv2d_forward(&op->p.conv, arg(op, CONV_FWD_X), arg(op, CONV_FWD_W),
-                                     arg(op, CONV_FWD_B), arg(op, CONV_FWD_Y), err);
-    case GCD_OP_CONV2D_BACKWARD:
-        return gk_cpu_conv2d_backward(&op->p.conv, arg(op, CONV_BWD_X), arg(op, CONV_BWD_W),
-                                      arg(op, CONV_BWD_Y), arg(op, CONV_BWD_DY),
-                                      arg(op, CONV_BWD_DX), arg(op, CONV_BWD_DW),
-                                      arg(op, CONV_BWD_DB), err);
-    case GCD_OP_MULTIHOT_ENCODE:
-        return gk_cpu_multihot_encode(&op->p.multihot, arg(op, MULTIHOT_OBS),
-                                      arg(op, MULTIHOT_OUT), err);
-    case GCD_OP_EMBEDDING_FORWARD:
-        return gk_cpu_embedding_forward(arg(op, EMB_FWD_IDX), arg(op, EMB_FWD_TABLE),
-                                        arg(op, EMB_FWD_OUT), err);
-    case GCD_OP_EMBEDDING_BACKWARD:
-        return gk_cpu_embedding_backward(arg(op, EMB_BWD_IDX), arg(op, EMB_BWD_DOUT),
-                                         arg(op, EMB_BWD_DTABLE), err);
-    case GCD_OP_LINEAR_CROSS_ENTROPY:
-        return gk_cpu_lce(&op->p.lce, arg(op, LCE_E), arg(op, LCE_C), arg(op, LCE_BIAS),
-                          arg(op, LCE_TARGETS), arg(op, LCE_LOSS), arg(op, LCE_LSE),
-                          arg(op, LCE_DE), arg(op, LCE_DC), arg(op, LCE_DBIAS), err);
-    case GCD_OP_NMMO3_FORWARD: {
-        gk_nmmo3_weights w = gcd_op_nmmo3_weights(op, NMMO3_W0);
-        if (arg(op, NMMO3_FWD_SAVED)->data != NULL)
-            return gk_cpu_nmmo3_forward_save(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_FWD_FEATURES),
-                                             arg(op, NMMO3_FWD_HIDDEN), arg(op, NMMO3_FWD_SAVED),
-                                             err);
-        return gk_cpu_nmmo3_forward(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_FWD_FEATURES),
-                                    arg(op, NMMO3_FWD_HIDDEN), err);
-    }
-    case GCD_OP_NMMO3_BACKWARD: {
-        gk_nmmo3_weights w = gcd_op_nmmo3_weights(op, NMMO3_W0);
-        gk_nmmo3_weights g = gcd_op_nmmo3_weights(op, NMMO3_BWD_G0);
-        if (arg(op, NMMO3_BWD_SAVED)->data != NULL)
-            return gk_cpu_nmmo3_backward_saved(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_BWD_SAVED),
-                                               arg(op, NMMO3_BWD_DOUT), &g, err);
-        return gk_cpu_nmmo3_backward(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_BWD_DOUT), &g, err);
-    }
-    case GCD_OP_COUNT: /* no default: -Wswitch names an operation left out */
-        break;
-    }
-    return gk_fail(err, GK_EINVAL, "operation %d is not served by the CPU backend", op->kind);
-}
-
 /* The kernels take each tensor in one piece: a merged batch's parts are gathered first. */
 static int cpu_run(gcd_backend *b, gcd_op *op, gcd_run_timing *timing, gk_err *err)
 {
@@ -137,7 +94,10 @@ static int cpu_run(gcd_backend *b, gcd_op *op, gcd_run_timing *timing, gk_err *e
         const unsigned team = gcd_cpu_cores_take(&b->cores);
         wait = gcd_now_us() - t1;
         omp_set_num_threads((int)team); /* this thread's teams, for this run */
-        rc = cpu_run_whole(&whole, err);
+        const gcd_op_entry *e = gcd_op_entry_of(whole.kind);
+        rc = e != NULL ? e->cpu_run(&whole, err)
+                       : gk_fail(err, GK_EINVAL, "operation %d is not served by the CPU backend",
+                                 (int)whole.kind);
         gcd_cpu_cores_give(&b->cores, team);
         gcd_parts_scatter(&whole, bufs); /* a failed run's outputs are undefined anyway */
     }

@@ -21,6 +21,10 @@
  * backend lost: every later call fails at once and ops->lost tells the daemon
  * to drain and exit non-zero, so that a supervisor restarts it.
  *
+ * Each operation's pieces (scratch size, kernels, error records and their
+ * verdict) are its CUDA adapter in the operations table (cuda_run.h,
+ * ops/table.h); this file is the executor they share.
+ *
  * Fault injection, for the test of that path: with GPUCD_CUDA_FAULT_INJECT=1
  * in the environment at start, the first conv2d forward reads its x from an
  * unmapped device address, which makes the context fail for good
@@ -40,12 +44,15 @@
 #include "backend.h"
 #include "clock.h"
 #include "cuda_graphs.h"
+#include "cuda_run.h"
 #include "gk_cuda.h"
-#include "gk_cuda_lce.h"
-#include "gk_cuda_nmmo3.h"
+#include "host_phases.h"
 #include "log.h"
+#include "ops/table.h"
 #include "parts.h"
+#include "pinned.h"
 #include "pool.h"
+#include "slot_pool.h"
 
 /*
  * Few slots: two already overlap one request's copies with another's
@@ -53,6 +60,7 @@
  * smaller largest request.
  */
 enum { SLOTS_MAX = 4, SLOT_ALIGN = GCD_POOL_ALIGN };
+_Static_assert((int)SLOTS_MAX <= (int)GCD_SLOT_POOL_MAX, "the slot pool holds every slot");
 
 /*
  * Encoder forwards a slot keeps as graphs: an RL setup sends a handful of
@@ -72,8 +80,8 @@ enum { EV_START, EV_COPIED_IN, EV_COMPUTED, EV_COPIED_OUT, EV_COUNT };
  */
 enum { PIPE_CHUNKS = 8, PIPE_CHUNK_MIN = 2048 };
 
-/* Error-record words a slot keeps: the encoder's records for each chunk of a pipelined run. */
-enum { RECORD_WORDS = GK_CUDA_NMMO3_RECORDS * PIPE_CHUNKS };
+/* Error-record words a slot keeps: the most an op leaves, for each chunk of a pipelined run. */
+enum { RECORD_WORDS = GCD_CUDA_RECORDS_MAX * PIPE_CHUNKS };
 
 typedef struct exec_slot {
     cudaStream_t stream;
@@ -85,13 +93,8 @@ typedef struct exec_slot {
     gk_cuda_blas *blas; /* cuBLAS bound to stream, its workspace allocated at open */
     gcd_graph_cache *graphs; /* the encoder forwards this slot replays as graphs */
     uint64_t *records; /* pinned host: the op's device error records, copied back with its outputs,
-                        * GK_CUDA_NMMO3_RECORDS words for each of PIPE_CHUNKS chunks */
-    struct exec_slot *next_free;
+                        * GCD_CUDA_RECORDS_MAX words for each of PIPE_CHUNKS chunks */
 } exec_slot;
-
-typedef struct pinned_range {
-    uintptr_t lo, hi;
-} pinned_range;
 
 struct gcd_backend {
     int device;
@@ -107,23 +110,17 @@ struct gcd_backend {
     uint64_t *records; /* pinned host, RECORD_WORDS a slot */
     exec_slot slots[SLOTS_MAX];
     int nslots;
-    exec_slot *free_slots;
-    pthread_mutex_t slot_lock;
-    pthread_cond_t slot_freed;
+    gcd_slot_pool free_slots; /* indices into slots */
 
     uint8_t *resident; /* device, resident_bytes */
     size_t resident_bytes;
     gcd_pool *pool;
     pthread_mutex_t pool_lock;
 
-    pinned_range *pinned; /* registered regions */
-    size_t npinned, pinned_cap;
-    pthread_rwlock_t pinned_lock;
+    gcd_pinned pinned; /* registered regions */
 
     atomic_uint_fast64_t allocations;
-    /* gcd_host_phases, summed by the runs' threads */
-    atomic_uint_fast64_t phase_runs, phase_prepare_us, phase_enqueue_us, phase_wait_us,
-        phase_finish_us;
+    gcd_phase_sums phases; /* summed by the runs' threads */
     atomic_int lost;     /* 0 healthy; 1 being marked; 2 lost, lost_why final */
     atomic_int fault_armed; /* GPUCD_CUDA_FAULT_INJECT: the next forward faults */
     char lost_why[256];
@@ -224,37 +221,15 @@ static int kernel_fail(gcd_backend *b, exec_slot *s, int rc, const gk_err *err)
 
 static exec_slot *slot_take(gcd_backend *b)
 {
-    pthread_mutex_lock(&b->slot_lock);
-    while (b->free_slots == NULL)
-        pthread_cond_wait(&b->slot_freed, &b->slot_lock);
-    exec_slot *s = b->free_slots;
-    b->free_slots = s->next_free;
-    pthread_mutex_unlock(&b->slot_lock);
-    return s;
+    return &b->slots[gcd_slot_pool_take(&b->free_slots)];
 }
 
 static void slot_give(gcd_backend *b, exec_slot *s)
 {
-    pthread_mutex_lock(&b->slot_lock);
-    s->next_free = b->free_slots;
-    b->free_slots = s;
-    pthread_cond_signal(&b->slot_freed);
-    pthread_mutex_unlock(&b->slot_lock);
+    gcd_slot_pool_give(&b->free_slots, (int)(s - b->slots));
 }
 
-/* ---- pinned regions --------------------------------------------------------------- */
-
-/* Whether [p, p + bytes) lies inside one registered region. */
-static int pinned_contains(gcd_backend *b, const void *p, size_t bytes)
-{
-    uintptr_t lo = (uintptr_t)p;
-    int found = 0;
-    pthread_rwlock_rdlock(&b->pinned_lock);
-    for (size_t i = 0; i < b->npinned && !found; i++)
-        found = lo >= b->pinned[i].lo && lo < b->pinned[i].hi && bytes <= b->pinned[i].hi - lo;
-    pthread_rwlock_unlock(&b->pinned_lock);
-    return found;
-}
+/* ---- pinned regions (pinned.h) ---------------------------------------------------- */
 
 static int resident_contains(const gcd_backend *b, const void *p)
 {
@@ -262,55 +237,45 @@ static int resident_contains(const gcd_backend *b, const void *p)
     return a >= base && a < base + b->resident_bytes;
 }
 
-static int cuda_host_register(gcd_backend *b, void *base, size_t bytes, gk_err *err)
+/* gcd_pinned_add's pin: registers a region's pages with the driver. */
+static int region_pin(void *ctx, void *base, size_t bytes, gk_err *err)
 {
-    if (backend_check_lost(b, err) != 0)
-        return -1;
-    pthread_rwlock_wrlock(&b->pinned_lock);
-    if (b->npinned == b->pinned_cap) {
-        size_t cap = b->pinned_cap ? b->pinned_cap * 2 : 16;
-        pinned_range *r = realloc(b->pinned, cap * sizeof *r);
-        if (r == NULL) {
-            pthread_rwlock_unlock(&b->pinned_lock);
-            return gk_fail(err, GK_ENOMEM, "out of memory");
-        }
-        b->pinned = r;
-        b->pinned_cap = cap;
-    }
+    gcd_backend *b = ctx;
     /* The mapping covers whole pages; pinning whole pages is what the driver does anyway. */
     long page = sysconf(_SC_PAGESIZE);
     size_t pinned = page > 0 ? (bytes + (size_t)page - 1) / (size_t)page * (size_t)page : bytes;
     cudaSetDevice(b->device);
     cudaError_t e = cudaHostRegister(base, pinned, cudaHostRegisterDefault);
+    if (e == cudaSuccess)
+        return 0;
+    (void)cudaGetLastError();
+    if (cuda_error_sticky(e))
+        backend_lose(b, "cudaHostRegister: %s", cudaGetErrorString(e));
+    return gk_fail(err, GK_EDEVICE, "cudaHostRegister of %zu bytes: %s", bytes,
+                   cudaGetErrorString(e));
+}
+
+static void region_unpin(void *ctx, void *base)
+{
+    gcd_backend *b = ctx;
+    cudaSetDevice(b->device);
+    cudaError_t e = cudaHostUnregister(base);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        pthread_rwlock_unlock(&b->pinned_lock);
-        if (cuda_error_sticky(e))
-            backend_lose(b, "cudaHostRegister: %s", cudaGetErrorString(e));
-        return gk_fail(err, GK_EDEVICE, "cudaHostRegister of %zu bytes: %s", bytes,
-                       cudaGetErrorString(e));
+        gcd_log_warn("cuda: cudaHostUnregister: %s", cudaGetErrorString(e));
     }
-    b->pinned[b->npinned++] = (pinned_range){(uintptr_t)base, (uintptr_t)base + bytes};
-    pthread_rwlock_unlock(&b->pinned_lock);
-    return 0;
+}
+
+static int cuda_host_register(gcd_backend *b, void *base, size_t bytes, gk_err *err)
+{
+    if (backend_check_lost(b, err) != 0)
+        return -1;
+    return gcd_pinned_add(&b->pinned, base, bytes, region_pin, b, err);
 }
 
 static void cuda_host_unregister(gcd_backend *b, void *base)
 {
-    pthread_rwlock_wrlock(&b->pinned_lock);
-    for (size_t i = 0; i < b->npinned; i++) {
-        if (b->pinned[i].lo != (uintptr_t)base)
-            continue;
-        b->pinned[i] = b->pinned[--b->npinned];
-        cudaSetDevice(b->device);
-        cudaError_t e = cudaHostUnregister(base);
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError();
-            gcd_log_warn("cuda: cudaHostUnregister: %s", cudaGetErrorString(e));
-        }
-        break;
-    }
-    pthread_rwlock_unlock(&b->pinned_lock);
+    gcd_pinned_remove(&b->pinned, base, region_unpin, b);
 }
 
 /* ---- open and close ------------------------------------------------------------- */
@@ -352,11 +317,9 @@ static void cuda_close(gcd_backend *b)
         cudaFreeHost(b->records);
     (void)cudaGetLastError();
     gcd_pool_destroy(b->pool);
-    free(b->pinned);
-    pthread_mutex_destroy(&b->slot_lock);
-    pthread_cond_destroy(&b->slot_freed);
+    gcd_slot_pool_destroy(&b->free_slots);
     pthread_mutex_destroy(&b->pool_lock);
-    pthread_rwlock_destroy(&b->pinned_lock);
+    gcd_pinned_destroy(&b->pinned);
     free(b);
 }
 
@@ -370,17 +333,37 @@ static void cuda_close(gcd_backend *b)
         }                                                                                         \
     } while (0)
 
+/* gcd_op_table_check's test of an adapter: 0, or nonzero with *missing naming what it lacks. */
+static int cuda_op_missing(const gcd_cuda_op *a, const char **missing)
+{
+    if (a->scratch == NULL)
+        *missing = "its CUDA scratch size";
+    else if (a->enqueue == NULL)
+        *missing = "its CUDA enqueue";
+    else if (a->records < 0 || a->records > GCD_CUDA_RECORDS_MAX)
+        *missing = "a CUDA record count within GCD_CUDA_RECORDS_MAX";
+    else if ((a->records > 0) != (a->status != NULL))
+        *missing = "a CUDA status exactly when it leaves records";
+    else if ((a->pipe_io != NULL) != (a->npipe_io > 0) || a->npipe_io > GCD_OP_MAX_ARGS)
+        *missing = "a CUDA pipe_io list with its length";
+    else
+        return 0;
+    return -1;
+}
+
 static int cuda_open(const gcd_config *cfg, gcd_backend **out, gk_err *err)
 {
+    int rc = gcd_op_table_check(gcd_op_families, gcd_op_nfamilies, cuda_op_missing, err);
+    if (rc != 0)
+        return rc;
     gcd_backend *b = calloc(1, sizeof *b);
     if (b == NULL)
         return gk_fail(err, GK_ENOMEM, "cannot allocate the CUDA backend");
     b->device = cfg->device;
     b->workspace_mb = cfg->workspace_mb;
-    pthread_mutex_init(&b->slot_lock, NULL);
-    pthread_cond_init(&b->slot_freed, NULL);
+    gcd_slot_pool_init(&b->free_slots);
     pthread_mutex_init(&b->pool_lock, NULL);
-    pthread_rwlock_init(&b->pinned_lock, NULL);
+    gcd_pinned_init(&b->pinned);
 
     OPEN_CHECK(cudaSetDevice(cfg->device), "cudaSetDevice");
     struct cudaDeviceProp prop;
@@ -455,8 +438,7 @@ static int cuda_open(const gcd_config *cfg, gcd_backend **out, gk_err *err)
         s->ws = b->arena + (size_t)i * b->slot_bytes;
         s->staging = b->staging + (size_t)i * b->staging_bytes;
         s->records = b->records + (size_t)i * RECORD_WORDS;
-        s->next_free = b->free_slots;
-        b->free_slots = s;
+        gcd_slot_pool_give(&b->free_slots, i);
     }
     if (gk_cuda_conv_warmup(err) != 0)
         goto fail;
@@ -563,7 +545,7 @@ static int resident_copy(gcd_backend *b, uint8_t *dev, uint8_t *host, size_t byt
         e = cudaMemcpyAsync(dev, host, bytes, cudaMemcpyDeviceToDevice, s->stream);
         if (e == cudaSuccess)
             e = cudaStreamSynchronize(s->stream);
-    } else if (pinned_contains(b, host, bytes)) {
+    } else if (gcd_pinned_contains(&b->pinned, host, bytes)) {
         e = to_device ? cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, s->stream)
                       : cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, s->stream);
         if (e == cudaSuccess)
@@ -604,15 +586,6 @@ static int cuda_tensor_read(gcd_backend *b, void *host, const void *storage, siz
 
 /* ---- compute ---------------------------------------------------------------------------- */
 
-/* Where one argument's bytes are during a run. */
-typedef struct arg_place {
-    gk_tensor dev;   /* the kernel's view: device memory */
-    size_t bytes;
-    int copy;        /* host bytes copied in (inputs) or out (outputs) */
-    int staged;      /* through the staging buffer, at staging_off */
-    size_t staging_off;
-} arg_place;
-
 static size_t align_up(size_t n) { return (n + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN; }
 
 static uint64_t add_sat(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
@@ -627,82 +600,17 @@ static uint64_t elapsed_us(cudaEvent_t a, cudaEvent_t b)
     return (uint64_t)((double)ms * 1000.0 + 0.5);
 }
 
-/* An NMMO3 weight set (the weights at first, or the backward's gradients) as the device sees it. */
-static gk_nmmo3_weights nmmo3_weights_placed(const arg_place *pl, int first)
-{
-    gk_nmmo3_weights w;
-    gk_tensor *slot[NMMO3_NWEIGHTS] = {&w.conv1_w, &w.conv1_b, &w.conv2_w, &w.conv2_b,
-                                       &w.embed, &w.proj_w, &w.proj_b};
-    for (int i = 0; i < NMMO3_NWEIGHTS; i++)
-        *slot[i] = pl[first + i].dev;
-    return w;
-}
-
-/* After an operation switch: an op kind no case serves (none: -Wswitch sees each switch whole). */
-static int op_unserved(const gcd_op *op, gk_err *err)
-{
-    return gk_fail(err, GK_EINVAL, "operation %d is not served by the cuda backend",
-                   (int)op->kind);
-}
+/* The op's CUDA adapter: every kind has one once cuda_open has checked the table. */
+static const gcd_cuda_op *adapter(const gcd_op *op) { return gcd_op_entry_of(op->kind)->cuda; }
 
 /*
  * The kernel's scratch bytes for this run (device views of the arguments in
  * place); avail is what the slot has left after the tensors.
  */
-static int run_scratch(const gcd_backend *b, const gcd_op *op, const arg_place *pl, size_t avail,
-                       size_t *scratch, gk_err *err)
+static int run_scratch(const gcd_backend *b, const gcd_op *op, const gcd_arg_place *pl,
+                       size_t avail, size_t *scratch, gk_err *err)
 {
-    switch (op->kind) {
-    case GCD_OP_NMMO3_FORWARD: {
-        gk_nmmo3_weights w = nmmo3_weights_placed(pl, NMMO3_W0);
-        if (pl[NMMO3_FWD_SAVED].dev.data != NULL)
-            return gk_cuda_nmmo3_forward_save_workspace_bytes(
-                &w, &pl[NMMO3_OBS].dev, &pl[NMMO3_FWD_FEATURES].dev, &pl[NMMO3_FWD_HIDDEN].dev,
-                &pl[NMMO3_FWD_SAVED].dev, b->sm_count, scratch, err);
-        return gk_cuda_nmmo3_forward_workspace_bytes(&w, &pl[NMMO3_OBS].dev,
-                                                     &pl[NMMO3_FWD_FEATURES].dev,
-                                                     &pl[NMMO3_FWD_HIDDEN].dev, b->sm_count,
-                                                     scratch, err);
-    }
-    case GCD_OP_NMMO3_BACKWARD: {
-        /* The backward runs the batch in chunks fitted to what the slot has left. */
-        gk_nmmo3_weights w = nmmo3_weights_placed(pl, NMMO3_W0);
-        gk_nmmo3_weights g = nmmo3_weights_placed(pl, NMMO3_BWD_G0);
-        if (pl[NMMO3_BWD_SAVED].dev.data != NULL)
-            return gk_cuda_nmmo3_backward_saved_workspace_bytes(
-                &w, &pl[NMMO3_OBS].dev, &pl[NMMO3_BWD_SAVED].dev, &pl[NMMO3_BWD_DOUT].dev, &g,
-                b->sm_count, avail, scratch, err);
-        return gk_cuda_nmmo3_backward_workspace_bytes(&w, &pl[NMMO3_OBS].dev,
-                                                      &pl[NMMO3_BWD_DOUT].dev, &g, b->sm_count,
-                                                      avail, scratch, err);
-    }
-    case GCD_OP_LINEAR_CROSS_ENTROPY: {
-        /* The loss fits its passes to the workspace it gets, up to its default budget. */
-        size_t budget = avail < GK_CUDA_LCE_DEFAULT_BUDGET ? avail : GK_CUDA_LCE_DEFAULT_BUDGET;
-        return gk_cuda_lce_workspace_bytes(&op->p.lce, &pl[LCE_E].dev, &pl[LCE_C].dev,
-                                           &pl[LCE_BIAS].dev, &pl[LCE_TARGETS].dev,
-                                           &pl[LCE_LOSS].dev, &pl[LCE_LSE].dev, &pl[LCE_DE].dev,
-                                           &pl[LCE_DC].dev, &pl[LCE_DBIAS].dev, b->sm_count,
-                                           budget, scratch, err);
-    }
-    case GCD_OP_MULTIHOT_ENCODE:
-    case GCD_OP_EMBEDDING_FORWARD:
-        *scratch = GK_CUDA_OBS_RECORD_BYTES;
-        return 0;
-    case GCD_OP_EMBEDDING_BACKWARD:
-        return gk_cuda_embedding_backward_workspace_bytes(
-            &pl[EMB_BWD_IDX].dev, &pl[EMB_BWD_DOUT].dev, &pl[EMB_BWD_DTABLE].dev, b->sm_count,
-            scratch, err);
-    case GCD_OP_CONV2D_FORWARD:
-        return gk_cuda_conv2d_workspace_bytes(&op->p.conv, &pl[CONV_FWD_X].dev,
-                                              &pl[CONV_FWD_W].dev, b->sm_count, scratch, err);
-    case GCD_OP_CONV2D_BACKWARD:
-        return gk_cuda_conv2d_workspace_bytes(&op->p.conv, &pl[CONV_BWD_X].dev,
-                                              &pl[CONV_BWD_W].dev, b->sm_count, scratch, err);
-    case GCD_OP_COUNT:
-        break;
-    }
-    return op_unserved(op, err);
+    return adapter(op)->scratch(op, pl, b->sm_count, avail, scratch, err);
 }
 
 /* ---- host tensors, whole or in parts (a merged batch: ops.h) ---------------------------- */
@@ -711,39 +619,12 @@ static int run_scratch(const gcd_backend *b, const gcd_op *op, const arg_place *
 static int arg_pinned(gcd_backend *b, const gcd_arg *a, size_t bytes)
 {
     if (a->parts == NULL)
-        return pinned_contains(b, a->t.data, bytes);
+        return gcd_pinned_contains(&b->pinned, a->t.data, bytes);
     const size_t row = gcd_arg_row_bytes(a);
     for (int k = 0; k < a->parts->n; k++)
-        if (!pinned_contains(b, a->parts->data[k], (size_t)a->parts->rows[k] * row))
+        if (!gcd_pinned_contains(&b->pinned, a->parts->data[k], (size_t)a->parts->rows[k] * row))
             return 0;
     return 1;
-}
-
-/* Host bytes between the argument's memory and one contiguous buffer (staging). */
-static void host_gather(void *dst, const gcd_arg *a, size_t bytes)
-{
-    if (a->parts == NULL) {
-        memcpy(dst, a->t.data, bytes);
-        return;
-    }
-    const size_t row = gcd_arg_row_bytes(a);
-    for (int k = 0; k < a->parts->n; k++) {
-        memcpy(dst, a->parts->data[k], (size_t)a->parts->rows[k] * row);
-        dst = (uint8_t *)dst + (size_t)a->parts->rows[k] * row;
-    }
-}
-
-static void host_scatter(const gcd_arg *a, const void *src, size_t bytes)
-{
-    if (a->parts == NULL) {
-        memcpy(a->t.data, src, bytes);
-        return;
-    }
-    const size_t row = gcd_arg_row_bytes(a);
-    for (int k = 0; k < a->parts->n; k++) {
-        memcpy(a->parts->data[k], src, (size_t)a->parts->rows[k] * row);
-        src = (const uint8_t *)src + (size_t)a->parts->rows[k] * row;
-    }
 }
 
 /*
@@ -786,13 +667,13 @@ static cudaError_t copy_pinned(exec_slot *s, const gcd_arg *a, void *dev, size_t
  * staging at 0: the output copies are ordered after the input copies on the
  * stream, so they never meet.  GK_ENOMEM with the sizes when it does not fit.
  */
-static int run_layout(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *place,
+static int run_layout(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_arg_place *place,
                       size_t *scratch_off, gk_err *err)
 {
     uint64_t ws = 0, staged_in = 0, staged_out = 0;
     for (int i = 0; i < op->nargs; i++) {
         gcd_arg *a = &op->args[i];
-        arg_place *p = &place[i];
+        gcd_arg_place *p = &place[i];
         memset(p, 0, sizeof *p);
         p->dev = a->t;
         if (a->t.data == NULL || a->resident)
@@ -848,120 +729,18 @@ static gk_cuda_exec run_exec(const gcd_backend *b, const exec_slot *s, size_t sc
     return ex;
 }
 
-/* The encoder forward of one request, as run_kernel enqueues it (graph capture replays this). */
-typedef struct nmmo3_forward_args {
-    gk_nmmo3_weights w;
-    const arg_place *pl;
-    const gk_cuda_exec *ex;
-} nmmo3_forward_args;
-
-static int nmmo3_forward_enqueue(void *arg, gk_err *err)
-{
-    const nmmo3_forward_args *a = arg;
-    const arg_place *pl = a->pl;
-    if (pl[NMMO3_FWD_SAVED].dev.data != NULL)
-        return gk_cuda_nmmo3_forward_save(&a->w, &pl[NMMO3_OBS].dev, &pl[NMMO3_FWD_FEATURES].dev,
-                                          &pl[NMMO3_FWD_HIDDEN].dev, &pl[NMMO3_FWD_SAVED].dev,
-                                          a->ex, err);
-    return gk_cuda_nmmo3_forward(&a->w, &pl[NMMO3_OBS].dev, &pl[NMMO3_FWD_FEATURES].dev,
-                                 &pl[NMMO3_FWD_HIDDEN].dev, a->ex, err);
-}
-
-/*
- * The encoder forward through the slot's graph cache, keyed by everything
- * it enqueues with: every tensor's device address, dtype and shape, and the
- * workspace.  A rollout worker's request of the same batch size lands at the
- * same places every time, so its launches become one graph launch.
- */
-static int nmmo3_forward_run(exec_slot *s, const gcd_op *op, const arg_place *pl,
-                             const gk_cuda_exec *ex, gk_err *err)
-{
-    gcd_graph_key key = {0};
-    gcd_graph_key_add(&key, (uint64_t)op->kind);
-    for (int i = 0; i < op->nargs; i++) {
-        const gk_tensor *t = &pl[i].dev;
-        gcd_graph_key_add(&key, (uint64_t)(uintptr_t)t->data);
-        if (t->data == NULL)
-            continue;
-        gcd_graph_key_add(&key, (uint64_t)t->dtype);
-        gcd_graph_key_add(&key, (uint64_t)t->ndim);
-        for (int d = 0; d < t->ndim; d++)
-            gcd_graph_key_add(&key, (uint64_t)t->shape[d]);
-    }
-    gcd_graph_key_add(&key, (uint64_t)(uintptr_t)ex->workspace);
-    gcd_graph_key_add(&key, (uint64_t)ex->workspace_bytes);
-    nmmo3_forward_args a = {nmmo3_weights_placed(pl, NMMO3_W0), pl, ex};
-    return gcd_graph_cache_run(s->graphs, &key, nmmo3_forward_enqueue, &a, err);
-}
-
-static int run_kernel(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
+static int run_kernel(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_arg_place *pl,
                       size_t scratch_off, gk_err *err)
 {
     gk_cuda_exec ex = run_exec(b, s, scratch_off);
-    switch (op->kind) {
-    case GCD_OP_MULTIHOT_ENCODE:
-        return gk_cuda_multihot_encode(&op->p.multihot, &pl[MULTIHOT_OBS].dev,
-                                       &pl[MULTIHOT_OUT].dev, &ex, err);
-    case GCD_OP_EMBEDDING_FORWARD:
-        return gk_cuda_embedding_forward(&pl[EMB_FWD_IDX].dev, &pl[EMB_FWD_TABLE].dev,
-                                         &pl[EMB_FWD_OUT].dev, &ex, err);
-    case GCD_OP_EMBEDDING_BACKWARD:
-        return gk_cuda_embedding_backward(&pl[EMB_BWD_IDX].dev, &pl[EMB_BWD_DOUT].dev,
-                                          &pl[EMB_BWD_DTABLE].dev, &ex, err);
-    case GCD_OP_NMMO3_FORWARD:
-        return nmmo3_forward_run(s, op, pl, &ex, err);
-    case GCD_OP_NMMO3_BACKWARD: {
-        gk_nmmo3_weights w = nmmo3_weights_placed(pl, NMMO3_W0);
-        gk_nmmo3_weights g = nmmo3_weights_placed(pl, NMMO3_BWD_G0);
-        if (pl[NMMO3_BWD_SAVED].dev.data != NULL)
-            return gk_cuda_nmmo3_backward_saved(&w, &pl[NMMO3_OBS].dev, &pl[NMMO3_BWD_SAVED].dev,
-                                                &pl[NMMO3_BWD_DOUT].dev, &g, &ex, err);
-        return gk_cuda_nmmo3_backward(&w, &pl[NMMO3_OBS].dev, &pl[NMMO3_BWD_DOUT].dev, &g, &ex,
-                                      err);
-    }
-    case GCD_OP_LINEAR_CROSS_ENTROPY:
-        return gk_cuda_lce(&op->p.lce, &pl[LCE_E].dev, &pl[LCE_C].dev, &pl[LCE_BIAS].dev,
-                           &pl[LCE_TARGETS].dev, &pl[LCE_LOSS].dev, &pl[LCE_LSE].dev,
-                           &pl[LCE_DE].dev, &pl[LCE_DC].dev, &pl[LCE_DBIAS].dev, &ex, err);
-    case GCD_OP_CONV2D_FORWARD:
-        return gk_cuda_conv2d_forward(&op->p.conv, &pl[CONV_FWD_X].dev, &pl[CONV_FWD_W].dev,
-                                      &pl[CONV_FWD_B].dev, &pl[CONV_FWD_Y].dev, &ex, err);
-    case GCD_OP_CONV2D_BACKWARD:
-        return gk_cuda_conv2d_backward(&op->p.conv, &pl[CONV_BWD_X].dev, &pl[CONV_BWD_W].dev,
-                                       &pl[CONV_BWD_Y].dev, &pl[CONV_BWD_DY].dev,
-                                       &pl[CONV_BWD_DX].dev, &pl[CONV_BWD_DW].dev,
-                                       &pl[CONV_BWD_DB].dev, &ex, err);
-    case GCD_OP_COUNT:
-        break;
-    }
-    return op_unserved(op, err);
-}
-
-/* How many device error records (gk_cuda.h) the op leaves at the start of its scratch. */
-static int op_records(gcd_op_kind kind)
-{
-    switch (kind) {
-    case GCD_OP_MULTIHOT_ENCODE:
-    case GCD_OP_EMBEDDING_FORWARD:
-    case GCD_OP_EMBEDDING_BACKWARD:
-        return 1;
-    case GCD_OP_NMMO3_FORWARD:
-        return GK_CUDA_NMMO3_RECORDS;
-    case GCD_OP_NMMO3_BACKWARD:       /* checked inside the call */
-    case GCD_OP_LINEAR_CROSS_ENTROPY: /* checked inside the call */
-    case GCD_OP_CONV2D_FORWARD:
-    case GCD_OP_CONV2D_BACKWARD:
-    case GCD_OP_COUNT:
-        break;
-    }
-    return 0;
+    return adapter(op)->enqueue(op, pl, &ex, s->graphs, err);
 }
 
 /* Enqueues the copy of the op's records into pinned words (the slot's), after its kernels. */
 static cudaError_t records_fetch(exec_slot *s, const gcd_op *op, size_t scratch_off, uint64_t *words)
 {
     cudaError_t e = cudaSuccess;
-    for (int k = 0; k < op_records(op->kind) && e == cudaSuccess; k++)
+    for (int k = 0; k < adapter(op)->records && e == cudaSuccess; k++)
         e = cudaMemcpyAsync(&words[k], s->ws + scratch_off + (size_t)k * GK_CUDA_OBS_RECORD_BYTES,
                             sizeof words[k], cudaMemcpyDeviceToHost, s->stream);
     return e;
@@ -970,7 +749,7 @@ static cudaError_t records_fetch(exec_slot *s, const gcd_op *op, size_t scratch_
 /* After the stream is synchronised: every record fetched into words says clean. */
 static int records_clean(const uint64_t *words, const gcd_op *op)
 {
-    for (int k = 0; k < op_records(op->kind); k++)
+    for (int k = 0; k < adapter(op)->records; k++)
         if (words[k] != UINT64_MAX)
             return 0;
     return 1;
@@ -980,64 +759,23 @@ static int records_clean(const uint64_t *words, const gcd_op *op)
  * After the stream is synchronised: the observation kernels' verdict on their
  * data values (GK_ERANGE naming the agent and feature, or the index position).
  */
-static int run_status(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl,
+static int run_status(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_arg_place *pl,
                       size_t scratch_off, gk_err *err)
 {
     if (records_clean(s->records, op))
         return 0; /* the common case, without another round trip to the device */
     gk_cuda_exec ex = run_exec(b, s, scratch_off);
-    int rc = 0;
-    switch (op->kind) {
-    case GCD_OP_MULTIHOT_ENCODE:
-        rc = gk_cuda_multihot_status(&op->p.multihot, &pl[MULTIHOT_OBS].dev, &ex, err);
-        break;
-    case GCD_OP_EMBEDDING_FORWARD:
-        rc = gk_cuda_embedding_status(&pl[EMB_FWD_IDX].dev, pl[EMB_FWD_TABLE].dev.shape[0], &ex,
-                                      err);
-        break;
-    case GCD_OP_EMBEDDING_BACKWARD:
-        rc = gk_cuda_embedding_status(&pl[EMB_BWD_IDX].dev, pl[EMB_BWD_DTABLE].dev.shape[0], &ex,
-                                      err);
-        break;
-    case GCD_OP_NMMO3_FORWARD:
-        rc = gk_cuda_nmmo3_status(&pl[NMMO3_OBS].dev, &ex, err);
-        break;
-    case GCD_OP_NMMO3_BACKWARD: /* no records (op_records) */
-    case GCD_OP_LINEAR_CROSS_ENTROPY:
-    case GCD_OP_CONV2D_FORWARD:
-    case GCD_OP_CONV2D_BACKWARD:
-    case GCD_OP_COUNT:
-        return 0;
-    }
+    int rc = adapter(op)->status(op, pl, &ex, err); /* records > 0: set (cuda_op_missing) */
     if (rc == GK_EDEVICE)
         (void)slot_recover(b, s, cudaSuccess, err->msg);
     return rc;
 }
 
-/* ---- the host's phases of a run (gcd_host_phases) ------------------------------------------ */
-
-/* Times taken along one run: slot taken, first enqueue, last enqueue, device done, end. */
-typedef struct run_clock {
-    uint64_t start, enqueue, wait, done;
-} run_clock;
-
-static void phases_add(gcd_backend *b, const run_clock *c)
-{
-    const uint64_t end = gcd_now_us();
-    atomic_fetch_add_explicit(&b->phase_runs, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&b->phase_prepare_us, c->enqueue - c->start, memory_order_relaxed);
-    atomic_fetch_add_explicit(&b->phase_enqueue_us, c->wait - c->enqueue, memory_order_relaxed);
-    atomic_fetch_add_explicit(&b->phase_wait_us, c->done - c->wait, memory_order_relaxed);
-    atomic_fetch_add_explicit(&b->phase_finish_us, end - c->done, memory_order_relaxed);
-}
+/* ---- the host's phases of a run (host_phases.h) ------------------------------------------- */
 
 static void cuda_host_phases(gcd_backend *b, gcd_host_phases *out)
 {
-    out->runs = atomic_load_explicit(&b->phase_runs, memory_order_relaxed);
-    out->prepare_us = atomic_load_explicit(&b->phase_prepare_us, memory_order_relaxed);
-    out->enqueue_us = atomic_load_explicit(&b->phase_enqueue_us, memory_order_relaxed);
-    out->wait_us = atomic_load_explicit(&b->phase_wait_us, memory_order_relaxed);
-    out->finish_us = atomic_load_explicit(&b->phase_finish_us, memory_order_relaxed);
+    gcd_phase_sums_read(&b->phases, out);
 }
 
 /* ---- a large encoder forward as a pipeline ------------------------------------------------- */
@@ -1056,27 +794,24 @@ static int pipe_fail(gcd_backend *b, exec_slot *s, cudaError_t e, const char *wh
     return slot_fail(b, s, e, what, err);
 }
 
-/* The encoder forward's arguments that are batch-major, so that a chunk is a row range of each
- * (the saved activations too: row i holds agent i's, gk_nmmo3_saved_row_bytes). */
-static const int pipe_io[] = {NMMO3_OBS, NMMO3_FWD_FEATURES, NMMO3_FWD_HIDDEN,
-                              NMMO3_FWD_SAVED};
-
 /*
- * How many chunks the run goes in: 1 (no pipeline) unless it is an encoder
- * forward of at least two PIPE_CHUNK_MIN rows whose observations and outputs
- * are each in device memory already or in one pinned host range (a region),
- * which the copy streams can read and write directly.
+ * How many chunks the run goes in: 1 (no pipeline) unless its adapter names
+ * batch-major slots of independent rows (pipe_io: an encoder forward), it has
+ * at least two PIPE_CHUNK_MIN rows, and those slots are each in device memory
+ * already or in one pinned host range (a region), which the copy streams can
+ * read and write directly.
  */
-static int pipe_chunks(const gcd_op *op, const arg_place *pl)
+static int pipe_chunks(const gcd_op *op, const gcd_arg_place *pl)
 {
-    if (op->kind != GCD_OP_NMMO3_FORWARD)
+    const gcd_cuda_op *ad = adapter(op);
+    if (ad->pipe_io == NULL)
         return 1;
-    for (size_t i = 0; i < sizeof pipe_io / sizeof pipe_io[0]; i++) {
-        const gcd_arg *a = &op->args[pipe_io[i]];
-        if (a->t.data != NULL && (a->parts != NULL || pl[pipe_io[i]].staged))
+    for (int i = 0; i < ad->npipe_io; i++) {
+        const gcd_arg *a = &op->args[ad->pipe_io[i]];
+        if (a->t.data != NULL && (a->parts != NULL || pl[ad->pipe_io[i]].staged))
             return 1;
     }
-    const int64_t chunks = op->args[NMMO3_OBS].t.shape[0] / PIPE_CHUNK_MIN;
+    const int64_t chunks = op->args[ad->pipe_io[0]].t.shape[0] / PIPE_CHUNK_MIN;
     return chunks < 2 ? 1 : chunks < PIPE_CHUNKS ? (int)chunks : PIPE_CHUNKS;
 }
 
@@ -1103,11 +838,13 @@ static gk_tensor rows_view(gk_tensor t, int64_t r0, int64_t r1)
  * last chunk's kernels, compute everything between: the pipeline's critical
  * path, which is what the request waited for.
  */
-static int slot_run_pipelined(gcd_backend *b, exec_slot *s, gcd_op *op, arg_place *pl, int chunks,
-                              size_t scratch_off, run_clock *clock, gcd_run_timing *timing,
-                              gk_err *err)
+static int slot_run_pipelined(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_arg_place *pl,
+                              int chunks, size_t scratch_off, gcd_run_clock *clock,
+                              gcd_run_timing *timing, gk_err *err)
 {
-    const int64_t rows = op->args[NMMO3_OBS].t.shape[0];
+    const int *io = adapter(op)->pipe_io;
+    const int nio = adapter(op)->npipe_io, in = io[0];
+    const int64_t rows = op->args[in].t.shape[0];
     cudaError_t e;
 #define PIPE_CHECK(call, what)                                                                    \
     do {                                                                                          \
@@ -1120,14 +857,14 @@ static int slot_run_pipelined(gcd_backend *b, exec_slot *s, gcd_op *op, arg_plac
     PIPE_CHECK(cudaStreamWaitEvent(s->copy_in, s->ev[EV_START], 0), "cudaStreamWaitEvent");
     for (int c = 0; c < chunks; c++) {
         const int64_t r0 = rows * c / chunks, r1 = rows * (c + 1) / chunks;
-        arg_place cpl[GCD_OP_MAX_ARGS];
+        gcd_arg_place cpl[GCD_OP_MAX_ARGS];
         memcpy(cpl, pl, sizeof cpl);
-        for (size_t i = 0; i < sizeof pipe_io / sizeof pipe_io[0]; i++)
-            if (op->args[pipe_io[i]].t.data != NULL)
-                cpl[pipe_io[i]].dev = rows_view(pl[pipe_io[i]].dev, r0, r1);
-        if (pl[NMMO3_OBS].copy) {
-            const gk_tensor host = rows_view(op->args[NMMO3_OBS].t, r0, r1);
-            PIPE_CHECK(cudaMemcpyAsync(cpl[NMMO3_OBS].dev.data, host.data,
+        for (int i = 0; i < nio; i++)
+            if (op->args[io[i]].t.data != NULL)
+                cpl[io[i]].dev = rows_view(pl[io[i]].dev, r0, r1);
+        if (pl[in].copy) {
+            const gk_tensor host = rows_view(op->args[in].t, r0, r1);
+            PIPE_CHECK(cudaMemcpyAsync(cpl[in].dev.data, host.data,
                                        (size_t)gk_tensor_bytes(&host), cudaMemcpyHostToDevice,
                                        s->copy_in),
                        "copy in");
@@ -1141,12 +878,12 @@ static int slot_run_pipelined(gcd_backend *b, exec_slot *s, gcd_op *op, arg_plac
             pipe_drain(s);
             return kernel_fail(b, s, rc, err);
         }
-        PIPE_CHECK(records_fetch(s, op, scratch_off, s->records + c * GK_CUDA_NMMO3_RECORDS),
+        PIPE_CHECK(records_fetch(s, op, scratch_off, s->records + c * GCD_CUDA_RECORDS_MAX),
                    "copying the error records");
         PIPE_CHECK(cudaEventRecord(s->chunk_done[c], s->stream), "cudaEventRecord");
         PIPE_CHECK(cudaStreamWaitEvent(s->copy_out, s->chunk_done[c], 0), "cudaStreamWaitEvent");
-        for (size_t i = 1; i < sizeof pipe_io / sizeof pipe_io[0]; i++) {
-            const int k = pipe_io[i];
+        for (int i = 1; i < nio; i++) {
+            const int k = io[i];
             if (!pl[k].copy)
                 continue;
             const gk_tensor host = rows_view(op->args[k].t, r0, r1);
@@ -1167,7 +904,7 @@ static int slot_run_pipelined(gcd_backend *b, exec_slot *s, gcd_op *op, arg_plac
 #undef PIPE_CHECK
     int dirty = 0;
     for (int c = 0; c < chunks; c++)
-        dirty |= !records_clean(s->records + c * GK_CUDA_NMMO3_RECORDS, op);
+        dirty |= !records_clean(s->records + c * GCD_CUDA_RECORDS_MAX, op);
     if (dirty) {
         int rc = run_kernel(b, s, op, pl, scratch_off, err);
         if (rc != 0)
@@ -1181,15 +918,15 @@ static int slot_run_pipelined(gcd_backend *b, exec_slot *s, gcd_op *op, arg_plac
     timing->copy_in_us = elapsed_us(s->ev[EV_START], s->ev[EV_COPIED_IN]);
     timing->compute_us = elapsed_us(s->ev[EV_COPIED_IN], s->ev[EV_COMPUTED]);
     timing->copy_out_us = elapsed_us(s->ev[EV_COMPUTED], s->ev[EV_COPIED_OUT]);
-    phases_add(b, clock);
+    gcd_phase_sums_add(&b->phases, clock);
     return 0;
 }
 
 static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *timing,
                     gk_err *err)
 {
-    run_clock clock = {.start = gcd_now_us()};
-    arg_place pl[GCD_OP_MAX_ARGS];
+    gcd_run_clock clock = {.start = gcd_now_us()};
+    gcd_arg_place pl[GCD_OP_MAX_ARGS];
     memset(pl, 0, sizeof pl);
     size_t scratch_off = 0;
     int rc = run_layout(b, s, op, pl, &scratch_off, err);
@@ -1208,11 +945,11 @@ static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *ti
 
     RUN_CHECK(cudaEventRecord(s->ev[EV_START], s->stream), "cudaEventRecord");
     for (int i = 0; i < op->nargs; i++) {
-        arg_place *p = &pl[i];
+        gcd_arg_place *p = &pl[i];
         if (!p->copy || op->args[i].output)
             continue;
         if (p->staged) {
-            host_gather(s->staging + p->staging_off, &op->args[i], p->bytes);
+            gcd_arg_gather(s->staging + p->staging_off, &op->args[i], p->bytes);
             RUN_CHECK(cudaMemcpyAsync(p->dev.data, s->staging + p->staging_off, p->bytes,
                                       cudaMemcpyHostToDevice, s->stream),
                       "copy in");
@@ -1228,7 +965,7 @@ static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *ti
     RUN_CHECK(records_fetch(s, op, scratch_off, s->records), "copying the error records");
     RUN_CHECK(cudaEventRecord(s->ev[EV_COMPUTED], s->stream), "cudaEventRecord");
     for (int i = 0; i < op->nargs; i++) {
-        arg_place *p = &pl[i];
+        gcd_arg_place *p = &pl[i];
         if (!p->copy || !op->args[i].output)
             continue;
         if (p->staged)
@@ -1248,14 +985,14 @@ static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *ti
     uint64_t t0 = gcd_now_us();
     for (int i = 0; i < op->nargs; i++)
         if (pl[i].copy && pl[i].staged && op->args[i].output)
-            host_scatter(&op->args[i], s->staging + pl[i].staging_off, pl[i].bytes);
+            gcd_arg_scatter(&op->args[i], s->staging + pl[i].staging_off, pl[i].bytes);
     /* The start event runs as soon as the stream is idle, so copy_in also
      * covers the host's copies into the staging buffer that the uploads wait for. */
     timing->copy_in_us = elapsed_us(s->ev[EV_START], s->ev[EV_COPIED_IN]);
     timing->compute_us = elapsed_us(s->ev[EV_COPIED_IN], s->ev[EV_COMPUTED]);
     timing->copy_out_us = elapsed_us(s->ev[EV_COMPUTED], s->ev[EV_COPIED_OUT]) +
                           (gcd_now_us() - t0);
-    phases_add(b, &clock);
+    gcd_phase_sums_add(&b->phases, &clock);
     return 0;
 }
 
@@ -1264,6 +1001,9 @@ static int cuda_run(gcd_backend *b, gcd_op *op, gcd_run_timing *timing, gk_err *
     memset(timing, 0, sizeof *timing);
     if (backend_check_lost(b, err) != 0)
         return GK_EDEVICE;
+    if (gcd_op_entry_of(op->kind) == NULL)
+        return gk_fail(err, GK_EINVAL, "operation %d is not served by the cuda backend",
+                       (int)op->kind);
     uint64_t t0 = gcd_now_us();
     exec_slot *s = slot_take(b);
     uint64_t waited = gcd_now_us() - t0;

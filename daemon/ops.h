@@ -1,7 +1,8 @@
 /*
  * ops.h - a compute request as the daemon runs it, independent of the wire.
  *
- * Each operation has fixed argument slots (see the GCD_*_ARGS lists in ops.c);
+ * Each operation has fixed argument slots (the enums below; their names are in
+ * its entry of the operations table, ops/table.h);
  * a slot is an input or an output, present or absent.  By the time a backend
  * sees an op, every present slot's shape has been checked by the kernels'
  * gk_*_check and its bytes are reachable at arg.t.data: host memory (a mapped
@@ -83,9 +84,9 @@ typedef struct gcd_op_desc {
     uint32_t required; /* bit i: slot i must be present */
 } gcd_op_desc;
 
-extern const gcd_op_desc gcd_op_descs[GCD_OP_COUNT];
+/* The description in kind's entry of the operations table (ops/table.h). */
+const gcd_op_desc *gcd_op_desc_of(gcd_op_kind kind);
 
-const char *gcd_op_name(gcd_op_kind kind);
 
 /* Runs the shape checks of kernels/ for op; 0 or a gk_code with err set. */
 int gcd_op_check(const gcd_op *op, gk_err *err);
@@ -97,8 +98,5 @@ int gcd_op_check(const gcd_op *op, gk_err *err);
  * bound.  0 with *t's dtype and shape set, or a gk_code with err set.
  */
 int gcd_op_output_shape(const gcd_op *op, int slot, gk_tensor *t, gk_err *err);
-
-/* Views slots [first, first+7) as NMMO3 weights. */
-gk_nmmo3_weights gcd_op_nmmo3_weights(const gcd_op *op, int first);
 
 #endif

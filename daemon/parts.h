@@ -11,6 +11,11 @@
 /* Bytes of one row of a host tensor (its bytes over its first dimension). */
 size_t gcd_arg_row_bytes(const gcd_arg *a);
 
+/* Copies the argument's bytes (in parts or whole) into one contiguous dst of bytes. */
+void gcd_arg_gather(void *dst, const gcd_arg *a, size_t bytes);
+/* Copies one contiguous src of bytes into the argument's memory (in parts or whole). */
+void gcd_arg_scatter(const gcd_arg *a, const void *src, size_t bytes);
+
 /*
  * Points every parted argument of op at a buffer of its own (bufs[i], NULL
  * for the others) and gathers the inputs' parts into theirs; GK_ENOMEM

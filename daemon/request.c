@@ -392,7 +392,7 @@ static gcd_status compute_run(gcd_daemon *d, gcd_op *op, const gcd_ref *const re
                               const Gpucd__V1__Request *req, reply_state *rs,
                               const gcd_bound *bound)
 {
-    const gcd_op_desc *desc = &gcd_op_descs[op->kind];
+    const gcd_op_desc *desc = gcd_op_desc_of(op->kind);
     gk_err err = {{0}};
     gcd_run_timing t = {0};
     int rc;
@@ -436,7 +436,7 @@ static gcd_status do_compute(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *
     gcd_status st = gcd_decode_compute(req, &op, refs, rs->why, sizeof rs->why);
     if (st != GCD_OK)
         return st;
-    const gcd_op_desc *desc = &gcd_op_descs[op.kind];
+    const gcd_op_desc *desc = gcd_op_desc_of(op.kind);
     st = gcd_bind(ctx, &op, refs, desc->arg_names, bound, rs->why, sizeof rs->why);
     if (st == GCD_OK && req->doorbell != NULL)
         st = gcd_doorbell_bind(ctx, req->doorbell, desc->arg_names, bound, rs->why,
@@ -546,27 +546,6 @@ static void reply_state_free(reply_state *rs)
     free(rs->stats_json);
 }
 
-void gcd_outcome_open(gcd_outcome *out)
-{
-    atomic_store(&out->id, 0);
-    atomic_store(&out->answer, GCD_ANSWER_OPEN);
-}
-
-int gcd_outcome_cut(gcd_outcome *out)
-{
-    int expected = GCD_ANSWER_OPEN;
-    return atomic_compare_exchange_strong(&out->answer, &expected, GCD_ANSWER_CUT);
-}
-
-/* 1 when the worker answers the request: it was not cut off, and now cannot be. */
-static int outcome_take(gcd_outcome *out)
-{
-    int expected = GCD_ANSWER_OPEN;
-    if (atomic_compare_exchange_strong(&out->answer, &expected, GCD_ANSWER_WORKER))
-        return 1;
-    return expected != GCD_ANSWER_CUT;
-}
-
 static nng_msg *request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int refuse,
                                gcd_outcome *out)
 {
@@ -577,7 +556,7 @@ static nng_msg *request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int
     reply_state *rs = calloc(1, sizeof *rs);
     if (rs == NULL) {
         nng_msg_free(msg);
-        out->cut = !outcome_take(out);
+        out->cut = !gcd_outcome_take(out);
         return NULL;
     }
     gpucd__v1__reply__init(&rs->rep);
@@ -663,7 +642,7 @@ static nng_msg *request_handle(gcd_daemon *d, nng_msg *msg, uint64_t t_recv, int
     rs->rep.timings = &rs->timings;
     /* A doorbell is bound only after the request decoded, so req is there. */
     out->status = st;
-    out->cut = !outcome_take(out); /* then its one answer was the drain's */
+    out->cut = !gcd_outcome_take(out); /* then its one answer was the drain's */
     out->by_record =
         !out->cut && bound.doorbell.region != NULL && st == GCD_OK && req->record_only;
     if (!out->cut && bound.doorbell.region != NULL) {

@@ -272,6 +272,9 @@ static int server_fdpass_listen(gcd_server *srv, const char *url, char *err, siz
     return 0;
 }
 
+/* The submission queues' requests run on the request path as the socket's do. */
+static const gcd_submitq_handler submitq_handler = {gcd_request_serve, gcd_request_error_reply};
+
 int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err, size_t errlen)
 {
     gcd_server *srv = calloc(1, sizeof *srv);
@@ -332,8 +335,8 @@ int gcd_server_start(gcd_server **out, gcd_daemon *d, uv_loop_t *loop, char *err
     /* Without them (no memfd, say) every request uses the socket: slower, not broken. */
     char why[256];
     if (d->cfg.submit_queues &&
-        gcd_submitq_start(&d->submitq, d, srv->workers, &srv->busy, &srv->refuse, why,
-                          sizeof why) != 0)
+        gcd_submitq_start(&d->submitq, d, &submitq_handler, srv->workers, &srv->busy,
+                          &srv->refuse, why, sizeof why) != 0)
         gcd_log_warn("%s; serving without submission queues", why);
     nng_tls_config *probe_tls = NULL;
     if (server_probe_tls(&d->cfg, &probe_tls, why, sizeof why) != 0)

@@ -14,7 +14,6 @@
 #include "clock.h"
 #include "doorbell.h"
 #include "log.h"
-#include "request.h"
 #include "submit_queue.h"
 
 _Static_assert(SUBMIT_MESSAGE_MAX == 2032, "take()'s message names the buffer's size");
@@ -53,6 +52,7 @@ typedef struct queue {
 
 struct gcd_submitq {
     gcd_daemon *d;
+    const gcd_submitq_handler *handler;
     gcd_workers *workers;
     atomic_int *busy;
     const atomic_int *refuse;
@@ -103,11 +103,11 @@ static void work_run(gcd_work *work)
     gcd_outcome out = {.status = w->refused};
     nng_msg *reply;
     if (w->msg != NULL) {
-        reply = gcd_request_serve(sq->d, w->msg, w->t_recv, sq->refuse, &out);
+        reply = sq->handler->serve(sq->d, w->msg, w->t_recv, sq->refuse, &out);
         w->msg = NULL;
     } else {
         atomic_fetch_sub_explicit(&sq->d->stats.queued, 1, memory_order_relaxed);
-        reply = gcd_request_error_reply(w->id, out.status, w->why);
+        reply = sq->handler->error_reply(w->id, out.status, w->why);
     }
     if (!out.by_record)
         answer(q, w, reply, out.status);
@@ -283,8 +283,9 @@ static int wake_create(gcd_submitq *sq, char *err, size_t errlen)
     return 0;
 }
 
-int gcd_submitq_start(gcd_submitq **out, gcd_daemon *d, gcd_workers *workers, atomic_int *busy,
-                      const atomic_int *refuse, char *err, size_t errlen)
+int gcd_submitq_start(gcd_submitq **out, gcd_daemon *d, const gcd_submitq_handler *handler,
+                      gcd_workers *workers, atomic_int *busy, const atomic_int *refuse, char *err,
+                      size_t errlen)
 {
     gcd_submitq *sq = calloc(1, sizeof *sq);
     if (sq == NULL) {
@@ -292,6 +293,7 @@ int gcd_submitq_start(gcd_submitq **out, gcd_daemon *d, gcd_workers *workers, at
         return -1;
     }
     sq->d = d;
+    sq->handler = handler;
     sq->workers = workers;
     sq->busy = busy;
     sq->refuse = refuse;

@@ -8,24 +8,39 @@
 #ifndef GCD_SUBMITQ_H
 #define GCD_SUBMITQ_H
 
+#include <nng/nng.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "daemon.h"
+#include "outcome.h"
 #include "status.h"
 #include "workers.h"
 
 typedef struct gcd_submitq gcd_submitq;
 
 /*
- * Creates the wake page and starts the poller.  Taken requests go to workers;
+ * How a taken request is answered: the request path's gcd_request_serve and
+ * gcd_request_error_reply (request.h), which the server hands over, so that
+ * the request path may open queues without the queues calling back into it.
+ */
+typedef struct gcd_submitq_handler {
+    nng_msg *(*serve)(gcd_daemon *d, nng_msg *req, uint64_t t_recv, const atomic_int *refuse,
+                      gcd_outcome *out);
+    nng_msg *(*error_reply)(uint64_t id, gcd_status st, const char *why);
+} gcd_submitq_handler;
+
+/*
+ * Creates the wake page and starts the poller.  Taken requests go to workers,
+ * which answer them through handler (kept by the queues, not copied);
  * each counts in *busy until answered (the server's drain waits for it) and
  * is refused while *refuse is set.  At most the daemon's --max-inflight run
  * at once; more wait in their queues.  0, or -1 with a message in err.
  */
-int gcd_submitq_start(gcd_submitq **out, gcd_daemon *d, gcd_workers *workers, atomic_int *busy,
-                      const atomic_int *refuse, char *err, size_t errlen);
+int gcd_submitq_start(gcd_submitq **out, gcd_daemon *d, const gcd_submitq_handler *handler,
+                      gcd_workers *workers, atomic_int *busy, const atomic_int *refuse, char *err,
+                      size_t errlen);
 
 /* Makes region_id (of connection owner) that connection's queue.  One queue a connection. */
 gcd_status gcd_submitq_open(gcd_submitq *sq, uint32_t owner, uint64_t region_id, char *why,

@@ -1,0 +1,148 @@
+/* embedding.c - the embedding family: table lookup forward and its scatter-add backward. */
+#include "decode.h"
+#include "ops/table.h"
+#ifdef GCD_HAVE_CUDA_BACKEND
+#include "cuda_run.h"
+#endif
+
+/* ---- wire ------------------------------------------------------------------------------- */
+
+static gcd_status forward_decode(const Gpucd__V1__Request *req, gcd_op *op,
+                                 const Gpucd__V1__TensorRef *refs[GCD_OP_MAX_ARGS], char *why,
+                                 size_t whylen)
+{
+    const Gpucd__V1__EmbeddingForward *m = req->embedding_forward;
+    op->kind = GCD_OP_EMBEDDING_FORWARD;
+    refs[EMB_FWD_IDX] = gcd_decode_present(m->indices);
+    refs[EMB_FWD_TABLE] = gcd_decode_present(m->table);
+    refs[EMB_FWD_OUT] = gcd_decode_present(m->out);
+    return GCD_OK;
+}
+
+static gcd_status backward_decode(const Gpucd__V1__Request *req, gcd_op *op,
+                                  const Gpucd__V1__TensorRef *refs[GCD_OP_MAX_ARGS], char *why,
+                                  size_t whylen)
+{
+    const Gpucd__V1__EmbeddingBackward *m = req->embedding_backward;
+    op->kind = GCD_OP_EMBEDDING_BACKWARD;
+    refs[EMB_BWD_IDX] = gcd_decode_present(m->indices);
+    refs[EMB_BWD_DOUT] = gcd_decode_present(m->dout);
+    refs[EMB_BWD_DTABLE] = gcd_decode_present(m->dtable);
+    return GCD_OK;
+}
+
+/* ---- checks and the CPU run ------------------------------------------------------------- */
+
+static const gk_tensor *arg(const gcd_op *op, int i) { return &op->args[i].t; }
+
+static int forward_check(const gcd_op *op, gk_err *err)
+{
+    return gk_embedding_forward_check(arg(op, EMB_FWD_IDX), arg(op, EMB_FWD_TABLE),
+                                      arg(op, EMB_FWD_OUT), err);
+}
+
+static int backward_check(const gcd_op *op, gk_err *err)
+{
+    return gk_embedding_backward_check(arg(op, EMB_BWD_IDX), arg(op, EMB_BWD_DOUT),
+                                       arg(op, EMB_BWD_DTABLE), err);
+}
+
+static int forward_cpu(const gcd_op *op, gk_err *err)
+{
+    return gk_cpu_embedding_forward(arg(op, EMB_FWD_IDX), arg(op, EMB_FWD_TABLE),
+                                    arg(op, EMB_FWD_OUT), err);
+}
+
+static int backward_cpu(const gcd_op *op, gk_err *err)
+{
+    return gk_cpu_embedding_backward(arg(op, EMB_BWD_IDX), arg(op, EMB_BWD_DOUT),
+                                     arg(op, EMB_BWD_DTABLE), err);
+}
+
+/* ---- CUDA adapter ----------------------------------------------------------------------- */
+
+#ifdef GCD_HAVE_CUDA_BACKEND
+static int forward_scratch(const gcd_op *op, const gcd_arg_place *pl, int sm_count, size_t avail,
+                           size_t *bytes, gk_err *err)
+{
+    *bytes = GK_CUDA_OBS_RECORD_BYTES;
+    return 0;
+}
+
+static int backward_scratch(const gcd_op *op, const gcd_arg_place *pl, int sm_count,
+                            size_t avail, size_t *bytes, gk_err *err)
+{
+    return gk_cuda_embedding_backward_workspace_bytes(&pl[EMB_BWD_IDX].dev, &pl[EMB_BWD_DOUT].dev,
+                                                      &pl[EMB_BWD_DTABLE].dev, sm_count, bytes,
+                                                      err);
+}
+
+static int forward_enqueue(const gcd_op *op, const gcd_arg_place *pl, const gk_cuda_exec *ex,
+                           gcd_graph_cache *graphs, gk_err *err)
+{
+    return gk_cuda_embedding_forward(&pl[EMB_FWD_IDX].dev, &pl[EMB_FWD_TABLE].dev,
+                                     &pl[EMB_FWD_OUT].dev, ex, err);
+}
+
+static int backward_enqueue(const gcd_op *op, const gcd_arg_place *pl, const gk_cuda_exec *ex,
+                            gcd_graph_cache *graphs, gk_err *err)
+{
+    return gk_cuda_embedding_backward(&pl[EMB_BWD_IDX].dev, &pl[EMB_BWD_DOUT].dev,
+                                      &pl[EMB_BWD_DTABLE].dev, ex, err);
+}
+
+/* The records judge the indices against the table's rows. */
+static int forward_status(const gcd_op *op, const gcd_arg_place *pl, const gk_cuda_exec *ex,
+                          gk_err *err)
+{
+    return gk_cuda_embedding_status(&pl[EMB_FWD_IDX].dev, pl[EMB_FWD_TABLE].dev.shape[0], ex,
+                                    err);
+}
+
+static int backward_status(const gcd_op *op, const gcd_arg_place *pl, const gk_cuda_exec *ex,
+                           gk_err *err)
+{
+    return gk_cuda_embedding_status(&pl[EMB_BWD_IDX].dev, pl[EMB_BWD_DTABLE].dev.shape[0], ex,
+                                    err);
+}
+
+static const gcd_cuda_op forward_cuda = {.scratch = forward_scratch,
+                                         .enqueue = forward_enqueue,
+                                         .records = 1,
+                                         .status = forward_status};
+static const gcd_cuda_op backward_cuda = {.scratch = backward_scratch,
+                                          .enqueue = backward_enqueue,
+                                          .records = 1,
+                                          .status = backward_status};
+#endif
+
+/* ---- the family's entries ---------------------------------------------------------------- */
+
+static const char *const forward_args[] = {"indices", "table", "out"};
+static const char *const backward_args[] = {"indices", "dout", "dtable"};
+
+static const gcd_op_entry entries[] = {
+    {
+        .kind = GCD_OP_EMBEDDING_FORWARD,
+        .desc = {"embedding_forward", EMB_FWD_NARGS, forward_args, GCD_SLOT(EMB_FWD_OUT),
+                 GCD_SLOT(EMB_FWD_IDX) | GCD_SLOT(EMB_FWD_TABLE) | GCD_SLOT(EMB_FWD_OUT)},
+        .wire = GPUCD__V1__REQUEST__OP_EMBEDDING_FORWARD,
+        .decode = forward_decode,
+        .check = forward_check,
+        .cpu_run = forward_cpu,
+        .cuda = GCD_CUDA_OP(forward_cuda),
+    },
+    {
+        .kind = GCD_OP_EMBEDDING_BACKWARD,
+        .desc = {"embedding_backward", EMB_BWD_NARGS, backward_args, GCD_SLOT(EMB_BWD_DTABLE),
+                 GCD_SLOT(EMB_BWD_IDX) | GCD_SLOT(EMB_BWD_DOUT) | GCD_SLOT(EMB_BWD_DTABLE)},
+        .wire = GPUCD__V1__REQUEST__OP_EMBEDDING_BACKWARD,
+        .decode = backward_decode,
+        .check = backward_check,
+        .cpu_run = backward_cpu,
+        .cuda = GCD_CUDA_OP(backward_cuda),
+    },
+};
+
+const gcd_op_family gcd_op_family_embedding = {"embedding", entries,
+                                               (int)(sizeof entries / sizeof entries[0])};
