@@ -9,7 +9,7 @@ from . import dtypes
 from ._ffi import ffi, lib
 from .errors import BY_CODE, error_for, invalid
 from .ops import Operations
-from .tensors import Resident, empty, fill, is_torch
+from .tensors import Resident, empty, fill
 
 ConnectionClosed = BY_CODE[-5]
 
@@ -249,6 +249,12 @@ class Client(Operations):
         rid = ffi.new("uint64_t *")
         self._check(lib.gpucd_tensor_put(self._handle(), t, rid))
         return self._adopt(int(rid[0]), code, shape)
+
+    def resident(self, ref):
+        """A Resident for a tensor another connection made (a ResidentRef from its ref()):
+        usable in every call, never freed by this client."""
+        rid, dtype, shape = ref
+        return Resident(self, int(rid), dtypes.code_of(dtype), shape, owned=False)
 
     def _adopt(self, rid, code, shape):
         r = Resident(self, rid, code, shape)

@@ -12,7 +12,7 @@ from . import dtypes
 from ._ffi import ffi, lib
 from .errors import invalid
 from .layout import MultihotLayout
-from .tensors import Resident, fill, is_torch
+from .tensors import Resident, ResidentRef, fill, is_torch
 
 F32, BF16 = dtypes.F32, dtypes.BF16
 _NULL = ffi.NULL
@@ -122,6 +122,11 @@ class Nmmo3Weights:
         first = residents["conv1_w"]
         self.dtype_code = first.dtype_code
         self.hidden = residents["proj_w"].shape[0] if "proj_w" in residents else 0
+
+    def refs(self):
+        """name -> ResidentRef, picklable: Client.nmmo3_weights(**refs) in another process uses
+        the same tensors."""
+        return {name: r.ref() for name, r in self.residents.items()}
 
     def free(self):
         for r in self.residents.values():
@@ -312,7 +317,8 @@ class Operations:
 
     def nmmo3_weights(self, **weights):
         """Nmmo3Weights from conv1_w, conv1_b, conv2_w, conv2_b, embed and optionally proj_w
-        and proj_b (arrays, made resident here, or Residents, used as they are)."""
+        and proj_b: arrays (made resident here), Residents (used as they are) or the
+        ResidentRefs of another process's (Nmmo3Weights.refs())."""
         a = _Args(self, "nmmo3_weights", None)
         residents = {}
         unknown = set(weights) - {n for n, _ in NMMO3_WEIGHTS}
@@ -320,8 +326,12 @@ class Operations:
             raise a.fail(f"unknown weights {sorted(unknown)}")
         for name, _ in NMMO3_WEIGHTS:
             w = weights.get(name)
-            if w is not None:
-                residents[name] = w if isinstance(w, Resident) else self.put(w)
+            if isinstance(w, ResidentRef):
+                residents[name] = self.resident(w)
+            elif isinstance(w, Resident):
+                residents[name] = w
+            elif w is not None:
+                residents[name] = self.put(w)
         self._nmmo3_check(a, {n: (r.dtype_code, r.shape) for n, r in residents.items()})
         return Nmmo3Weights(residents)
 
@@ -425,6 +435,7 @@ class Operations:
             want = tuple(nh if s is None else s for s in shape)
             t, values[name] = a.output(grads.get(name, True), f"grads: {name}", F32, want,
                                        required=True)
+            a.keep.append(t)  # g holds only its address
             setattr(g, name, t)
         return g, values
 

@@ -5,6 +5,8 @@ Region.torch, or any contiguous slice of one) goes as a region tensor at its byt
 copy, and the call can be answered through shared memory alone.  Any other array goes as host
 memory, its bytes in the request (inputs) or copied back from the reply (outputs).
 """
+from collections import namedtuple
+
 import numpy as np
 
 from . import dtypes
@@ -91,19 +93,25 @@ def is_torch(obj):
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
+# A resident tensor's name, picklable: what another process passes to Client.resident to use it.
+ResidentRef = namedtuple("ResidentRef", "id dtype shape")
+
+
 class Resident:
     """A tensor that lives on the daemon's device across requests (weights, saved activations).
 
     Made by Client.put (or by an operation that creates one); freed on the daemon by free(),
     by the client's close, or when the object is garbage collected.  Pass it to any operation
-    in place of an array.  get() copies it back.
+    in place of an array.  get() copies it back.  ref() names it for another process (of the
+    same user), whose Client.resident(ref) uses it without owning it: that one never frees it.
     """
 
-    __slots__ = ("_client", "_id", "_t", "dtype_code", "shape", "__weakref__")
+    __slots__ = ("_client", "_id", "_t", "dtype_code", "shape", "owned", "__weakref__")
 
-    def __init__(self, client, rid, code, shape):
+    def __init__(self, client, rid, code, shape, owned=True):
         self._client = client
         self._id = rid
+        self.owned = owned
         self.dtype_code = code
         self.shape = tuple(shape)
         self._t = ffi.new("gpucd_tensor *")
@@ -128,6 +136,10 @@ class Resident:
     def nbytes(self):
         return int(np.prod(self.shape, dtype=np.int64)) * dtypes.SIZE[self.dtype_code]
 
+    def ref(self):
+        """A picklable ResidentRef(id, dtype, shape) for Client.resident in another process."""
+        return ResidentRef(self._id, self.dtype, self.shape)
+
     def get(self, out=None, *, torch=False):
         """The tensor's contents: into out (an array or region view of its dtype and shape), or
         a new numpy array (a torch tensor with torch=True; bf16 as uint16 in numpy)."""
@@ -143,7 +155,7 @@ class Resident:
 
     def __del__(self):
         client = getattr(self, "_client", None)
-        if client is not None and self._id != 0:
+        if client is not None and self._id != 0 and self.owned:
             client._resident_free(self, quiet=True)
 
     def __repr__(self):
