@@ -180,3 +180,9 @@ def _library_path():
 
 
 lib = ffi.dlopen(_library_path())
+
+# Resolve every declaration now: cffi otherwise builds each on first use under a lock that is
+# not re-entrant, and a finalizer that runs during that build (a region unmapped by the garbage
+# collector) would wait for it for ever.  A library without one of them also fails here, at import.
+for _name in dir(lib):
+    getattr(lib, _name)

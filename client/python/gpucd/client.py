@@ -40,16 +40,44 @@ class Timings:
         return "<gpucd.Timings " + " ".join(f"{k}={v}" for k, v in self.as_dict().items()) + ">"
 
 
-def _region_destructor(region_ptr, conn, pid):
-    # Runs when the last view of the region's memory is gone: unregister and unmap.  In a
-    # forked child the region is the parent's, so the child leaves it alone.
-    def destroy(_):
-        if os.getpid() == pid:
-            lib.gpucd_region_destroy(region_ptr)
-        del conn_keep[:]
+class _Connection:
+    """A gpucd_client and the regions still mapped over it.  It is closed once the Client let
+    it go and the last region's memory is unmapped (a view of a region keeps its memory, and so
+    the connection, alive).  Connections and mappings live in module dictionaries, not in
+    closures or objects the garbage collector may clear first: whatever order it frees a
+    client and its regions in, the regions go before the connection."""
 
-    conn_keep = [conn]  # the connection outlives every region made over it
-    return destroy
+    __slots__ = ("ptr", "pid", "regions", "released")
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+        self.pid = os.getpid()
+        self.regions = 0
+        self.released = False
+        _CONNECTIONS[id(self)] = self
+
+    def release(self):
+        self.released = True
+        self._close_if_unused()
+
+    def _close_if_unused(self):
+        if self.released and self.regions == 0 and _CONNECTIONS.pop(id(self), None) is not None:
+            # In a forked child the connection is the parent's: the child leaves it alone.
+            if os.getpid() == self.pid:
+                lib.gpucd_close(self.ptr)
+
+
+_CONNECTIONS = {}
+_MAPPINGS = {}  # a region's data address -> (gpucd_region *, its _Connection)
+
+
+def _unmap(mem):
+    """ffi.gc's destructor of a region's memory: the last view of it is gone."""
+    region_ptr, conn = _MAPPINGS.pop(int(ffi.cast("uintptr_t", mem)))
+    if os.getpid() == conn.pid:
+        lib.gpucd_region_destroy(region_ptr)
+    conn.regions -= 1
+    conn._close_if_unused()
 
 
 class Region:
@@ -69,8 +97,9 @@ class Region:
         data = lib.gpucd_region_data(self._ptr)
         self._base = int(ffi.cast("uintptr_t", data))
         self._end = self._base + self.nbytes
-        mem = ffi.gc(ffi.cast("char *", data),
-                     _region_destructor(self._ptr, client._conn, client._pid))
+        _MAPPINGS[self._base] = (self._ptr, client._conn)
+        client._conn.regions += 1
+        mem = ffi.gc(ffi.cast("char *", data), _unmap)
         self._bytes = np.frombuffer(ffi.buffer(mem, self.nbytes), np.uint8)
         self._client = client
 
@@ -167,9 +196,8 @@ class Client(Operations):
             url = _string(buf)
         self.url = url
         self._pid = os.getpid()
-        pid = self._pid
-        self._conn = ffi.gc(out[0], lambda c: lib.gpucd_close(c) if os.getpid() == pid else None)
-        self._c = self._conn
+        self._conn = _Connection(out[0])
+        self._c = out[0]
         self._regions = []
         self._residents = weakref.WeakValueDictionary()
 
@@ -281,8 +309,7 @@ class Client(Operations):
         if rc != 0 and not quiet:
             self._check(rc)
 
-    def _empty(self, like_torch, code, shape):
-        return empty(like_torch, code, shape)
+    _empty = staticmethod(empty)
 
     # ---- lifetime -----------------------------------------------------------------------------
 
@@ -297,7 +324,11 @@ class Client(Operations):
         for r in list(self._regions):
             r.close()
         self._c = None
-        self._conn = None
+        self._conn.release()
+
+    def __del__(self):
+        if getattr(self, "_c", None) is not None:
+            self.close()
 
     def __enter__(self):
         return self
