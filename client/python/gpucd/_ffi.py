@@ -89,6 +89,13 @@ ffi.cdef(
     void *gpucd_region_data(const gpucd_region *region);
     size_t gpucd_region_size(const gpucd_region *region);
     uint64_t gpucd_region_id(const gpucd_region *region);
+    typedef struct gpucd_region_info {
+        uint64_t id;
+        char name[208];
+        uint64_t size;
+        uint32_t users;
+    } gpucd_region_info;
+    int gpucd_regions_list(gpucd_client *client, gpucd_region_info **list, size_t *count);
 
     int gpucd_tensor_put(gpucd_client *client, const gpucd_tensor *src, uint64_t *id);
     int gpucd_tensor_get(gpucd_client *client, uint64_t id, gpucd_tensor *dst);

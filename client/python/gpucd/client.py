@@ -269,6 +269,18 @@ class Client(Operations):
         self._regions.append(r)
         return r
 
+    def regions(self):
+        """The regions this connection has registered, as the daemon lists them: dicts of
+        id, name, size and users (requests using it now)."""
+        out = ffi.new("gpucd_region_info **")
+        count = ffi.new("size_t *")
+        self._check(lib.gpucd_regions_list(self._handle(), out, count))
+        try:
+            return [{"id": out[0][k].id, "name": _string(out[0][k].name), "size": out[0][k].size,
+                     "users": out[0][k].users} for k in range(count[0])]
+        finally:
+            lib.free(out[0])
+
     def put(self, array):
         """Copies an array (numpy, torch CPU, region view or Resident) to a new Resident."""
         t = ffi.new("gpucd_tensor *")
