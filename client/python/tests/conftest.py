@@ -47,3 +47,21 @@ def pytest_sessionfinish(session, exitstatus):
     if exitstatus == 0 and passed == 0:
         reporter.write_line("gpucd: no test passed (all skipped or none collected): failing")
         session.exitstatus = 1
+
+
+def _has_gpu():
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
+
+
+@pytest.fixture(scope="session")
+def cuda_daemon():
+    """A CUDA-backend daemon; the tests that use it are skipped (visibly) without a GPU."""
+    if not _has_gpu():
+        pytest.skip("no GPU on this machine (no /dev/nvidiactl)")
+    d = Daemon(backend="cuda").start()
+    yield d
+    rc = d.stop()
+    if rc != 0:
+        print(d.log())
+    d.remove()
+    assert rc == 0, f"the CUDA daemon exited {rc} at the end"
