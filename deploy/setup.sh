@@ -9,6 +9,7 @@ packages=(
   libcmocka-dev                                  # the test framework
   clang libclang-rt-14-dev libomp-14-dev          # the libFuzzer target
   valgrind
+  python3-numpy python3-cffi python3-pytest       # the Python package and its tests
 )
 
 missing=()

@@ -9,7 +9,7 @@
 
 See docs/python.md for the whole API.
 """
-from ._ffi import ffi as _ffi, lib as _lib
+from ._ffi import ffi as _cffi, lib as _lib
 from .client import Client, Region, Timings
 from .dtypes import from_bf16, to_bf16
 from .errors import *  # noqa: F401,F403  (Error and one subclass per code)
@@ -20,7 +20,7 @@ from .ops import (NMMO3_FEATURES, NMMO3_OBS_BYTES, NMMO3_WEIGHTS, Conv2dGrads, L
 from .tensors import Resident, ResidentRef
 
 Error.__module__ = "gpucd"
-__version__ = _ffi.string(_lib.gpucd_version_string()).decode()
+__version__ = _cffi.string(_lib.gpucd_version_string()).decode()
 
 __all__ = ["Client", "Region", "Resident", "ResidentRef", "Timings", "Error", "MultihotLayout", "NMMO3",
            "Nmmo3Weights", "Nmmo3Output", "Nmmo3SaveOutput", "Conv2dGrads", "LceResult",
