@@ -186,7 +186,9 @@ def _library_path():
     return os.path.normpath(os.path.join(os.path.dirname(__file__), RELATIVE))
 
 
-lib = ffi.dlopen(_library_path())
+# RTLD_NODELETE: cffi closes the library when its `lib` object goes at interpreter exit, and
+# unmapping it under nng's threads, which live until the process ends, crashed the process.
+lib = ffi.dlopen(_library_path(), ffi.RTLD_NOW | ffi.RTLD_NODELETE)
 
 # Resolve every declaration now: cffi otherwise builds each on first use under a lock that is
 # not re-entrant, and a finalizer that runs during that build (a region unmapped by the garbage
