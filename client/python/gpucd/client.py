@@ -13,6 +13,18 @@ from .tensors import Resident, empty, fill
 
 ConnectionClosed = BY_CODE[-5]
 
+# This process's id, kept by a fork hook: a call checks it against its client's without a
+# system call.
+_pid = os.getpid()
+
+
+def _after_fork():
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
 
 def _string(cdata):
     return ffi.string(cdata).decode(errors="replace")
@@ -206,7 +218,7 @@ class Client(Operations):
     def _handle(self):
         if self._c is None:
             raise ConnectionClosed("the client is closed")
-        if os.getpid() != self._pid:
+        if _pid != self._pid:
             raise ConnectionClosed("this client was made in another process (before a fork): "
                                    "connect again in this one")
         return self._c
@@ -285,7 +297,7 @@ class Client(Operations):
         """Copies an array (numpy, torch CPU, region view or Resident) to a new Resident."""
         t = ffi.new("gpucd_tensor *")
         keep = []
-        code, shape = fill(self, t, array, "put", keep)
+        code, shape = fill(self, t, array, "", "put", keep)
         rid = ffi.new("uint64_t *")
         self._check(lib.gpucd_tensor_put(self._handle(), t, rid))
         return self._adopt(int(rid[0]), code, shape)
@@ -304,7 +316,7 @@ class Client(Operations):
     def _tensor_get(self, res, out):
         t = ffi.new("gpucd_tensor *")
         keep = []
-        code, shape = fill(self, t, out, "out", keep)
+        code, shape = fill(self, t, out, "", "out", keep)
         if code != res.dtype_code or tuple(shape) != res.shape:
             raise invalid(f"out: {dtypes.NAME[code]} {tuple(shape)} for a resident "
                           f"{res.dtype} {res.shape}")

@@ -71,13 +71,13 @@ class _Args:
     def tensor(self, obj, name, ndim=None, codes=None):
         """An input: its struct, dtype code and shape."""
         t = ffi.new("gpucd_tensor *")
-        code, shape = fill(self.client, t, obj, f"{self.op}: {name}", self.keep)
+        code, shape = fill(self.client, t, obj, self.op, name, self.keep)
         if ndim is not None and len(shape) != ndim:
             raise self.fail(f"{name} has shape {_shape_str(shape)}: {ndim} dimensions expected")
         if codes is not None and code not in codes:
             raise self.fail(f"{name} is {_name(code)}; expected "
                             + " or ".join(_name(c) for c in codes))
-        return t, code, tuple(int(s) for s in shape)
+        return t, code, shape
 
     def optional(self, obj, name, ndim=None, codes=None):
         if obj is None:

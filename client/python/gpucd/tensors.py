@@ -19,15 +19,29 @@ _HOST, _REGION, _RESIDENT = lib.GPUCD_HOST, lib.GPUCD_REGION, lib.GPUCD_RESIDENT
 _MAX_DIMS = 8
 
 
+class _Name:
+    """'op: what', formatted only when a message needs it."""
+
+    __slots__ = ("op", "what")
+
+    def __init__(self, op, what):
+        self.op, self.what = op, what
+
+    def __format__(self, spec):
+        return f"{self.op}: {self.what}" if self.op else self.what
+
+
 def _kind(obj):
     if torch is not None and isinstance(obj, torch.Tensor):
         return "a torch tensor"
     return f"a {type(obj).__name__}"
 
 
-def fill(client, t, obj, name, keep):
-    """Describes obj in the gpucd_tensor t; returns (dtype code, shape).  What must live until
-    the call returns is appended to keep."""
+def fill(client, t, obj, op, what, keep):
+    """Describes obj in the gpucd_tensor t; returns (dtype code, shape as a tuple of ints).
+    What must live until the call returns is appended to keep.  op and what name the argument
+    in messages (joined only when one is raised: this runs for every tensor of every call)."""
+    name = _Name(op, what)
     if isinstance(obj, _ndarray):
         code = dtypes.FROM_NUMPY.get(obj.dtype)
         if code is None:
