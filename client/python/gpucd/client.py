@@ -159,7 +159,8 @@ class Region:
         self.close()
 
     def __repr__(self):
-        return f"<gpucd.Region {self.id}, {self.nbytes} bytes{'' if self._bytes is not None else ', closed'}>"
+        state = "" if self._bytes is not None else ", closed"
+        return f"<gpucd.Region {self.id}, {self.nbytes} bytes{state}>"
 
 
 class Client(Operations):
@@ -364,4 +365,4 @@ class Client(Operations):
         return f"<gpucd.Client {self.url}{'' if self._c is not None else ', closed'}>"
 
 
-__all__ = ["Client", "Region", "Resident", "Timings", "is_torch"]
+__all__ = ["Client", "Region", "Timings"]

@@ -79,11 +79,6 @@ class _Args:
                             + " or ".join(_name(c) for c in codes))
         return t, code, shape
 
-    def optional(self, obj, name, ndim=None, codes=None):
-        if obj is None:
-            return _NULL, None, None
-        return self.tensor(obj, name, ndim, codes)
-
     def output(self, spec, name, code, shape, codes=None, required=False):
         """An output of the given shape: (struct or NULL, the value returned)."""
         if spec is None or spec is False:
@@ -220,11 +215,11 @@ class Operations:
         if sobs[1] < lay.obs_bytes:
             raise a.fail(f"obs rows have {sobs[1]} bytes; the layout reads {lay.obs_bytes}")
         code = dtypes.code_of(dtype)
+        if code not in (F32, BF16):
+            raise a.fail(f"dtype {_name(code)}: f32 or bf16")
         tout, value = a.output(out, "out (B, channels, H, W)", code,
                                (sobs[0], lay.channels, lay.height, lay.width), codes=(F32, BF16),
                                required=True)
-        if code not in (F32, BF16):
-            raise a.fail(f"dtype {_name(code)}: f32 or bf16")
         self._check(lib.gpucd_multihot_encode(self._handle(), _NULL if layout is None else lay._c,
                                               tobs, tout, _timings(timings)))
         return value

@@ -1,7 +1,6 @@
 """Every error class: raised by what causes it, with its code and the daemon's message."""
 import os
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -29,16 +28,19 @@ def test_every_code_has_its_class():
 def test_python_checks_are_invalid_argument(client):
     with pytest.raises(gpucd.ClientInvalidArgument, match=r"w \(8, 4, 3, 3\) has C 4 but x "
                        r"\(2, 3, 9, 9\) has C 3") as e:
-        client.conv2d_forward(np.zeros((2, 3, 9, 9), np.float32), np.zeros((8, 4, 3, 3), np.float32))
+        client.conv2d_forward(np.zeros((2, 3, 9, 9), np.float32),
+                              np.zeros((8, 4, 3, 3), np.float32))
     assert e.value.code == -1
     assert isinstance(e.value, gpucd.InvalidArgument) and isinstance(e.value, ValueError)
     with pytest.raises(gpucd.InvalidArgument, match="C-contiguous"):
         client.conv2d_forward(np.zeros((2, 3, 9, 9), np.float32)[..., ::2],
                               np.zeros((8, 3, 3, 3), np.float32))
-    with pytest.raises(gpucd.InvalidArgument, match=r"x \(N, C, H, W\) is i32; expected f32 or bf16"):
+    with pytest.raises(gpucd.InvalidArgument,
+                       match=r"x \(N, C, H, W\) is i32; expected f32 or bf16"):
         client.conv2d_forward(np.zeros((1, 1, 3, 3), np.int32), np.zeros((1, 1, 1, 1), np.int32))
     with pytest.raises(gpucd.InvalidArgument, match="obs rows have 1706 bytes"):
-        client.nmmo3_encode(np.zeros((2, 1706), np.uint8), ref.nmmo3_weights(np.random.default_rng(0)))
+        client.nmmo3_encode(np.zeros((2, 1706), np.uint8),
+                            ref.nmmo3_weights(np.random.default_rng(0)))
     with pytest.raises(gpucd.InvalidArgument, match="got a list"):
         client.embedding_forward([1, 2], np.zeros((3, 2), np.float32))
     with pytest.raises(gpucd.InvalidArgument, match="reduction 'avg': one of mean, sum, none"):
@@ -48,7 +50,8 @@ def test_python_checks_are_invalid_argument(client):
 
 def test_library_checks(client):
     e3 = np.ones((4, 3), np.float32)
-    with pytest.raises(gpucd.ClientInvalidArgument, match="grad_scale 0 must be finite and non-zero"):
+    with pytest.raises(gpucd.ClientInvalidArgument,
+                       match="grad_scale 0 must be finite and non-zero"):
         client.linear_cross_entropy(e3, np.ones((5, 3), np.float32), np.zeros(4, np.int64),
                                     grad_scale=0.0)
 

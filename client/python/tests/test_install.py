@@ -24,7 +24,8 @@ def test_installed_package(daemon, tmp_path):
             "print(gpucd.__file__, gpucd._ffi._library_path())\n"
             f"with gpucd.Client({daemon.url!r}) as c:\n"
             "    c.ping()\n"
-            "    print(c.embedding_forward(np.array([1], np.int32), np.eye(2, dtype=np.float32)))\n")
+            "    print(c.embedding_forward(np.array([1], np.int32),\n"
+            "                              np.eye(2, dtype=np.float32)))\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          cwd=tmp_path)
     assert out.returncode == 0, out.stderr

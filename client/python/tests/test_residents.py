@@ -63,3 +63,15 @@ def test_other_clients_and_refs(daemon):
         table = owner.put(np.arange(6, dtype=np.float32).reshape(3, 2))
         got = user.embedding_forward(np.array([2, 0], np.int32), user.resident(table.ref()))
         np.testing.assert_array_equal(got, [[4, 5], [0, 1]])
+
+
+def test_torch_round_trip(client):
+    torch = pytest.importorskip("torch")
+    a = torch.arange(12, dtype=torch.float32).reshape(3, 4).bfloat16()
+    r = client.put(a)
+    assert r.dtype == "bf16" and r.shape == (3, 4)
+    back = r.get(torch=True)
+    assert back.dtype == torch.bfloat16 and torch.equal(back, a)
+    np.testing.assert_array_equal(gpucd.from_bf16(r.get()), a.float().numpy())
+    with pytest.raises(gpucd.InvalidArgument, match="must be contiguous"):
+        client.put(torch.zeros(4, 4).t())
