@@ -138,13 +138,13 @@ class Region:
 
     def torch(self, dtype, shape, offset=0):
         """A torch view of the bytes [offset, offset + size) (bf16 as torch.bfloat16)."""
-        if dtypes.torch is None:
-            raise ImportError("torch is not installed; use Region.numpy")
+        import torch  # asked for by name: an ImportError says it is not installed
+
         code, shape, raw = self._span(dtype, shape, offset)
-        torch = dtypes.torch
+        tdtype = dtypes.torch_maps()[0][code]
         if raw.size == 0:
-            return torch.empty(shape, dtype=dtypes.TORCH[code])
-        return torch.frombuffer(raw, dtype=dtypes.TORCH[code]).reshape(shape)
+            return torch.empty(shape, dtype=tdtype)
+        return torch.frombuffer(raw, dtype=tdtype).reshape(shape)
 
     def close(self):
         """Unregisters the region once no view of it is left (at once when none is)."""

@@ -2,13 +2,13 @@
 
 numpy has no bfloat16: a bf16 tensor travels as a uint16 array of its bits (no operation takes
 uint16 data, so the two cannot be confused), and `to_bf16`/`from_bf16` convert.
-"""
-import numpy as np
 
-try:
-    import torch
-except ImportError:  # torch is optional
-    torch = None
+torch is optional and never imported here (it takes seconds, in every worker process): a torch
+tensor or dtype can only reach the package from a process that has imported torch already.
+"""
+import sys
+
+import numpy as np
 
 # (gpucd code, name, numpy dtype, torch dtype name): the one list the maps below come from.
 _DTYPES = (
@@ -24,11 +24,21 @@ NAME = {code: name for code, name, _, _ in _DTYPES}
 NUMPY = {code: np.dtype(nd) for code, _, nd, _ in _DTYPES}
 FROM_NUMPY = {np.dtype(nd): code for code, _, nd, _ in _DTYPES}
 SIZE = {code: NUMPY[code].itemsize for code in NAME}
-if torch is not None:
-    TORCH = {code: getattr(torch, td) for code, _, _, td in _DTYPES}
-    FROM_TORCH = {v: k for k, v in TORCH.items()}
-else:
-    TORCH, FROM_TORCH = {}, {}
+_torch_maps = []
+
+
+def torch_module():
+    """torch when this process has imported it, else None."""
+    return sys.modules.get("torch")
+
+
+def torch_maps():
+    """(code -> torch dtype, torch dtype -> code), made at the first use."""
+    if not _torch_maps:
+        torch = torch_module()
+        to = {code: getattr(torch, td) for code, _, _, td in _DTYPES}
+        _torch_maps.extend((to, {v: k for k, v in to.items()}))
+    return _torch_maps
 
 F32, BF16, F16, U8, I32, I64 = 1, 2, 3, 4, 5, 6
 
@@ -37,9 +47,10 @@ def code_of(dtype):
     """The gpucd code of "f32"/"bf16"/... , a numpy dtype (uint16 for bf16) or a torch dtype."""
     if isinstance(dtype, str) and dtype in _BY_NAME:
         return _BY_NAME[dtype]
+    torch = torch_module()
     if torch is not None and isinstance(dtype, torch.dtype):
-        if dtype in FROM_TORCH:
-            return FROM_TORCH[dtype]
+        if dtype in torch_maps()[1]:
+            return torch_maps()[1][dtype]
     else:
         try:
             code = FROM_NUMPY.get(np.dtype(dtype))

@@ -13,7 +13,6 @@ from . import dtypes
 from ._ffi import ffi, lib
 from .errors import invalid
 
-torch = dtypes.torch
 _ndarray = np.ndarray
 _HOST, _REGION, _RESIDENT = lib.GPUCD_HOST, lib.GPUCD_REGION, lib.GPUCD_RESIDENT
 _MAX_DIMS = 8
@@ -32,8 +31,6 @@ class _Name:
 
 
 def _kind(obj):
-    if torch is not None and isinstance(obj, torch.Tensor):
-        return "a torch tensor"
     return f"a {type(obj).__name__}"
 
 
@@ -60,8 +57,8 @@ def fill(client, t, obj, op, what, keep):
             raise invalid(f"{name}: the resident tensor was freed")
         t[0] = obj._t[0]
         return obj.dtype_code, obj.shape
-    elif torch is not None and isinstance(obj, torch.Tensor):
-        code = dtypes.FROM_TORCH.get(obj.dtype)
+    elif is_torch(obj):
+        code = dtypes.torch_maps()[1].get(obj.dtype)
         if code is None:
             raise invalid(f"{name}: torch dtype {obj.dtype} is none of float32, bfloat16, "
                           "float16, uint8, int32, int64")
@@ -99,11 +96,12 @@ def fill(client, t, obj, op, what, keep):
 def empty(like_torch, code, shape):
     """A new output array: a torch tensor when the call's inputs were torch tensors."""
     if like_torch:
-        return torch.empty(shape, dtype=dtypes.TORCH[code])
+        return dtypes.torch_module().empty(shape, dtype=dtypes.torch_maps()[0][code])
     return np.empty(shape, dtypes.NUMPY[code])
 
 
 def is_torch(obj):
+    torch = dtypes.torch_module()
     return torch is not None and isinstance(obj, torch.Tensor)
 
 

@@ -55,7 +55,7 @@ def test_eight_threads_at_once(client, rng):
 
 def test_the_gil_is_released_during_a_call(client, rng):
     """While one thread waits seconds for the daemon, another runs Python and its own calls."""
-    n, dim, v = 512, 256, 16384
+    n, dim, v = 512, 256, 4096
     E = rng.standard_normal((n, dim)).astype(np.float32)
     C = (rng.standard_normal((v, dim)) * 0.05).astype(np.float32)
     done = threading.Event()

@@ -4,14 +4,22 @@ import os
 import subprocess
 import sys
 import sysconfig
+import tempfile
+from pathlib import Path
 
 import pytest
 
 
-def test_installed_package(daemon, tmp_path):
+def test_installed_package(daemon):
     build = os.environ.get("GPUCD_BUILD_DIR")
     if not build:
         pytest.skip("GPUCD_BUILD_DIR (the build folder to install from) is not set; ctest sets it")
+    # A folder of its own (pytest's tmp_path waits on locks other pytest runs on the machine hold)
+    with tempfile.TemporaryDirectory(prefix="gpucd-pytest-install-") as tmp:
+        _install_and_import(daemon, build, Path(tmp))
+
+
+def _install_and_import(daemon, build, tmp_path):
     prefix = tmp_path / "prefix"
     subprocess.run(["cmake", "--install", build, "--prefix", str(prefix), "--component", "client"],
                    check=True, capture_output=True)
