@@ -8,6 +8,8 @@ request, and named in the message; the daemon checks everything again.
 """
 from collections import namedtuple
 
+import numpy as np
+
 from . import dtypes
 from ._ffi import ffi, lib
 from .errors import invalid
@@ -90,6 +92,8 @@ class _Args:
         else:
             value = spec
         t, got, got_shape = self.tensor(value, name)
+        if isinstance(value, np.ndarray) and not value.flags.writeable:
+            raise self.fail(f"{name} is a read-only array")
         allowed = codes if codes is not None else (code,)
         if got not in allowed:
             raise self.fail(f"{name} is {_name(got)}; expected "

@@ -41,6 +41,10 @@ def test_python_checks_are_invalid_argument(client):
     with pytest.raises(gpucd.InvalidArgument, match="obs rows have 1706 bytes"):
         client.nmmo3_encode(np.zeros((2, 1706), np.uint8),
                             ref.nmmo3_weights(np.random.default_rng(0)))
+    frozen = np.zeros((3, 2), np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(gpucd.InvalidArgument, match="out .* is a read-only array"):
+        client.embedding_forward(np.zeros(3, np.int32), np.ones((4, 2), np.float32), out=frozen)
     with pytest.raises(gpucd.InvalidArgument, match="got a list"):
         client.embedding_forward([1, 2], np.zeros((3, 2), np.float32))
     with pytest.raises(gpucd.InvalidArgument, match="reduction 'avg': one of mean, sum, none"):
