@@ -23,6 +23,8 @@ libmbedtls-dev         run   nng TLS; its static archives for GPUCD_STATIC_DEPS
 libprotobuf-c-dev      run   the wire schema at run time
 protobuf-c-compiler    run   protoc-c generates the wire code at build time
 libsystemd-dev         run   sd_notify: Type=notify, STATUS lines and the watchdog under systemd
+python3-numpy          run   the Python package: arrays and zero-copy region views
+python3-cffi           run   the Python package: calls into libgpucd.so without a compiled module
 libcmocka-dev          test  the test framework
 clang                  test  the request-path fuzzer (libFuzzer)
 libclang-rt-14-dev     test  libFuzzer and the sanitizers for clang
@@ -30,6 +32,7 @@ libomp-14-dev          test  OpenMP for the fuzzing build (clang)
 valgrind               test  the daemon under valgrind
 openssl                test  certificates for the TLS tests
 python3                test  the documentation link check, the stats scripts
+python3-pytest         test  the Python package's tests
 prometheus             test  promtool checks the metrics and alert rules (the package also enables a Prometheus server: systemctl disable --now prometheus where none should run)
 '
 
