@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quick start: install what running gpucd needs (deploy/setup.sh run), build the
 # daemon, gpucdctl and the client library in build-quickstart/ (no tests, no
-# benchmarks), and run the daemon in the foreground with its defaults: the CUDA
+# benchmarks), install the client (libgpucd, gpucd.h, gpucdctl and the Python
+# package, under /usr/local), and run the daemon in the foreground with its defaults: the CUDA
 # backend when a GPU is usable, else the CPU backend; the socket under
 # $XDG_RUNTIME_DIR or /tmp/gpucd-$UID/.
 #
@@ -25,4 +26,9 @@ fi
 cmake -S . -B build-quickstart -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUCD_TESTS=OFF \
       -DGPUCD_CUDA="$GPUCD_CUDA" >/dev/null
 cmake --build build-quickstart
+# The client where programs find it: `import gpucd` in python3, gpucdctl on the PATH.
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+$sudo cmake --install build-quickstart --component client >/dev/null
+$sudo ldconfig
 exec build-quickstart/daemon/gpucd "$@"

@@ -32,7 +32,7 @@ libomp-14-dev          test  OpenMP for the fuzzing build (clang)
 valgrind               test  the daemon under valgrind
 openssl                test  certificates for the TLS tests
 python3                test  the documentation link check, the stats scripts
-python3-pytest         test  the Python package's tests
+python3-pytest         test  the tests of the Python package
 prometheus             test  promtool checks the metrics and alert rules (the package also enables a Prometheus server: systemctl disable --now prometheus where none should run)
 '
 
