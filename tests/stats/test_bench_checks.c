@@ -276,6 +276,8 @@ static void test_server_side_checks_the_daemons_uid(void **state)
         const int rc = bench_server_run(conv2, &shape, fd.url, 2000, &so, &res, &rng, NULL);
         const int requests = fd.requests;
         fake_daemon_stop(&fd);
+        for (int i = 0; i < st.nresident; i++)
+            free(st.resident[i]);
         if (trusted) {
             assert_true(requests > 0); /* it got through (whatever the fake then answers) */
         } else {
