@@ -67,6 +67,8 @@ static const char *const act_names[ACT_COUNT] = {
     "restart"};
 
 enum { MAX_CLIENTS = 32 };
+/* The least time the daemon started by a restart serves before everyone leaves. */
+enum { LAST_DAEMON_MS = 10000 };
 
 typedef struct chaos_shared {
     atomic_uint gen;     /* 2k while the k-th daemon serves, 2k + 1 while it restarts */
@@ -292,7 +294,7 @@ static int good_put_known(good *g, int k)
 static void good_drop(good *g)
 {
     const int same_daemon = gen_now() == g->made_gen;
-    /* The tcp:// port is the daemon's: after a restart, connect to the new one. */
+    /* A remote client reconnects after a restart, as one of a restarted daemon would. */
     const int reconnect = g->stuck || (g->remote && gen_now() != g->conn_gen);
     uint64_t *ids[KNOWN + 3 + NM_WEIGHTS];
     int n = 0;
@@ -608,57 +610,6 @@ static void role_good(int slot, int clients)
 
 /* ---- hand-made requests (raw.h) ----------------------------------------------------- */
 
-/* A tensor reference; the shape array must outlive the request. */
-typedef struct rref {
-    Gpucd__V1__TensorRef t;
-    Gpucd__V1__RegionSlice region;
-    Gpucd__V1__InlineSlice inl;
-    int64_t shape[GPUCD_MAX_DIMS];
-} rref;
-
-static Gpucd__V1__TensorRef *rref_make(rref *r, Gpucd__V1__DType dt, int ndim,
-                                       const int64_t *shape)
-{
-    gpucd__v1__tensor_ref__init(&r->t);
-    r->t.dtype = dt;
-    memcpy(r->shape, shape, (size_t)ndim * sizeof *shape);
-    r->t.n_shape = (size_t)ndim;
-    r->t.shape = r->shape;
-    return &r->t;
-}
-
-static Gpucd__V1__TensorRef *rref_region(rref *r, Gpucd__V1__DType dt, uint64_t region,
-                                         uint64_t offset, int ndim, const int64_t *shape)
-{
-    rref_make(r, dt, ndim, shape);
-    gpucd__v1__region_slice__init(&r->region);
-    r->region.region_id = region;
-    r->region.offset = offset;
-    r->t.where_case = GPUCD__V1__TENSOR_REF__WHERE_REGION;
-    r->t.region = &r->region;
-    return &r->t;
-}
-
-static Gpucd__V1__TensorRef *rref_payload(rref *r, Gpucd__V1__DType dt, uint64_t offset,
-                                          int ndim, const int64_t *shape)
-{
-    rref_make(r, dt, ndim, shape);
-    gpucd__v1__inline_slice__init(&r->inl);
-    r->inl.offset = offset;
-    r->t.where_case = GPUCD__V1__TENSOR_REF__WHERE_PAYLOAD;
-    r->t.payload = &r->inl;
-    return &r->t;
-}
-
-static Gpucd__V1__TensorRef *rref_resident(rref *r, Gpucd__V1__DType dt, uint64_t id, int ndim,
-                                           const int64_t *shape)
-{
-    rref_make(r, dt, ndim, shape);
-    r->t.where_case = GPUCD__V1__TENSOR_REF__WHERE_RESIDENT;
-    r->t.resident = id;
-    return &r->t;
-}
-
 /* th_raw_open with a send timeout too: a request socket whose daemon is gone for good
  * would wait for it forever. */
 static void chaos_raw_open(th_raw *raw, const char *url)
@@ -683,10 +634,10 @@ static Gpucd__V1__Reply *raw_multihot(th_raw *raw, uint64_t obs_id, uint64_t obs
 {
     Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
     Gpucd__V1__MultihotEncode op = GPUCD__V1__MULTIHOT_ENCODE__INIT;
-    rref obs, out;
-    op.obs = rref_region(&obs, GPUCD__V1__DTYPE__U8, obs_id, obs_off, 2, TH_SHAPE(b, 1707));
-    op.out = rref_region(&out, GPUCD__V1__DTYPE__F32, out_id, out_off, 4,
-                         TH_SHAPE(b, 59, 11, 15));
+    th_ref obs, out;
+    op.obs = th_ref_region(&obs, GPUCD__V1__DTYPE__U8, obs_id, obs_off, 2, TH_SHAPE(b, 1707));
+    op.out = th_ref_region(&out, GPUCD__V1__DTYPE__F32, out_id, out_off, 4,
+                           TH_SHAPE(b, 59, 11, 15));
     req.op_case = GPUCD__V1__REQUEST__OP_MULTIHOT_ENCODE;
     req.multihot_encode = &op;
     return th_raw_call(raw, &req, NULL, 0);
@@ -951,7 +902,7 @@ static int garbage_send(th_raw *raw)
     noise buf;
     noise_fill(&buf);
     Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
-    rref a, b, o;
+    th_ref a, b, o;
     int err = 0;
     Gpucd__V1__Reply *rep = NULL;
     fault(ACT_GARBAGE);
@@ -980,12 +931,12 @@ static int garbage_send(th_raw *raw)
         params.stride_h = params.stride_w = 1;
         op.params = &params;
         const int64_t huge = (int64_t)(th_rand_u64() >> (th_rand_u64() % 64));
-        op.x = rref_region(&a, (Gpucd__V1__DType)(th_rand_u64() % 9), th_rand_u64() % 64,
-                           th_rand_u64() >> (th_rand_u64() % 64), 4, TH_SHAPE(2, 3, 8, huge));
-        op.w = rref_region(&b, GPUCD__V1__DTYPE__F32, th_rand_u64() % 64, th_rand_u64() % 65536,
-                           4, TH_SHAPE(4, 3, 3, 3));
-        op.y = rref_region(&o, GPUCD__V1__DTYPE__F32, th_rand_u64() % 64, th_rand_u64() % 65536,
-                           4, TH_SHAPE(2, 4, 6, 6));
+        op.x = th_ref_region(&a, (Gpucd__V1__DType)(th_rand_u64() % 9), th_rand_u64() % 64,
+                             th_rand_u64() >> (th_rand_u64() % 64), 4, TH_SHAPE(2, 3, 8, huge));
+        op.w = th_ref_region(&b, GPUCD__V1__DTYPE__F32, th_rand_u64() % 64, th_rand_u64() % 65536,
+                             4, TH_SHAPE(4, 3, 3, 3));
+        op.y = th_ref_region(&o, GPUCD__V1__DTYPE__F32, th_rand_u64() % 64, th_rand_u64() % 65536,
+                             4, TH_SHAPE(2, 4, 6, 6));
         req.op_case = GPUCD__V1__REQUEST__OP_CONV2D_FORWARD;
         req.conv2d_forward = &op;
         rep = th_raw_call(raw, &req, NULL, 0);
@@ -1004,7 +955,7 @@ static int trespass_send(th_raw *raw)
     noise buf;
     noise_fill(&buf);
     Gpucd__V1__Request req = GPUCD__V1__REQUEST__INIT;
-    rref a, b, o;
+    th_ref a, b, o;
     Gpucd__V1__Reply *rep = NULL;
     fault(ACT_TRESPASS);
     switch (th_rand_u64() % 3) {
@@ -1013,11 +964,11 @@ static int trespass_send(th_raw *raw)
         int32_t *idx = (int32_t *)buf.b;
         for (int i = 0; i < KNOWN_ROWS; i++)
             idx[i] = i;
-        op.indices = rref_payload(&a, GPUCD__V1__DTYPE__I32, 0, 1, TH_SHAPE(KNOWN_ROWS));
-        op.table = rref_payload(&b, GPUCD__V1__DTYPE__F32, 64, 2,
-                                TH_SHAPE(KNOWN_ROWS, KNOWN_COLS));
-        op.out = rref_resident(&o, GPUCD__V1__DTYPE__F32, 1 + th_rand_u64() % 512, 2,
-                               TH_SHAPE(KNOWN_ROWS, KNOWN_COLS));
+        op.indices = th_ref_payload(&a, GPUCD__V1__DTYPE__I32, 0, 1, TH_SHAPE(KNOWN_ROWS));
+        op.table = th_ref_payload(&b, GPUCD__V1__DTYPE__F32, 64, 2,
+                                  TH_SHAPE(KNOWN_ROWS, KNOWN_COLS));
+        op.out = th_ref_resident(&o, GPUCD__V1__DTYPE__F32, 1 + th_rand_u64() % 512, 2,
+                                 TH_SHAPE(KNOWN_ROWS, KNOWN_COLS));
         req.op_case = GPUCD__V1__REQUEST__OP_EMBEDDING_FORWARD;
         req.embedding_forward = &op;
         rep = th_raw_call(raw, &req, buf.b, 64 + KNOWN_N * 4);
@@ -1333,12 +1284,7 @@ static int daemon_died(th_daemon *d)
     return 1;
 }
 
-static void daemon_serve(th_daemon *d, const char *const *extra)
-{
-    th_daemon_start(d, extra);
-    const char *colon = strrchr(d->tcp_url, ':');
-    atomic_store(&sh->tcp_port, atoi(colon + 1));
-}
+static void daemon_serve(th_daemon *d, const char *const *extra) { th_daemon_start(d, extra); }
 
 /* The test's restart, as a supervisor would: SIGTERM, then a fresh daemon at the same URL. */
 static void daemon_restart(th_daemon *d, const char *const *extra)
@@ -1503,8 +1449,15 @@ int main(int argc, char **argv)
     if (mkdtemp(dir) == NULL)
         die("mkdtemp: %s", strerror(errno));
     snprintf(ipc_url, sizeof ipc_url, "ipc://%s/chaos.sock", dir);
+    /* Every daemon at the same tcp:// port too, as a supervisor's would be: a remote client's
+     * call made while the daemon restarts then reaches the new one, rather than waiting out its
+     * timeout for a port nobody listens on any more. */
+    atomic_store(&sh->tcp_port, th_free_tcp_port());
+    char tcp_fixed[64];
+    tcp_url(tcp_fixed);
     /* A small resident limit: the quota flood reaches it in a few puts. */
-    const char *const extra[] = {"--listen", ipc_url, "--resident-mb", "64", NULL};
+    const char *const extra[] = {"--listen", ipc_url, "--listen", tcp_fixed, "--resident-mb", "64",
+                                 NULL};
     th_daemon d;
     daemon_serve(&d, extra);
 
@@ -1520,7 +1473,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < n; i++)
         proc_spawn(&procs[i]);
 
-    const uint64_t t0 = now_ms(), end = t0 + (uint64_t)seconds * 1000;
+    const uint64_t t0 = now_ms();
+    uint64_t end = t0 + (uint64_t)seconds * 1000;
     uint64_t next_kill = t0 + 300 + th_rand_u64() % 1200;
     int restarts = 0;
     while (now_ms() < end && !daemon_died(&d)) {
@@ -1536,6 +1490,11 @@ int main(int argc, char **argv)
                    (double)(now_ms() - t0) / 1000);
             daemon_restart(&d, extra);
             restarts++;
+            /* A restart waits out the drain (up to its deadline, while hostile clients hold
+             * replies): the last daemon still gets its time, in which every well-behaved client
+             * must get an OK from it. */
+            if (end < now_ms() + LAST_DAEMON_MS)
+                end = now_ms() + LAST_DAEMON_MS;
         }
     }
     printf("chaos: everyone leaves at %.1f s\n", (double)(now_ms() - t0) / 1000);
