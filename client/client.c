@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "internal.h"
-#include "socket_dir.h"
+#include "local_socket.h"
 
 #include <nng/protocol/reqrep0/req.h>
 
@@ -24,27 +24,11 @@ void gpucd_options_init(gpucd_options *opts)
     opts->timeout_ms = GPUCDC_DEFAULT_TIMEOUT_MS;
 }
 
-/* $GPUCD_URL when set and not empty: an operator's choice, not checked as the built-in is. */
-static const char *url_from_environment(void)
-{
-    const char *url = getenv("GPUCD_URL");
-    return url != NULL && *url != '\0' ? url : NULL;
-}
-
 int gpucd_default_url(char *buf, size_t len)
 {
     if (buf == NULL)
         return gpucdc_fail(GPUCD_EINVAL, "gpucd_default_url: buf is NULL");
-    /* The XDG spec says to ignore a relative XDG_RUNTIME_DIR. */
-    const char *xdg = getenv("XDG_RUNTIME_DIR"), *env = url_from_environment();
-    int n;
-    if (env != NULL)
-        n = snprintf(buf, len, "%s", env);
-    else if (xdg != NULL && xdg[0] == '/')
-        n = snprintf(buf, len, "ipc://%s/gpucd.sock", xdg);
-    else
-        n = snprintf(buf, len, "ipc:///tmp/gpucd-%lu/gpucd.sock", (unsigned long)getuid());
-    if (n < 0 || (size_t)n >= len)
+    if (local_socket_default_url(buf, len) != 0)
         return gpucdc_fail(GPUCD_EINVAL, "gpucd_default_url: %zu bytes do not hold the URL", len);
     return 0;
 }
@@ -142,8 +126,8 @@ int gpucd_trusted_uid(const gpucd_options *opts, uint64_t *uid)
 static int default_dir_check(const char *url)
 {
     char dir[512], why[640];
-    if (gpucdc_socket_dir_of(url, dir, sizeof dir) != 0 ||
-        gpucdc_socket_dir_check(dir, geteuid(), why, sizeof why) != -1)
+    if (local_socket_dir_of(url, dir, sizeof dir) != 0 ||
+        local_socket_dir_check(dir, geteuid(), why, sizeof why) != -1)
         return 0;
     return gpucdc_fail(GPUCD_EUNTRUSTED, "gpucd_connect: %s; not dialing %s", why, url);
 }
@@ -191,7 +175,7 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
     uint64_t trust_uid = 0;
     const bool check_uid = strncmp(url, "ipc://", 6) == 0;
     int bad = check_uid ? gpucd_trusted_uid(opts, &trust_uid) : 0;
-    if (bad == 0 && have_default == 0 && url_from_environment() == NULL &&
+    if (bad == 0 && have_default == 0 && local_socket_url_from_environment() == NULL &&
         strcmp(url, default_url) == 0)
         bad = default_dir_check(url);
     if (bad < 0)

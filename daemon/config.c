@@ -14,9 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "gpucd.h"
 #include "notify.h"
-#include "socket_dir.h"
+#include "local_socket.h"
 
 typedef int (*config_setter)(gcd_config *cfg, const char *value, char *err, size_t errlen);
 
@@ -501,12 +500,12 @@ static int host_is_loopback(const char *hostport)
 static int listen_check(const gcd_config *cfg, const char *url, char *err, size_t errlen)
 {
     char dir[GCD_URL_MAX];
-    if (gpucdc_socket_dir_of(url, dir, sizeof dir) == 0) {
+    if (local_socket_dir_of(url, dir, sizeof dir) == 0) {
         /* The message names the URL, then the folder's fault; a missing folder is the
          * listener's to report. */
         const int n = snprintf(err, errlen, "--listen %s: ", url);
         const size_t at = n > 0 && (size_t)n < errlen ? (size_t)n : 0;
-        if (gpucdc_socket_dir_check_given(dir, geteuid(), err + at, errlen - at) == -1) {
+        if (local_socket_dir_check_given(dir, geteuid(), err + at, errlen - at) == -1) {
             const size_t len = strlen(err);
             snprintf(err + len, errlen - len, ": another user could put their own server at "
                                               "this address");
@@ -546,7 +545,7 @@ int gcd_config_finish(gcd_config *cfg, char *err, size_t errlen)
     if (cfg->nlisten > 0)
         return 0;
     char url[GCD_URL_MAX];
-    if (gpucd_default_url(url, sizeof url) != 0) {
+    if (local_socket_default_url(url, sizeof url) != 0) {
         snprintf(err, errlen, "cannot form the default listen URL; give --listen");
         return -1;
     }
@@ -561,13 +560,13 @@ int gcd_config_finish(gcd_config *cfg, char *err, size_t errlen)
     /* The socket's folder must exist and be this user's alone: one made first by another
      * user, or writable by one, would let them put their own server at this address. */
     char dir[GCD_URL_MAX];
-    if (gpucdc_socket_dir_of(url, dir, sizeof dir) == 0) {
+    if (local_socket_dir_of(url, dir, sizeof dir) == 0) {
         if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
             snprintf(err, errlen, "cannot create %s: %s", dir, strerror(errno));
             cfg->nlisten = 0;
             return -1;
         }
-        if (gpucdc_socket_dir_check(dir, geteuid(), why, sizeof why) != 0) {
+        if (local_socket_dir_check(dir, geteuid(), why, sizeof why) != 0) {
             snprintf(err, errlen, "%s: not listening there (remove it, or give --listen)", why);
             cfg->nlisten = 0;
             return -1;

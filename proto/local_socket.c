@@ -1,10 +1,12 @@
-/* socket_dir.c - see socket_dir.h. */
-#include "socket_dir.h"
+/* local_socket.c - see local_socket.h. */
+#include "local_socket.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* The checks of both kinds of folder; `given`: one named by --listen (see socket_dir.h). */
 static int dir_check(const char *dir, uid_t uid, int given, char *why, size_t whylen)
@@ -33,17 +35,17 @@ static int dir_check(const char *dir, uid_t uid, int given, char *why, size_t wh
     return -1;
 }
 
-int gpucdc_socket_dir_check(const char *dir, uid_t uid, char *why, size_t whylen)
+int local_socket_dir_check(const char *dir, uid_t uid, char *why, size_t whylen)
 {
     return dir_check(dir, uid, 0, why, whylen);
 }
 
-int gpucdc_socket_dir_check_given(const char *dir, uid_t uid, char *why, size_t whylen)
+int local_socket_dir_check_given(const char *dir, uid_t uid, char *why, size_t whylen)
 {
     return dir_check(dir, uid, 1, why, whylen);
 }
 
-int gpucdc_socket_dir_of(const char *url, char *dir, size_t len)
+int local_socket_dir_of(const char *url, char *dir, size_t len)
 {
     if (strncmp(url, "ipc://", 6) != 0)
         return -1;
@@ -53,4 +55,24 @@ int gpucdc_socket_dir_of(const char *url, char *dir, size_t len)
     memcpy(dir, path, (size_t)(slash - path));
     dir[slash - path] = '\0';
     return 0;
+}
+
+const char *local_socket_url_from_environment(void)
+{
+    const char *url = getenv("GPUCD_URL");
+    return url != NULL && *url != '\0' ? url : NULL;
+}
+
+int local_socket_default_url(char *buf, size_t len)
+{
+    /* The XDG spec says to ignore a relative XDG_RUNTIME_DIR. */
+    const char *xdg = getenv("XDG_RUNTIME_DIR"), *env = local_socket_url_from_environment();
+    int n;
+    if (env != NULL)
+        n = snprintf(buf, len, "%s", env);
+    else if (xdg != NULL && xdg[0] == '/')
+        n = snprintf(buf, len, "ipc://%s/gpucd.sock", xdg);
+    else
+        n = snprintf(buf, len, "ipc:///tmp/gpucd-%lu/gpucd.sock", (unsigned long)getuid());
+    return n < 0 || (size_t)n >= len ? -1 : 0;
 }
