@@ -59,6 +59,9 @@ typedef struct gcd_op {
     gcd_arg args[GCD_OP_MAX_ARGS];
 } gcd_op;
 
+/* Slot i's tensor, as the kernels' checks and runs take it. */
+static inline const gk_tensor *gcd_op_arg(const gcd_op *op, int i) { return &op->args[i].t; }
+
 /* The slot indices of each operation, in the order of the wire messages' fields. */
 enum { CONV_FWD_X, CONV_FWD_W, CONV_FWD_B, CONV_FWD_Y, CONV_FWD_NARGS };
 enum { CONV_BWD_X, CONV_BWD_W, CONV_BWD_Y, CONV_BWD_DY, CONV_BWD_DX, CONV_BWD_DW, CONV_BWD_DB,

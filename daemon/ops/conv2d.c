@@ -68,34 +68,34 @@ static gcd_status backward_decode(const Gpucd__V1__Request *req, gcd_op *op,
 
 /* ---- checks and the CPU run ------------------------------------------------------------- */
 
-static const gk_tensor *arg(const gcd_op *op, int i) { return &op->args[i].t; }
-
 static int forward_check(const gcd_op *op, gk_err *err)
 {
-    return gk_conv2d_forward_check(&op->p.conv, arg(op, CONV_FWD_X), arg(op, CONV_FWD_W),
-                                   arg(op, CONV_FWD_B), arg(op, CONV_FWD_Y), err);
+    return gk_conv2d_forward_check(&op->p.conv, gcd_op_arg(op, CONV_FWD_X),
+                                   gcd_op_arg(op, CONV_FWD_W), gcd_op_arg(op, CONV_FWD_B),
+                                   gcd_op_arg(op, CONV_FWD_Y), err);
 }
 
 static int backward_check(const gcd_op *op, gk_err *err)
 {
-    return gk_conv2d_backward_check(&op->p.conv, arg(op, CONV_BWD_X), arg(op, CONV_BWD_W),
-                                    arg(op, CONV_BWD_Y), arg(op, CONV_BWD_DY),
-                                    arg(op, CONV_BWD_DX), arg(op, CONV_BWD_DW),
-                                    arg(op, CONV_BWD_DB), err);
+    return gk_conv2d_backward_check(&op->p.conv, gcd_op_arg(op, CONV_BWD_X),
+                                    gcd_op_arg(op, CONV_BWD_W), gcd_op_arg(op, CONV_BWD_Y),
+                                    gcd_op_arg(op, CONV_BWD_DY), gcd_op_arg(op, CONV_BWD_DX),
+                                    gcd_op_arg(op, CONV_BWD_DW), gcd_op_arg(op, CONV_BWD_DB), err);
 }
 
 static int forward_cpu(const gcd_op *op, gk_err *err)
 {
-    return gk_cpu_conv2d_forward(&op->p.conv, arg(op, CONV_FWD_X), arg(op, CONV_FWD_W),
-                                 arg(op, CONV_FWD_B), arg(op, CONV_FWD_Y), err);
+    return gk_cpu_conv2d_forward(&op->p.conv, gcd_op_arg(op, CONV_FWD_X),
+                                 gcd_op_arg(op, CONV_FWD_W), gcd_op_arg(op, CONV_FWD_B),
+                                 gcd_op_arg(op, CONV_FWD_Y), err);
 }
 
 static int backward_cpu(const gcd_op *op, gk_err *err)
 {
-    return gk_cpu_conv2d_backward(&op->p.conv, arg(op, CONV_BWD_X), arg(op, CONV_BWD_W),
-                                  arg(op, CONV_BWD_Y), arg(op, CONV_BWD_DY),
-                                  arg(op, CONV_BWD_DX), arg(op, CONV_BWD_DW),
-                                  arg(op, CONV_BWD_DB), err);
+    return gk_cpu_conv2d_backward(&op->p.conv, gcd_op_arg(op, CONV_BWD_X),
+                                  gcd_op_arg(op, CONV_BWD_W), gcd_op_arg(op, CONV_BWD_Y),
+                                  gcd_op_arg(op, CONV_BWD_DY), gcd_op_arg(op, CONV_BWD_DX),
+                                  gcd_op_arg(op, CONV_BWD_DW), gcd_op_arg(op, CONV_BWD_DB), err);
 }
 
 /* ---- CUDA adapter ----------------------------------------------------------------------- */

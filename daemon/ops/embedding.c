@@ -33,30 +33,28 @@ static gcd_status backward_decode(const Gpucd__V1__Request *req, gcd_op *op,
 
 /* ---- checks and the CPU run ------------------------------------------------------------- */
 
-static const gk_tensor *arg(const gcd_op *op, int i) { return &op->args[i].t; }
-
 static int forward_check(const gcd_op *op, gk_err *err)
 {
-    return gk_embedding_forward_check(arg(op, EMB_FWD_IDX), arg(op, EMB_FWD_TABLE),
-                                      arg(op, EMB_FWD_OUT), err);
+    return gk_embedding_forward_check(gcd_op_arg(op, EMB_FWD_IDX), gcd_op_arg(op, EMB_FWD_TABLE),
+                                      gcd_op_arg(op, EMB_FWD_OUT), err);
 }
 
 static int backward_check(const gcd_op *op, gk_err *err)
 {
-    return gk_embedding_backward_check(arg(op, EMB_BWD_IDX), arg(op, EMB_BWD_DOUT),
-                                       arg(op, EMB_BWD_DTABLE), err);
+    return gk_embedding_backward_check(gcd_op_arg(op, EMB_BWD_IDX), gcd_op_arg(op, EMB_BWD_DOUT),
+                                       gcd_op_arg(op, EMB_BWD_DTABLE), err);
 }
 
 static int forward_cpu(const gcd_op *op, gk_err *err)
 {
-    return gk_cpu_embedding_forward(arg(op, EMB_FWD_IDX), arg(op, EMB_FWD_TABLE),
-                                    arg(op, EMB_FWD_OUT), err);
+    return gk_cpu_embedding_forward(gcd_op_arg(op, EMB_FWD_IDX), gcd_op_arg(op, EMB_FWD_TABLE),
+                                    gcd_op_arg(op, EMB_FWD_OUT), err);
 }
 
 static int backward_cpu(const gcd_op *op, gk_err *err)
 {
-    return gk_cpu_embedding_backward(arg(op, EMB_BWD_IDX), arg(op, EMB_BWD_DOUT),
-                                     arg(op, EMB_BWD_DTABLE), err);
+    return gk_cpu_embedding_backward(gcd_op_arg(op, EMB_BWD_IDX), gcd_op_arg(op, EMB_BWD_DOUT),
+                                     gcd_op_arg(op, EMB_BWD_DTABLE), err);
 }
 
 /* ---- CUDA adapter ----------------------------------------------------------------------- */

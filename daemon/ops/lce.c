@@ -74,20 +74,20 @@ static gcd_status lce_decode(const Gpucd__V1__Request *req, gcd_op *op,
 
 /* ---- checks and the CPU run ------------------------------------------------------------- */
 
-static const gk_tensor *arg(const gcd_op *op, int i) { return &op->args[i].t; }
-
 static int lce_check(const gcd_op *op, gk_err *err)
 {
-    return gk_lce_check(&op->p.lce, arg(op, LCE_E), arg(op, LCE_C), arg(op, LCE_BIAS),
-                        arg(op, LCE_TARGETS), arg(op, LCE_LOSS), arg(op, LCE_LSE),
-                        arg(op, LCE_DE), arg(op, LCE_DC), arg(op, LCE_DBIAS), err);
+    return gk_lce_check(&op->p.lce, gcd_op_arg(op, LCE_E), gcd_op_arg(op, LCE_C),
+                        gcd_op_arg(op, LCE_BIAS), gcd_op_arg(op, LCE_TARGETS),
+                        gcd_op_arg(op, LCE_LOSS), gcd_op_arg(op, LCE_LSE), gcd_op_arg(op, LCE_DE),
+                        gcd_op_arg(op, LCE_DC), gcd_op_arg(op, LCE_DBIAS), err);
 }
 
 static int lce_cpu(const gcd_op *op, gk_err *err)
 {
-    return gk_cpu_lce(&op->p.lce, arg(op, LCE_E), arg(op, LCE_C), arg(op, LCE_BIAS),
-                      arg(op, LCE_TARGETS), arg(op, LCE_LOSS), arg(op, LCE_LSE), arg(op, LCE_DE),
-                      arg(op, LCE_DC), arg(op, LCE_DBIAS), err);
+    return gk_cpu_lce(&op->p.lce, gcd_op_arg(op, LCE_E), gcd_op_arg(op, LCE_C),
+                      gcd_op_arg(op, LCE_BIAS), gcd_op_arg(op, LCE_TARGETS),
+                      gcd_op_arg(op, LCE_LOSS), gcd_op_arg(op, LCE_LSE), gcd_op_arg(op, LCE_DE),
+                      gcd_op_arg(op, LCE_DC), gcd_op_arg(op, LCE_DBIAS), err);
 }
 
 /* ---- CUDA adapter ----------------------------------------------------------------------- */

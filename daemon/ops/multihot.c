@@ -63,20 +63,18 @@ static gcd_status encode_decode(const Gpucd__V1__Request *req, gcd_op *op,
 
 /* ---- checks and the CPU run ------------------------------------------------------------- */
 
-static const gk_tensor *arg(const gcd_op *op, int i) { return &op->args[i].t; }
-
 static int encode_check(const gcd_op *op, gk_err *err)
 {
     int rc = gk_multihot_layout_check(&op->p.multihot, err);
     return rc != 0 ? rc
-                   : gk_multihot_check(&op->p.multihot, arg(op, MULTIHOT_OBS),
-                                       arg(op, MULTIHOT_OUT), err);
+                   : gk_multihot_check(&op->p.multihot, gcd_op_arg(op, MULTIHOT_OBS),
+                                       gcd_op_arg(op, MULTIHOT_OUT), err);
 }
 
 static int encode_cpu(const gcd_op *op, gk_err *err)
 {
-    return gk_cpu_multihot_encode(&op->p.multihot, arg(op, MULTIHOT_OBS), arg(op, MULTIHOT_OUT),
-                                  err);
+    return gk_cpu_multihot_encode(&op->p.multihot, gcd_op_arg(op, MULTIHOT_OBS),
+                                  gcd_op_arg(op, MULTIHOT_OUT), err);
 }
 
 /* ---- CUDA adapter ----------------------------------------------------------------------- */

@@ -59,8 +59,6 @@ static gcd_status encode_decode(const Gpucd__V1__Request *req, gcd_op *op,
 
 /* ---- checks and the CPU run ------------------------------------------------------------- */
 
-static const gk_tensor *arg(const gcd_op *op, int i) { return &op->args[i].t; }
-
 /* Slots [first, first+7) as NMMO3 weights. */
 static gk_nmmo3_weights weights(const gcd_op *op, int first)
 {
@@ -78,22 +76,25 @@ static gk_nmmo3_weights weights(const gcd_op *op, int first)
 static int forward_check(const gcd_op *op, gk_err *err)
 {
     gk_nmmo3_weights w = weights(op, NMMO3_W0);
-    if (arg(op, NMMO3_FWD_SAVED)->data != NULL)
-        return gk_nmmo3_forward_save_check(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_FWD_FEATURES),
-                                           arg(op, NMMO3_FWD_HIDDEN), arg(op, NMMO3_FWD_SAVED),
-                                           err);
-    return gk_nmmo3_forward_check(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_FWD_FEATURES),
-                                  arg(op, NMMO3_FWD_HIDDEN), err);
+    if (gcd_op_arg(op, NMMO3_FWD_SAVED)->data != NULL)
+        return gk_nmmo3_forward_save_check(&w, gcd_op_arg(op, NMMO3_OBS),
+                                           gcd_op_arg(op, NMMO3_FWD_FEATURES),
+                                           gcd_op_arg(op, NMMO3_FWD_HIDDEN),
+                                           gcd_op_arg(op, NMMO3_FWD_SAVED), err);
+    return gk_nmmo3_forward_check(&w, gcd_op_arg(op, NMMO3_OBS), gcd_op_arg(op, NMMO3_FWD_FEATURES),
+                                  gcd_op_arg(op, NMMO3_FWD_HIDDEN), err);
 }
 
 static int backward_check(const gcd_op *op, gk_err *err)
 {
     gk_nmmo3_weights w = weights(op, NMMO3_W0);
     gk_nmmo3_weights g = weights(op, NMMO3_BWD_G0);
-    if (arg(op, NMMO3_BWD_SAVED)->data != NULL)
-        return gk_nmmo3_backward_saved_check(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_BWD_SAVED),
-                                             arg(op, NMMO3_BWD_DOUT), &g, err);
-    return gk_nmmo3_backward_check(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_BWD_DOUT), &g, err);
+    if (gcd_op_arg(op, NMMO3_BWD_SAVED)->data != NULL)
+        return gk_nmmo3_backward_saved_check(&w, gcd_op_arg(op, NMMO3_OBS),
+                                             gcd_op_arg(op, NMMO3_BWD_SAVED),
+                                             gcd_op_arg(op, NMMO3_BWD_DOUT), &g, err);
+    return gk_nmmo3_backward_check(&w, gcd_op_arg(op, NMMO3_OBS), gcd_op_arg(op, NMMO3_BWD_DOUT),
+                                   &g, err);
 }
 
 /*
@@ -104,12 +105,12 @@ static int backward_check(const gcd_op *op, gk_err *err)
 static int forward_saved_shape(const gcd_op *op, int slot, gk_tensor *t, gk_err *err)
 {
     gk_nmmo3_weights w = weights(op, NMMO3_W0);
-    const gk_tensor *obs = arg(op, NMMO3_OBS);
+    const gk_tensor *obs = gcd_op_arg(op, NMMO3_OBS);
     const size_t row = gk_nmmo3_saved_row_bytes(&w);
     if (row == 0 || obs->ndim != 2 || obs->dtype != GK_U8 || obs->shape[1] != GK_NMMO3_OBS_BYTES) {
         /* The forward's check tests the weights and the obs first: its message names the fault. */
-        int rc = gk_nmmo3_forward_check(&w, obs, arg(op, NMMO3_FWD_FEATURES),
-                                        arg(op, NMMO3_FWD_HIDDEN), err);
+        int rc = gk_nmmo3_forward_check(&w, obs, gcd_op_arg(op, NMMO3_FWD_FEATURES),
+                                        gcd_op_arg(op, NMMO3_FWD_HIDDEN), err);
         return rc != 0 ? rc : gk_fail(err, GK_EINVAL, "the weights or obs are not the encoder's");
     }
     memset(t, 0, sizeof *t);
@@ -123,22 +124,25 @@ static int forward_saved_shape(const gcd_op *op, int slot, gk_tensor *t, gk_err 
 static int forward_cpu(const gcd_op *op, gk_err *err)
 {
     gk_nmmo3_weights w = weights(op, NMMO3_W0);
-    if (arg(op, NMMO3_FWD_SAVED)->data != NULL)
-        return gk_cpu_nmmo3_forward_save(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_FWD_FEATURES),
-                                         arg(op, NMMO3_FWD_HIDDEN), arg(op, NMMO3_FWD_SAVED),
-                                         err);
-    return gk_cpu_nmmo3_forward(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_FWD_FEATURES),
-                                arg(op, NMMO3_FWD_HIDDEN), err);
+    if (gcd_op_arg(op, NMMO3_FWD_SAVED)->data != NULL)
+        return gk_cpu_nmmo3_forward_save(&w, gcd_op_arg(op, NMMO3_OBS),
+                                         gcd_op_arg(op, NMMO3_FWD_FEATURES),
+                                         gcd_op_arg(op, NMMO3_FWD_HIDDEN),
+                                         gcd_op_arg(op, NMMO3_FWD_SAVED), err);
+    return gk_cpu_nmmo3_forward(&w, gcd_op_arg(op, NMMO3_OBS), gcd_op_arg(op, NMMO3_FWD_FEATURES),
+                                gcd_op_arg(op, NMMO3_FWD_HIDDEN), err);
 }
 
 static int backward_cpu(const gcd_op *op, gk_err *err)
 {
     gk_nmmo3_weights w = weights(op, NMMO3_W0);
     gk_nmmo3_weights g = weights(op, NMMO3_BWD_G0);
-    if (arg(op, NMMO3_BWD_SAVED)->data != NULL)
-        return gk_cpu_nmmo3_backward_saved(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_BWD_SAVED),
-                                           arg(op, NMMO3_BWD_DOUT), &g, err);
-    return gk_cpu_nmmo3_backward(&w, arg(op, NMMO3_OBS), arg(op, NMMO3_BWD_DOUT), &g, err);
+    if (gcd_op_arg(op, NMMO3_BWD_SAVED)->data != NULL)
+        return gk_cpu_nmmo3_backward_saved(&w, gcd_op_arg(op, NMMO3_OBS),
+                                           gcd_op_arg(op, NMMO3_BWD_SAVED),
+                                           gcd_op_arg(op, NMMO3_BWD_DOUT), &g, err);
+    return gk_cpu_nmmo3_backward(&w, gcd_op_arg(op, NMMO3_OBS), gcd_op_arg(op, NMMO3_BWD_DOUT), &g,
+                                 err);
 }
 
 /* ---- CUDA adapter ----------------------------------------------------------------------- */
