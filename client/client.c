@@ -48,10 +48,33 @@ static void slot_destroy(gpucdc_slot *s)
     free(s);
 }
 
+/*
+ * nng 1.5.2 (Debian 12's) loses a write that a close interrupts between two of its partial
+ * writes, and the connection's teardown then waits for that write forever: nng_close never
+ * returns.  A call that timed out may have left its request (inline tensors: megabytes) being
+ * written.  While that connection stands, a ping goes first: nng sends it on the connection
+ * only once the writes before it are over, and its reply says the daemon has read them all.
+ */
+enum { CLOSE_WRITE_WAIT_MS = 2000 };
+
+static void close_wait_for_writes(gpucd_client *c)
+{
+    if (!atomic_load_explicit(&c->unsent_write, memory_order_acquire) ||
+        atomic_load_explicit(&c->disconnections, memory_order_acquire) !=
+            atomic_load_explicit(&c->unsent_write_disconnections, memory_order_relaxed))
+        return;
+    char last_error[512]; /* the caller's, which gpucd_errmsg(NULL) still gives after a close */
+    snprintf(last_error, sizeof last_error, "%s", gpucd_errmsg(c));
+    c->timeout_ms = CLOSE_WRITE_WAIT_MS; /* no other thread calls during a close */
+    (void)gpucd_ping(c, NULL);
+    (void)gpucdc_fail(0, "%s", last_error);
+}
+
 void gpucd_close(gpucd_client *c)
 {
     if (c == NULL)
         return;
+    close_wait_for_writes(c);
     gpucdc_slot *s = c->all_slots;
     while (s != NULL) {
         gpucdc_slot *next = s->next_all;
@@ -401,6 +424,15 @@ void gpucdc_slot_release(gpucdc_slot *s)
     pthread_mutex_unlock(&c->lock);
 }
 
+/* A call given up on: its request may still be being written (close_wait_for_writes). */
+static void note_unsent_write(gpucd_client *c)
+{
+    atomic_store_explicit(&c->unsent_write_disconnections,
+                          atomic_load_explicit(&c->disconnections, memory_order_acquire),
+                          memory_order_relaxed);
+    atomic_store_explicit(&c->unsent_write, true, memory_order_release);
+}
+
 int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint64_t id,
                          doorbell_record *bell, doorbell_record *rang, nng_msg **reply)
 {
@@ -421,6 +453,8 @@ int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint6
     atomic_store_explicit(&s->state, GPUCDC_SLOT_WAITING, memory_order_relaxed);
     nng_ctx_send(s->ctx, s->aio);
     int rv = slot_wait(c, s);
+    if (rv == NNG_ETIMEDOUT)
+        note_unsent_write(c);
     if (rv != 0) {
         nng_msg *unsent = nng_aio_get_msg(s->aio); /* a failed send hands it back */
         if (unsent != NULL)
@@ -453,6 +487,8 @@ int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint6
         return 1;
     }
     rv = slot_wait(c, s);
+    if (rv == NNG_ETIMEDOUT)
+        note_unsent_write(c);
     *reply = rv == 0 ? nng_aio_get_msg(s->aio) : NULL;
     nng_aio_set_msg(s->aio, NULL);
     if (rv != 0 && bell != NULL) {

@@ -94,6 +94,10 @@ struct gpucd_client {
     gpucdc_slot *all_slots;
     atomic_uint connections; /* connections made so far: the daemon may be another after a new one */
     atomic_uint disconnections; /* connections lost so far: a queued call's end without a reply */
+    /* A call timed out while its request may still have been being written, on the connection
+     * that came before this many disconnections (gpucd_close waits for the write first). */
+    atomic_bool unsent_write;
+    atomic_uint unsent_write_disconnections;
     gpucdc_bells bells;
     char *url;          /* for messages */
     uint64_t trust_uid; /* ipc://: the uid each connection's peer must run as */
