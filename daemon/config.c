@@ -462,7 +462,7 @@ int gcd_config_parse_args(gcd_config *cfg, int argc, char **argv, char *err, siz
 /*
  * 1000 us where a device backend serves and there are cores to spare (8 or more): long
  * enough to catch a closed-loop client's next request a socket round trip later.  On
- * the H200 machine (ENCODER_RESULTS.md, session 5) it took the daemon's own time a
+ * the H200 machine (tests/bench/E2E_RESULTS.md, session 5) it took the daemon's own time a
  * request at B = 1024 from 24-54 to 16-20 us at p50 and cost nothing measurable under 64
  * client processes; one worker polls at a time, so it costs at most one core.  None on
  * smaller machines (on 2 cores a poller doubled the ping latency, measured) and none

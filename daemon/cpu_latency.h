@@ -7,7 +7,7 @@
  * poller, a worker, the client's), and on machines with cpuidle states a CPU
  * that sleeps longer sleeps deeper and wakes slower.  (The H200 test machine
  * is a VM without a cpuidle driver: there the setting changes nothing; see
- * tests/bench/ENCODER_RESULTS.md.)  The request applies to the whole machine
+ * tests/bench/E2E_RESULTS.md.)  The request applies to the whole machine
  * and lasts while the file stays open (the kernel drops it when the process
  * exits), so it is the operator's choice, off by default.
  */

@@ -51,7 +51,8 @@ fi
 grep -E "rel err" "$out/ctest.log" | awk '{print $NF, $0}' | sort -g | tail -n 4 | cut -d" " -f2-
 tail -n 8 "$out/ctest.log"
 
-# Every benchmark built here, each with its log; a failed one fails the run.
+# Every benchmark built here, each with its log; a failed one fails the run.  They all land in
+# tests/bench of the build, wherever their sources sit (gpucd_add_cuda_bench).
 bench_rc=0
 run_bench() {
     local name=$1

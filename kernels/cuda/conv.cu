@@ -491,7 +491,7 @@ bias_plan bias_plan_of(const conv_shape &s, int sm_count)
  * OH*OW <= FT_BM, FT_TAPS_MIN <= KH*KW and the padded tap pairs fit the tap
  * table, and two chunk buffers of the block's samples fit the shared memory.
  * The staging pays one loader pass a chunk, which the taps reuse: measured on
- * the H200 (RESULTS.md), conv1 (25 taps) runs 934 -> 575 us at B = 32768, but
+ * the H200 (tests/kernels/conv2d/RESULTS.md), conv1 (25 taps) runs 934 -> 575 us at B = 32768, but
  * conv2 (9 taps) 125 -> 163 us, so few taps stay on the implicit GEMM.
  */
 enum { FT_TAPS_MIN = 16 };
@@ -709,7 +709,7 @@ int fwd_tile_run(const conv_shape &s, const fwd_tile_plan &d, const uint16_t *x,
 /*
  * The staged bf16 weight gradient (conv_wgrad_tile.cuh), where wgrad_tile_plan_of says
  * it applies; the bias gradient comes with it when C < 64.  Measured on the H200 against
- * the implicit GEMM: tests/bench/RESULTS.md.
+ * the implicit GEMM: tests/kernels/conv2d/RESULTS.md.
  */
 struct wgrad_tile_plan {
     bool fits;

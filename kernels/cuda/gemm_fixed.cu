@@ -27,7 +27,7 @@
  * wide) gave bitwise the large-n algorithm's output at n = 1024, 2048 and
  * 32768 (encoder_bench --gemms): each accumulates an output's k in the same
  * order with the same bf16 wgmma instruction (fp32 accumulation), so a
- * column does not see the tile it belongs to.  tests/gpu_obs checks rows
+ * column does not see the tile it belongs to.  tests/kernels/nmmo3 checks rows
  * bitwise across the classes.  f32 (true fp32, not wgmma) keeps one
  * algorithm for every n: there the equality was not measured.
  */

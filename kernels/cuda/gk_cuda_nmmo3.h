@@ -16,7 +16,7 @@
  * programmatic dependent (its prologue overlaps it).  Rollout batches (at
  * most one conv1 tile an SM) take conv1's smaller tiles, the features rows
  * written inside conv1's kernel and the GEMMs' small-n algorithms: a row's
- * bytes are the same at every batch size (tests/gpu_obs).  Shapes and dtypes as
+ * bytes are the same at every batch size (tests/kernels/nmmo3).  Shapes and dtypes as
  * gk_nmmo3_forward_check.  Data values are validated on the device: after
  * the caller has synchronised ex->stream, gk_cuda_nmmo3_status returns
  * GK_ERANGE with the CPU kernel's message (a map value first, as the CPU
@@ -101,7 +101,7 @@ int gk_cuda_nmmo3_backward(const gk_nmmo3_weights *w, const gk_tensor *obs, cons
  * verdict, as the backward does.  Its gradients equal the stateless
  * backward's up to the recompute's rounding: the same conv1 kernel, but
  * conv2, the features and the pre-activations there come from products of
- * another order than the forward's (see tests/gpu_nmmo3).  Nothing is
+ * another order than the forward's (see tests/kernels/nmmo3).  Nothing is
  * addressed through saved's bytes: garbage in them gives garbage gradients,
  * never a fault.
  */

@@ -17,14 +17,14 @@ extern "C" {
  * ASSEMBLED: one pass after conv2 writes every column.  FUSED: conv1's kernel
  * writes every column but conv2's while the tensor cores run
  * (conv1_obs_enqueue_features) and the pass after conv2 writes conv2's.
- * Measured on the H200 (tests/bench/OBS_RESULTS.md), bf16 B = 32768 hidden
+ * Measured on the H200 (tests/kernels/obs/OBS_RESULTS.md), bf16 B = 32768 hidden
  * 512: assembled 524 us, fused 666 us (its three builder warps, which also
  * make the masks, become the kernel's critical path: inferred, not profiled).
  * AUTO, the default: FUSED where conv1 runs its small tiles
  * (conv1_obs_small_tiles: B <= 1056 on 132 SMs), else ASSEMBLED; at B = 2048
  * (16-agent tiles, one a block) fused rows made conv1 37 us instead of 27
  * (ncu, 12:35 UTC 2026-11-30).  The rows' bytes are the same either way
- * (tests/gpu_obs).
+ * (tests/kernels/nmmo3).
  */
 enum {
     NMMO3_ROWS_ASSEMBLED = 0,

@@ -1,7 +1,7 @@
 /*
  * test_gpu_lce.c - the CUDA fused linear cross entropy (gk_cuda_lce) against
  * the CPU backend (gk_cpu_lce, itself tested against a float64 materialised
- * reference in tests/loss), on fresh random inputs (lce_harness).
+ * reference in test_lce_*.c), on fresh random inputs (lce_harness).
  *
  *   options   every combination of reduction, softcap, shift, bias, for f32,
  *             tf32, bf16 and f16 inputs, each under the default budget (the
