@@ -125,8 +125,8 @@ struct gpucd_region {
     size_t size;
     uint64_t id;
     struct gpucd_region *next_retired; /* area.c's list of earlier connections' areas */
-    /* The submission area only (submit.c): the daemon's wake page while the queue is open,
-     * NULL when calls on this area use the socket. */
+    /* The connection's area only (set by area.c, read by submit.c): the daemon's wake page
+     * while the queue is open, NULL when calls on this area use the socket. */
     _Atomic(submit_wake *) wake;
 };
 

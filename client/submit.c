@@ -4,7 +4,7 @@
  * slot's buffer is queued in shared memory instead of sent on the socket;
  * its answer is the record, and for a failure the reply's bytes in the same
  * buffer.  Every other call, and every call while the queue is not open on
- * the current connection, uses the socket.
+ * the current connection (area.c opens it with the area), uses the socket.
  */
 #include <sched.h>
 #include <string.h>
