@@ -1,4 +1,8 @@
-/* call.c - one request/reply exchange: send, wait, decode, check, deliver outputs. */
+/*
+ * call.c - a call answered by its reply (every control operation: the daemon's own
+ * requests, regions, tensors, the queue's opening): send, wait, decode, check, deliver
+ * outputs.  A compute call (compute_call.c) ends here too when its reply answers it.
+ */
 #include <string.h>
 
 #include "internal.h"
@@ -130,49 +134,12 @@ static void timings_fill(gpucd_timings *t, const Gpucd__V1__Reply *rep, uint64_t
     t->round_trip_us = round_trip;
 }
 
-/* The timings of a call that ended on its doorbell: the record has the daemon's. */
-static void timings_from_bell(gpucd_timings *t, const doorbell_record *b, uint64_t round_trip)
+int gpucdc_reply_finish(gpucdc_request *req, nng_msg *msg, uint64_t start, gpucd_timings *t,
+                        gpucdc_reply *out)
 {
-    memset(t, 0, sizeof *t);
-    t->queue_us = b->queue_us;
-    t->copy_in_us = b->copy_in_us;
-    t->compute_us = b->compute_us;
-    t->copy_out_us = b->copy_out_us;
-    t->batch_wait_us = b->batch_wait_us;
-    t->total_us = b->total_us;
-    t->round_trip_us = round_trip;
-}
-
-int gpucdc_call(gpucdc_request *req, gpucd_timings *t, gpucdc_reply *out)
-{
-    uint64_t start = gpucdc_now_us();
-    gpucdc_clear_error();
-    gpucdc_slot *s;
-    int rv = gpucdc_slot_acquire(req->client, &s);
-    if (rv < 0)
-        return rv;
-    doorbell_record *bell = out == NULL ? gpucdc_doorbell_attach(req->client, s, req) : NULL;
-    nng_msg *msg, *reply_msg;
-    rv = gpucdc_request_pack(req, &msg);
-    if (rv < 0) {
-        gpucdc_slot_release(s);
-        return rv;
-    }
-    doorbell_record rang;
-    rv = bell != NULL ? gpucdc_submit_exchange(s, req->op, msg, req->msg.id, &rang, &reply_msg)
-                      : 2;
-    if (rv == 2) /* not through the submission queue: the socket */
-        rv = gpucdc_slot_exchange(s, req->op, msg, req->msg.id, bell, &rang, &reply_msg);
-    if (rv < 0)
-        return rv;
-    if (rv == 1) { /* OK, and every output was in place before the record */
-        if (t != NULL)
-            timings_from_bell(t, &rang, gpucdc_now_us() - start);
-        return 0;
-    }
     gpucdc_reply r;
     memset(&r, 0, sizeof r);
-    rv = reply_decode(req, reply_msg, &r);
+    int rv = reply_decode(req, msg, &r);
     if (rv == 0)
         rv = gpucdc_reply_accept(req, &r);
     if (t != NULL)
@@ -182,4 +149,25 @@ int gpucdc_call(gpucdc_request *req, gpucd_timings *t, gpucdc_reply *out)
     else
         gpucdc_reply_free(&r);
     return rv;
+}
+
+int gpucdc_control_call(gpucdc_request *req, gpucd_timings *t, gpucdc_reply *out)
+{
+    const uint64_t start = gpucdc_now_us();
+    gpucdc_clear_error();
+    gpucdc_slot *s;
+    int rv = gpucdc_slot_acquire(req->client, &s);
+    if (rv < 0)
+        return rv;
+    nng_msg *msg, *reply;
+    rv = gpucdc_request_pack(req, &msg);
+    if (rv < 0) {
+        gpucdc_slot_release(s);
+        return rv;
+    }
+    gpucdc_answer answer;
+    rv = gpucdc_slot_exchange(s, req->op, msg, req->msg.id, NULL, NULL, &reply, &answer);
+    if (rv < 0)
+        return rv;
+    return gpucdc_reply_finish(req, reply, start, t, out);
 }

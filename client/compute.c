@@ -77,7 +77,7 @@ int gpucd_conv2d_forward(gpucd_client *client, const gpucd_conv2d_params *p,
     m.params = &params;
     req.msg.op_case = GPUCD__V1__REQUEST__OP_CONV2D_FORWARD;
     req.msg.conv2d_forward = &m;
-    return gpucdc_call(&req, t, NULL);
+    return gpucdc_compute_call(&req, t);
 }
 
 int gpucd_conv2d_backward(gpucd_client *client, const gpucd_conv2d_params *p,
@@ -107,7 +107,7 @@ int gpucd_conv2d_backward(gpucd_client *client, const gpucd_conv2d_params *p,
     m.params = &params;
     req.msg.op_case = GPUCD__V1__REQUEST__OP_CONV2D_BACKWARD;
     req.msg.conv2d_backward = &m;
-    return gpucdc_call(&req, t, NULL);
+    return gpucdc_compute_call(&req, t);
 }
 
 int gpucd_multihot_encode(gpucd_client *client, const gpucd_multihot_layout *layout,
@@ -155,7 +155,7 @@ int gpucd_multihot_encode(gpucd_client *client, const gpucd_multihot_layout *lay
         return rv;
     req.msg.op_case = GPUCD__V1__REQUEST__OP_MULTIHOT_ENCODE;
     req.msg.multihot_encode = &m;
-    return gpucdc_call(&req, t, NULL);
+    return gpucdc_compute_call(&req, t);
 }
 
 int gpucd_embedding_forward(gpucd_client *client, const gpucd_tensor *idx,
@@ -173,7 +173,7 @@ int gpucd_embedding_forward(gpucd_client *client, const gpucd_tensor *idx,
         return rv;
     req.msg.op_case = GPUCD__V1__REQUEST__OP_EMBEDDING_FORWARD;
     req.msg.embedding_forward = &m;
-    return gpucdc_call(&req, t, NULL);
+    return gpucdc_compute_call(&req, t);
 }
 
 int gpucd_embedding_backward(gpucd_client *client, const gpucd_tensor *idx,
@@ -191,7 +191,7 @@ int gpucd_embedding_backward(gpucd_client *client, const gpucd_tensor *idx,
         return rv;
     req.msg.op_case = GPUCD__V1__REQUEST__OP_EMBEDDING_BACKWARD;
     req.msg.embedding_backward = &m;
-    return gpucdc_call(&req, t, NULL);
+    return gpucdc_compute_call(&req, t);
 }
 
 static int lce_params_encode(const char *op, const gpucd_lce_params *p,
@@ -258,7 +258,7 @@ int gpucd_linear_cross_entropy(gpucd_client *client, const gpucd_lce_params *p,
     m.params = &params;
     req.msg.op_case = GPUCD__V1__REQUEST__OP_LINEAR_CROSS_ENTROPY;
     req.msg.linear_cross_entropy = &m;
-    return gpucdc_call(&req, t, NULL);
+    return gpucdc_compute_call(&req, t);
 }
 
 /* The weights as inputs: the five encoder weights required, the projection optional. */
@@ -325,7 +325,7 @@ static int nmmo3_forward(gpucd_client *client, const char *op, const gpucd_nmmo3
     m.weights = &weights;
     req.msg.op_case = GPUCD__V1__REQUEST__OP_NMMO3_ENCODE;
     req.msg.nmmo3_encode = &m;
-    return gpucdc_call(&req, t, NULL);
+    return gpucdc_compute_call(&req, t);
 }
 
 int gpucd_nmmo3_encode(gpucd_client *client, const gpucd_nmmo3_weights *w,
@@ -380,7 +380,7 @@ static int nmmo3_backward(gpucd_client *client, const char *op, const gpucd_nmmo
     m.grads = &g;
     req.msg.op_case = GPUCD__V1__REQUEST__OP_NMMO3_ENCODE;
     req.msg.nmmo3_encode = &m;
-    return gpucdc_call(&req, t, NULL);
+    return gpucdc_compute_call(&req, t);
 }
 
 int gpucd_nmmo3_encode_backward(gpucd_client *client, const gpucd_nmmo3_weights *w,

@@ -25,7 +25,7 @@ int gpucd_info_get(gpucd_client *client, gpucd_info *out)
     req.msg.op_case = GPUCD__V1__REQUEST__OP_HELLO;
     req.msg.hello = &hello;
     gpucdc_reply r;
-    int rv = gpucdc_call(&req, NULL, &r);
+    int rv = gpucdc_control_call(&req, NULL, &r);
     if (rv < 0)
         return rv;
     const Gpucd__V1__Reply *rep = r.reply;
@@ -67,7 +67,7 @@ int gpucd_ping(gpucd_client *client, gpucd_timings *t)
     Gpucd__V1__Ping ping = GPUCD__V1__PING__INIT;
     req.msg.op_case = GPUCD__V1__REQUEST__OP_PING;
     req.msg.ping = &ping;
-    return gpucdc_call(&req, t, NULL);
+    return gpucdc_control_call(&req, t, NULL);
 }
 
 int gpucd_stats_json(gpucd_client *client, char **json)
@@ -82,7 +82,7 @@ int gpucd_stats_json(gpucd_client *client, char **json)
     req.msg.op_case = GPUCD__V1__REQUEST__OP_STATS;
     req.msg.stats = &stats;
     gpucdc_reply r;
-    int rv = gpucdc_call(&req, NULL, &r);
+    int rv = gpucdc_control_call(&req, NULL, &r);
     if (rv < 0)
         return rv;
     if (r.reply->result_case != GPUCD__V1__REPLY__RESULT_STATS || r.reply->stats == NULL) {
@@ -109,7 +109,7 @@ int gpucd_tensor_put(gpucd_client *client, const gpucd_tensor *src, uint64_t *id
     req.msg.op_case = GPUCD__V1__REQUEST__OP_TENSOR_PUT;
     req.msg.tensor_put = &put;
     gpucdc_reply r;
-    if ((rv = gpucdc_call(&req, NULL, &r)) < 0)
+    if ((rv = gpucdc_control_call(&req, NULL, &r)) < 0)
         return rv;
     if (r.reply->result_case != GPUCD__V1__REPLY__RESULT_TENSOR_ID)
         rv = gpucdc_fail(GPUCD_EPROTO, "tensor_put: the reply carries no tensor id");
@@ -134,7 +134,7 @@ int gpucd_tensor_get(gpucd_client *client, uint64_t id, gpucd_tensor *dst)
         return rv;
     req.msg.op_case = GPUCD__V1__REQUEST__OP_TENSOR_GET;
     req.msg.tensor_get = &get;
-    return gpucdc_call(&req, NULL, NULL);
+    return gpucdc_control_call(&req, NULL, NULL);
 }
 
 int gpucd_tensor_free(gpucd_client *client, uint64_t id)
@@ -147,5 +147,5 @@ int gpucd_tensor_free(gpucd_client *client, uint64_t id)
     tf.id = id;
     req.msg.op_case = GPUCD__V1__REQUEST__OP_TENSOR_FREE;
     req.msg.tensor_free = &tf;
-    return gpucdc_call(&req, NULL, NULL);
+    return gpucdc_control_call(&req, NULL, NULL);
 }

@@ -96,3 +96,16 @@ const char *gpucd_strerror(int code)
         return code <= -GPUCD_EDAEMON_BASE ? "daemon: unknown status" : "unknown error code";
     }
 }
+
+int gpucdc_fail_untrusted(const gpucd_client *c, const char *op, uint64_t uid)
+{
+    char runs[48];
+    if (uid == GPUCDC_UID_UNKNOWN)
+        snprintf(runs, sizeof runs, "runs as a uid that cannot be learnt");
+    else
+        snprintf(runs, sizeof runs, "runs as uid %llu", (unsigned long long)uid);
+    return gpucdc_fail(GPUCD_EUNTRUSTED,
+                       "%s: daemon at %s %s, expected %llu (GPUCD_TRUST_UID or "
+                       "gpucd_options.trust_uid name another to trust); not using it",
+                       op, c->url, runs, (unsigned long long)c->trust_uid);
+}

@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <sys/un.h>
+#include <time.h>
 
 #include <nng/nng.h>
 
@@ -36,14 +37,21 @@ void gpucdc_clear_error(void);
 int gpucdc_fail_nng(int nng_rv, const char *op, const char *what);
 /* Maps a daemon status (gpucd.v1.Status) to a code; 0 for OK. */
 int gpucdc_status_code(int status);
+/* Fails op with GPUCD_EUNTRUSTED: the daemon at the client's URL runs as uid, not trust_uid. */
+int gpucdc_fail_untrusted(const gpucd_client *c, const char *op, uint64_t uid);
+
+/* CLOCK_MONOTONIC in microseconds: round trips and polling deadlines. */
+static inline uint64_t gpucdc_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
 
 /* ---- the connection (client.c) -------------------------------------------------- */
 
 /* A tls+tcp:// dialer's TLS from opts and GPUCD_TLS_* (tls.c); 0 or a code with a message. */
 int gpucdc_tls_dialer(nng_dialer dialer, const char *url, const gpucd_options *opts);
-
-/* CLOCK_MONOTONIC in microseconds: round trips and polling deadlines. */
-uint64_t gpucdc_now_us(void);
 
 /* Where a slot's nng operation is. */
 enum {
@@ -69,15 +77,19 @@ typedef struct gpucdc_slot {
     struct gpucdc_slot *next_all;
 } gpucdc_slot;
 
-/* The client's completion records (doorbell.c), one per slot, created at first use. */
-typedef struct gpucdc_bells {
-    pthread_mutex_t lock; /* held while creating */
-    atomic_int state;     /* 0 not tried, 1 ready, -1 unavailable (no region could be made) */
+/* Where the connection's area stands (area.c). */
+enum { GPUCDC_AREA_UNTRIED = 0, GPUCDC_AREA_READY = 1, GPUCDC_AREA_UNAVAILABLE = -1 };
+
+/* The connection's area (area.c): its completion records, one per slot, and its submission
+ * queue, made before the first call that can use them. */
+typedef struct gpucdc_area {
+    pthread_mutex_t lock; /* held while making it and while giving out records */
+    atomic_int state;     /* GPUCDC_AREA_*: unavailable when no region could be made */
     atomic_uint connection; /* the connection (gpucd_client.connections) state is about */
-    _Atomic(struct gpucd_region *) region; /* the records of that connection's daemon */
-    struct gpucd_region *retired; /* earlier connections' records, mapped until close */
+    _Atomic(struct gpucd_region *) region; /* the area on that connection's daemon */
+    struct gpucd_region *retired; /* earlier connections' areas, mapped until close */
     int next; /* the next record of the current area to give a slot */
-} gpucdc_bells;
+} gpucdc_area;
 
 struct gpucd_client {
     nng_socket sock;
@@ -98,7 +110,7 @@ struct gpucd_client {
      * that came before this many disconnections (gpucd_close waits for the write first). */
     atomic_bool unsent_write;
     atomic_uint unsent_write_disconnections;
-    gpucdc_bells bells;
+    gpucdc_area area;
     char *url;          /* for messages */
     uint64_t trust_uid; /* ipc://: the uid each connection's peer must run as */
     /* The uid of the daemon whose connection was refused last (GPUCDC_UID_UNKNOWN when it
@@ -109,9 +121,6 @@ struct gpucd_client {
 #define GPUCDC_UID_TRUSTED UINT64_MAX
 #define GPUCDC_UID_UNKNOWN (UINT64_MAX - 1)
 
-/* Fails op with GPUCD_EUNTRUSTED: the daemon at the client's URL runs as uid, not trust_uid. */
-int gpucdc_fail_untrusted(const gpucd_client *c, const char *op, uint64_t uid);
-
 /* ---- regions (region.c) ---------------------------------------------------------- */
 
 struct gpucd_region {
@@ -119,12 +128,17 @@ struct gpucd_region {
     void *data;
     size_t size;
     uint64_t id;
-    struct gpucd_region *next_retired; /* doorbell.c's list of earlier records */
-    /* The submission area only (submit.c): the daemon's wake page while the queue is open,
-     * NULL when calls on this area use the socket. */
+    struct gpucd_region *next_retired; /* area.c's list of earlier connections' areas */
+    /* The connection's area only (set by area.c, read by submit.c): the daemon's wake page
+     * while the queue is open, NULL when calls on this area use the socket. */
     _Atomic(submit_wake *) wake;
 };
 
+/*
+ * Makes a region of size bytes (1..2^63-1) and registers it with the daemon:
+ * gpucd_region_create once its arguments are checked, and the area's maker.
+ */
+int gpucdc_region_make(gpucd_client *client, size_t size, gpucd_region **out);
 /* Unmaps and frees a region without asking the daemon (whose connection is gone). */
 void gpucdc_region_forget(gpucd_region *region);
 
@@ -192,7 +206,35 @@ int gpucdc_tensor_check(const char *op, const char *name, const gpucd_tensor *t,
 /* Sets version and id and packs the request and its host inputs into *out. */
 int gpucdc_request_pack(gpucdc_request *req, nng_msg **out);
 
-/* ---- calls (call.c) ---------------------------------------------------------------- */
+/* ---- slots (slot.c) ------------------------------------------------------------------ */
+
+/* Takes a free context, opening a new one when every context is in use; it names no record. */
+int gpucdc_slot_acquire(gpucd_client *c, gpucdc_slot **out);
+/* Gives a context back; a detached slot's callback does it when its receive ends. */
+void gpucdc_slot_release(gpucdc_slot *s);
+/* Closes every context of the client (gpucd_close, before the socket). */
+void gpucdc_slots_free(gpucd_client *c);
+
+/* What answered an exchange that reached the daemon. */
+typedef enum gpucdc_answer {
+    GPUCDC_ANSWER_REPLY,  /* the reply, for the caller to decode */
+    GPUCDC_ANSWER_RECORD, /* the completion record alone: a success, every output in place */
+} gpucdc_answer;
+
+/*
+ * Sends request on slot s and waits for the answer within the client's
+ * timeout; releases the slot.  With bell (the slot's record, the request
+ * naming it), waits on the record (polling spin_us, then asleep) while the
+ * reply travels: when it shows request id with status OK first, answers
+ * GPUCDC_ANSWER_RECORD with *reply NULL and the record in *rang, and cancels
+ * the receive (the request is record-only: no reply comes).  Else the reply
+ * in *reply.  0, or a negative code.
+ */
+int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint64_t id,
+                         struct doorbell_record *bell, struct doorbell_record *rang,
+                         nng_msg **reply, gpucdc_answer *answer);
+
+/* ---- calls answered by their reply (call.c) ---------------------------------------------- */
 
 /* A decoded reply; payload points into msg. */
 typedef struct gpucdc_reply {
@@ -203,13 +245,22 @@ typedef struct gpucdc_reply {
 } gpucdc_reply;
 
 /*
- * Sends req and waits for its reply within the client's timeout.  On success
- * the reply's status was OK, its outputs were delivered to the request's
- * output tensors, t (optional) holds the timings, and *out (optional) holds
- * the reply for the caller to read and gpucdc_reply_free.
+ * Sends req, a control operation, and waits for its reply within the
+ * client's timeout.  On success the reply's status was OK, its outputs were
+ * delivered to the request's output tensors, t (optional) holds the timings,
+ * and *out (optional) holds the reply for the caller to read and
+ * gpucdc_reply_free.
  */
-int gpucdc_call(gpucdc_request *req, gpucd_timings *t, gpucdc_reply *out);
+int gpucdc_control_call(gpucdc_request *req, gpucd_timings *t, gpucdc_reply *out);
 void gpucdc_reply_free(gpucdc_reply *r);
+
+/*
+ * Decodes msg (consumed), the reply to req, checks it and delivers its
+ * outputs as gpucdc_control_call says; t (optional) gets the timings of a
+ * call that began at start (gpucdc_now_us).
+ */
+int gpucdc_reply_finish(gpucdc_request *req, nng_msg *msg, uint64_t start, gpucd_timings *t,
+                        gpucdc_reply *out);
 
 /*
  * Checks a decoded reply against its request (id, status, outputs) and
@@ -217,32 +268,18 @@ void gpucdc_reply_free(gpucdc_reply *r);
  */
 int gpucdc_reply_accept(gpucdc_request *req, const gpucdc_reply *r);
 
-/* Takes a free context, opening a new one when every context is in use (client.c). */
-int gpucdc_slot_acquire(gpucd_client *c, gpucdc_slot **out);
-/* Gives a context back; a detached slot's callback does it when its receive ends. */
-void gpucdc_slot_release(gpucdc_slot *s);
-
-/*
- * Sends request on slot s and waits for the reply within the client's
- * timeout (client.c); releases the slot.  With bell (the slot's record, the
- * request naming it), waits on the record (polling spin_us, then asleep)
- * while the reply travels: when it shows request id with status OK first,
- * returns 1 with *reply NULL and the record in *rang, and cancels the
- * receive (the request is record-only: no reply comes).  Else 0 with the
- * reply, or a negative code.
- */
-int gpucdc_slot_exchange(gpucdc_slot *s, const char *op, nng_msg *request, uint64_t id,
-                         struct doorbell_record *bell, struct doorbell_record *rang,
-                         nng_msg **reply);
-
 /* ---- doorbells (doorbell.c) --------------------------------------------------------- */
 
 /*
- * Names slot s's completion record in req when the call can end on it: a
- * compute operation of a local client whose every output is written in
- * place (a region or an existing resident tensor), once the records exist
- * on the current connection's daemon (made at the first such call on it).
- * Returns the record (also in s->bell_rec), or NULL.
+ * Whether req can end on a completion record: a compute operation of a
+ * local client whose every output is written in place (a region or an
+ * existing resident tensor).
+ */
+bool gpucdc_doorbell_wanted(const gpucd_client *c, const gpucdc_request *req);
+/*
+ * Names slot s's completion record in req, the current area being ready
+ * (gpucdc_area_ready).  Returns the record (also in s->bell_rec), or NULL
+ * when the slot has none (more slots than records).
  */
 struct doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s,
                                                gpucdc_request *req);
@@ -257,33 +294,59 @@ struct doorbell_record *gpucdc_doorbell_attach(gpucd_client *c, gpucdc_slot *s,
 int gpucdc_record_wait(const gpucd_client *c, struct doorbell_record *bell, uint64_t id,
                        uint64_t deadline, int (*stop)(void *arg), void *arg,
                        struct doorbell_record *rang);
-/* The id of the client's doorbell region, 0 if it has none (hidden from regions_list). */
+/* The id of the client's area, 0 if it has none (hidden from regions_list). */
 uint64_t gpucdc_doorbell_region_id(gpucd_client *c);
-/* Unmaps every region of records (the socket is closed: the daemon dropped them). */
-void gpucdc_doorbell_close(gpucd_client *c);
+
+/* ---- the connection's area (area.c) -------------------------------------------------- */
+
+/*
+ * Whether the current connection has its area, making and registering it
+ * (with its submission queue) when this connection has not tried yet.  A
+ * failure, its message cleared, leaves calls on their replies until the next
+ * connection.
+ */
+bool gpucdc_area_ready(gpucd_client *c);
+/* Unmaps every area (the socket is closed: the daemon dropped them). */
+void gpucdc_area_close(gpucd_client *c);
 
 /* ---- submission queues (submit.c) ----------------------------------------------------- */
 
-/*
- * Opens the client's submission queue in the area r (just registered): on
- * success r->wake is set and calls whose record is in r may be queued.  A
- * failure (an older daemon, --submit-queues 0) leaves them on the socket.
- */
-void gpucdc_submit_open(gpucd_client *c, gpucd_region *r);
+/* What a queued call keeps of the connection its queue was chosen on. */
+typedef struct gpucdc_queue_pass {
+    submit_area *area;
+    submit_wake *wake;
+    unsigned drops; /* the client's lost connections then */
+} gpucdc_queue_pass;
 
 /*
- * For a call on slot s whose request (msg) names the slot's record: when the
- * queue of the current connection is open and msg fits its buffer, queues the
- * request and waits for its record (polling spin_us, then asleep), releases
- * the slot, and returns 1 (OK: *rang holds the record) or 0 (a failure:
- * *reply is its reply), or a negative code (a timeout, a lost connection).
- * msg is consumed then.  Returns 2, leaving msg and the slot alone, when the
- * call must use the socket.
+ * Whether a call on slot s whose request (len bytes) names the slot's record
+ * can go through the queue: the queue of the current connection is open and
+ * the request fits its buffer.  Fills *pass when it can.
  */
-int gpucdc_submit_exchange(gpucdc_slot *s, const char *op, nng_msg *msg, uint64_t id,
-                           struct doorbell_record *rang, nng_msg **reply);
+bool gpucdc_submit_can_take(const gpucdc_slot *s, size_t len, gpucdc_queue_pass *pass);
+
+/*
+ * Queues msg (consumed) for slot s, as gpucdc_submit_can_take allowed, and
+ * waits for its record (polling spin_us, then asleep); releases the slot.
+ * 0 with GPUCDC_ANSWER_RECORD (OK: *rang holds the record) or
+ * GPUCDC_ANSWER_REPLY (a failure: *reply is its reply), or a negative code
+ * (a timeout, a lost connection).
+ */
+int gpucdc_submit_exchange(gpucdc_slot *s, const gpucdc_queue_pass *pass, const char *op,
+                           nng_msg *msg, uint64_t id, struct doorbell_record *rang,
+                           nng_msg **reply, gpucdc_answer *answer);
 
 /* nng thread: the connection dropped; wakes every call waiting on a record of the area. */
 void gpucdc_submit_disconnected(gpucd_client *c);
+
+/* ---- compute calls (compute_call.c) ------------------------------------------------------ */
+
+/*
+ * Calls req, a compute operation, as gpucdc_control_call does without a
+ * reply kept: through the submission queue, or on the socket ending on its
+ * completion record, or answered by its reply, whichever its outputs and the
+ * connection allow.
+ */
+int gpucdc_compute_call(gpucdc_request *req, gpucd_timings *t);
 
 #endif /* GPUCDC_INTERNAL_H */

@@ -53,7 +53,7 @@ static int region_register(gpucd_client *client, int fd, size_t size, uint64_t *
     req.msg.op_case = GPUCD__V1__REQUEST__OP_REGION_REGISTER;
     req.msg.region_register = &reg;
     gpucdc_reply r;
-    rv = gpucdc_call(&req, NULL, &r);
+    rv = gpucdc_control_call(&req, NULL, &r);
     if (rv < 0)
         return rv;
     if (r.reply->result_case != GPUCD__V1__REPLY__RESULT_REGION_ID)
@@ -64,14 +64,9 @@ static int region_register(gpucd_client *client, int fd, size_t size, uint64_t *
     return rv;
 }
 
-int gpucd_region_create(gpucd_client *client, size_t size, gpucd_region **out)
+int gpucdc_region_make(gpucd_client *client, size_t size, gpucd_region **out)
 {
-    if (client == NULL || out == NULL)
-        return gpucdc_fail(GPUCD_EINVAL, "region_create: %s is NULL",
-                           client == NULL ? "client" : "out");
     *out = NULL;
-    if (size == 0 || size > (size_t)INT64_MAX)
-        return gpucdc_fail(GPUCD_EINVAL, "region_create: size %zu outside 1..2^63-1", size);
     gpucd_region *r = calloc(1, sizeof *r);
     if (r == NULL)
         return gpucdc_fail(GPUCD_ENOMEM, "region_create: out of memory");
@@ -102,6 +97,17 @@ int gpucd_region_create(gpucd_client *client, size_t size, gpucd_region **out)
     return 0;
 }
 
+int gpucd_region_create(gpucd_client *client, size_t size, gpucd_region **out)
+{
+    if (client == NULL || out == NULL)
+        return gpucdc_fail(GPUCD_EINVAL, "region_create: %s is NULL",
+                           client == NULL ? "client" : "out");
+    *out = NULL;
+    if (size == 0 || size > (size_t)INT64_MAX)
+        return gpucdc_fail(GPUCD_EINVAL, "region_create: size %zu outside 1..2^63-1", size);
+    return gpucdc_region_make(client, size, out);
+}
+
 int gpucd_region_destroy(gpucd_region *region)
 {
     if (region == NULL)
@@ -112,7 +118,7 @@ int gpucd_region_destroy(gpucd_region *region)
     un.region_id = region->id;
     req.msg.op_case = GPUCD__V1__REQUEST__OP_REGION_UNREGISTER;
     req.msg.region_unregister = &un;
-    int rv = gpucdc_call(&req, NULL, NULL);
+    int rv = gpucdc_control_call(&req, NULL, NULL);
     gpucdc_region_forget(region);
     return rv;
 }
@@ -154,7 +160,7 @@ int gpucd_regions_list(gpucd_client *client, gpucd_region_info **list, size_t *c
     req.msg.op_case = GPUCD__V1__REQUEST__OP_REGION_LIST;
     req.msg.region_list = &rl;
     gpucdc_reply r;
-    int rv = gpucdc_call(&req, NULL, &r);
+    int rv = gpucdc_control_call(&req, NULL, &r);
     if (rv < 0)
         return rv;
     const Gpucd__V1__Reply *rep = r.reply;

@@ -4,64 +4,20 @@
  * slot's buffer is queued in shared memory instead of sent on the socket;
  * its answer is the record, and for a failure the reply's bytes in the same
  * buffer.  Every other call, and every call while the queue is not open on
- * the current connection, uses the socket.
+ * the current connection (area.c opens it with the area), uses the socket.
  */
-#include <fcntl.h>
 #include <sched.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "internal.h"
 
 enum { REPLY_POLL_NS = 20000 };
 
-/* Maps the daemon's wake page, a sealed memfd from its descriptor socket; NULL when it cannot. */
-static submit_wake *wake_map(gpucd_client *c)
-{
-    fdpass_request req = {.magic = FDPASS_MAGIC, .version = FDPASS_VERSION,
-                          .op = FDPASS_OP_WAKE};
-    fdpass_answer ans;
-    int fd;
-    if (gpucdc_fdpass(c, "submit_queue_open", &req, -1, &ans, &fd) != 0 || fd < 0)
-        return NULL;
-    /* Sealed, the page can never shrink under this mapping: the daemon's word is safe to use. */
-    const int seals = fcntl(fd, F_GET_SEALS);
-    struct stat st;
-    void *p = MAP_FAILED;
-    if (seals >= 0 && (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) == (F_SEAL_SHRINK | F_SEAL_GROW) &&
-        fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= SUBMIT_WAKE_BYTES)
-        p = mmap(NULL, SUBMIT_WAKE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    return p == MAP_FAILED ? NULL : p;
-}
-
-void gpucdc_submit_open(gpucd_client *c, gpucd_region *r)
-{
-    submit_area *a = r->data;
-    for (uint64_t i = 0; i < SUBMIT_SLOTS; i++)
-        atomic_init(&a->cells[i].seq, i); /* every cell free for its first producer */
-    gpucdc_request req;
-    gpucdc_request_init(&req, c, "submit_queue_open");
-    Gpucd__V1__SubmitQueueOpen open = GPUCD__V1__SUBMIT_QUEUE_OPEN__INIT;
-    open.region_id = r->id;
-    req.msg.op_case = GPUCD__V1__REQUEST__OP_SUBMIT_QUEUE_OPEN;
-    req.msg.submit_queue_open = &open;
-    gpucdc_reply rep;
-    if (gpucdc_call(&req, NULL, &rep) != 0)
-        return;
-    const bool opened = rep.reply->result_case == GPUCD__V1__REPLY__RESULT_SUBMIT_QUEUE;
-    gpucdc_reply_free(&rep);
-    if (opened)
-        atomic_store_explicit(&r->wake, wake_map(c), memory_order_release);
-}
-
 void gpucdc_submit_disconnected(gpucd_client *c)
 {
     atomic_fetch_add_explicit(&c->disconnections, 1, memory_order_seq_cst);
-    gpucd_region *r = atomic_load_explicit(&c->bells.region, memory_order_acquire);
+    gpucd_region *r = atomic_load_explicit(&c->area.region, memory_order_acquire);
     if (r == NULL)
         return;
     submit_area *a = r->data;
@@ -112,28 +68,37 @@ static int reply_take(queued_call *q, submit_buffer *b, uint64_t id, uint32_t st
     return 0;
 }
 
-int gpucdc_submit_exchange(gpucdc_slot *s, const char *op, nng_msg *msg, uint64_t id,
-                           doorbell_record *rang, nng_msg **reply)
+bool gpucdc_submit_can_take(const gpucdc_slot *s, size_t len, gpucdc_queue_pass *pass)
 {
     gpucd_client *c = s->client;
-    *reply = NULL;
     /* The queue must be the current connection's, and that connection up. */
     const unsigned conn = atomic_load_explicit(&c->connections, memory_order_acquire);
     const unsigned drops = atomic_load_explicit(&c->disconnections, memory_order_seq_cst);
-    gpucd_region *r = atomic_load_explicit(&c->bells.region, memory_order_acquire);
+    gpucd_region *r = atomic_load_explicit(&c->area.region, memory_order_acquire);
     if (r == NULL || drops + 1 != conn ||
-        atomic_load_explicit(&c->bells.connection, memory_order_acquire) != conn)
-        return 2;
+        atomic_load_explicit(&c->area.connection, memory_order_acquire) != conn)
+        return false;
     submit_wake *wake = atomic_load_explicit(&r->wake, memory_order_acquire);
     submit_area *a = r->data;
-    const size_t len = nng_msg_len(msg);
     if (wake == NULL || len > SUBMIT_MESSAGE_MAX || s->bell < 0 ||
         s->bell_rec != &a->records[s->bell])
-        return 2;
+        return false;
+    *pass = (gpucdc_queue_pass){.area = a, .wake = wake, .drops = drops};
+    return true;
+}
+
+int gpucdc_submit_exchange(gpucdc_slot *s, const gpucdc_queue_pass *pass, const char *op,
+                           nng_msg *msg, uint64_t id, doorbell_record *rang, nng_msg **reply,
+                           gpucdc_answer *answer)
+{
+    gpucd_client *c = s->client;
+    submit_area *a = pass->area;
+    const size_t len = nng_msg_len(msg);
+    *reply = NULL;
     queued_call q = {
         .c = c,
         .op = op,
-        .drops = drops,
+        .drops = pass->drops,
         .deadline = c->timeout_ms == NNG_DURATION_INFINITE
                         ? UINT64_MAX
                         : gpucdc_now_us() + (uint64_t)c->timeout_ms * 1000u,
@@ -155,7 +120,7 @@ int gpucdc_submit_exchange(gpucdc_slot *s, const char *op, nng_msg *msg, uint64_
         cell->slot = slot;
         cell->len = (uint32_t)len;
         atomic_store_explicit(&cell->seq, pos + 1, memory_order_seq_cst);
-        submit_wake_poller(wake);
+        submit_wake_poller(pass->wake);
         /* A lost connection wakes the record (gpucdc_submit_disconnected). */
         rv = gpucdc_record_wait(c, s->bell_rec, id, q.deadline, queued_call_ended, &q, rang);
     }
@@ -169,5 +134,6 @@ int gpucdc_submit_exchange(gpucdc_slot *s, const char *op, nng_msg *msg, uint64_
     gpucdc_slot_release(s);
     if (rv < 0)
         return rv;
-    return *reply == NULL ? 1 : 0;
+    *answer = *reply == NULL ? GPUCDC_ANSWER_RECORD : GPUCDC_ANSWER_REPLY;
+    return 0;
 }

@@ -122,7 +122,7 @@ int gpucdc_tensor_check(const char *op, const char *name, const gpucd_tensor *t,
         if (t->region == NULL)
             return gpucdc_fail(GPUCD_EINVAL, "%s: %s: region tensor with a NULL region", op,
                                name);
-        uint64_t size = gpucd_region_size(t->region), end;
+        uint64_t size = t->region->size, end;
         if (__builtin_add_overflow(t->offset, (uint64_t)b, &end) || end > size)
             return gpucdc_fail(GPUCD_EINVAL,
                                "%s: %s: bytes [%llu, +%lld) outside its region of %llu bytes",

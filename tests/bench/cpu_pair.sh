@@ -6,7 +6,7 @@
 # processes' load hardly moves.
 #
 #   tests/bench/cpu_pair.sh GPUCDCTL "BENCH ARGS" ROUNDS "LEVELS" NAME=DAEMON...
-#   tests/bench/cpu_pair.sh build/client/gpucdctl "--op conv1" 3 "1 2" \
+#   tests/bench/cpu_pair.sh build/client/gpucdctl/gpucdctl "--op conv1" 3 "1 2" \
 #       before=/tmp/gpucd-before after=build/daemon/gpucd
 set -eu
 if [ $# -lt 5 ]; then

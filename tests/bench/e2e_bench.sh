@@ -41,7 +41,7 @@ fi
 SIZES=${SIZES:-1024 32768}  # the one-client batch sizes
 BACKEND=${BACKEND:-cuda}    # cpu: to try the script itself on a machine without a GPU
 sock="ipc://$(mktemp -u /tmp/gpucd-e2e-XXXXXX).sock"
-ctl="$build/client/gpucdctl"
+ctl="$build/client/gpucdctl/gpucdctl"
 client_flags= # gpucdctl's own flags for the one-client runs
 daemon_pid=
 

@@ -6,8 +6,9 @@
  * context back at once, whether it polls or sleeps on
  * the record (woken by the daemon), never on another request's; wait for
  * the reply of a request that failed (the message is in it), woken by the
- * reply when no record comes; and name no record when an output must come
- * back in the reply.
+ * reply when no record comes; name no record when an output must come
+ * back in the reply; and go on over the replies when the daemon refuses the
+ * library's own region of records.
  */
 #include <fcntl.h>
 #include <setjmp.h>
@@ -36,6 +37,8 @@ typedef enum bell_mode {
     EXPECT_NO_DOORBELL,  /* the request must name no record; an OK reply with the output */
     STALE_AFTER_TIMEOUT, /* first call: nothing (it times out); second: its record, then the
                             first's, late, where the first named it */
+    AREA_REFUSED,        /* every region from now on refused, as a full quota would; the
+                            requests must name no record and get OK replies */
 } bell_mode;
 
 enum { MAX_REGIONS = 4 };
@@ -47,6 +50,7 @@ typedef struct bell_state {
     size_t sizes[MAX_REGIONS + 1];
     uint64_t next_id;
     int computes;
+    int refused; /* AREA_REFUSED: the regions refused */
     Gpucd__V1__RegionSlice first_bell; /* STALE_AFTER_TIMEOUT: the first call's record */
     uint64_t first_id;
     fake_daemon *daemon; /* whose descriptor socket the memfds came over */
@@ -104,6 +108,16 @@ static fake_action bell_handler(void *arg, const Gpucd__V1__Request *req,
     bell_state *st = arg;
     (void)payload;
     (void)payload_len;
+    if (req->op_case == GPUCD__V1__REQUEST__OP_REGION_REGISTER && st->mode == AREA_REFUSED) {
+        int fd = fake_daemon_take_fd(st->daemon, req->region_register->token);
+        HCHECK(st, fd >= 0);
+        if (fd >= 0)
+            close(fd);
+        st->refused++;
+        fake_reply_status(out, req, GPUCD__V1__STATUS__RESOURCE_EXHAUSTED,
+                          "regions per connection: 1 held, 1 asked, limit 1 (--conn-regions)");
+        return FAKE_REPLY;
+    }
     if (req->op_case == GPUCD__V1__REQUEST__OP_REGION_REGISTER)
         return map_region(st, req, out);
     if (req->op_case == GPUCD__V1__REQUEST__OP_REGION_UNREGISTER) {
@@ -118,7 +132,7 @@ static fake_action bell_handler(void *arg, const Gpucd__V1__Request *req,
     HCHECK(st, req->op_case == GPUCD__V1__REQUEST__OP_MULTIHOT_ENCODE);
     st->computes++;
     const Gpucd__V1__RegionSlice *bell = req->doorbell;
-    if (st->mode == EXPECT_NO_DOORBELL) {
+    if (st->mode == EXPECT_NO_DOORBELL || st->mode == AREA_REFUSED) {
         static uint8_t zeros[2 * 59 * 11 * 15 * 4];
         HCHECK(st, bell == NULL);
         HCHECK(st, !req->record_only);
@@ -352,6 +366,32 @@ static void test_no_record_for_outputs_in_the_reply(void **state)
     fixture_close(&f);
 }
 
+/*
+ * A daemon that refuses the library's region of records (its regions quota
+ * full, an older daemon): calls whose outputs are in place go on over the
+ * socket, answered by their replies, with no record named and nothing of the
+ * refusal left in the message; the region is not asked for again on the same
+ * connection.
+ */
+static void test_refused_area_leaves_calls_on_their_replies(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_open(&f, 0, 10000);
+    f.st.mode = AREA_REFUSED;
+    for (int i = 0; i < 3; i++) {
+        gpucd_timings t;
+        if (gpucd_multihot_encode(f.c, NULL, &f.obs, &f.out, &t) != 0)
+            fail_msg("call %d: %s", i, gpucd_errmsg(f.c));
+        assert_string_equal(gpucd_errmsg(f.c), "");
+        assert_int_equal(t.total_us, g_timings[5]); /* the reply's timings */
+    }
+    assert_int_equal(f.st.computes, 3);
+    assert_int_equal(f.st.refused, 1);
+    assert_int_equal(f.st.next_id, 1); /* the caller's region alone */
+    fixture_close(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -363,6 +403,7 @@ int main(void)
         cmocka_unit_test(test_sleeping_caller_is_woken_by_the_record),
         cmocka_unit_test(test_reply_wakes_a_sleeping_caller),
         cmocka_unit_test(test_no_record_for_outputs_in_the_reply),
+        cmocka_unit_test(test_refused_area_leaves_calls_on_their_replies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -46,7 +46,7 @@ until [ "$(get /health/ready | head -n 1)" = 200 ]; do
     i=$((i + 1))
 done
 echo "ready after ~$((i / 10)) s of polling /health/ready"
-"$build/client/gpucdctl" --url "$url" info | head -n 6
+"$build/client/gpucdctl/gpucdctl" --url "$url" info | head -n 6
 
 status=0
 case $parts in *client*) ;; *) set -- ; skip_client=1 ;; esac
@@ -58,7 +58,7 @@ for spec in "conv1 f32" "conv1 bf16" "conv2 f32" "conv2 bf16" "conv1_backward f3
     shift 2
     name="$op-$dt"
     echo "== bench $op $dt $*"
-    "$build/client/gpucdctl" --url "$url" bench --op "$op" --dtype "$dt" "$@" \
+    "$build/client/gpucdctl/gpucdctl" --url "$url" bench --op "$op" --dtype "$dt" "$@" \
         --concurrency 1:8:x2 --warmup-s 0.5 --window-s 0.5 --max-windows 6 \
         --json "$out/$name.json" --csv "$out/$name.csv" >"$out/$name.txt" 2>&1
     rc=$?
@@ -72,7 +72,7 @@ case $parts in *server*)
                     "conv1_backward bf16" "conv2_backward f32" "conv2_backward bf16"; do
             set -- $spec
             name="server-$1-$2-$b"
-            "$build/client/gpucdctl" --url "$url" bench --op "$1" --dtype "$2" --batch "$b" \
+            "$build/client/gpucdctl/gpucdctl" --url "$url" bench --op "$1" --dtype "$2" --batch "$b" \
                 --server-side 100 --server-warmup 10 --server-repeats 3 --json "$out/$name.json" >"$out/$name.txt" 2>&1
             rc=$?
             grep -E "^(server-side|checked)|WRONG|refused|failed" "$out/$name.txt" | sed "s/^/$1 $2 B=$b: /"

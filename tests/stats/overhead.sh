@@ -13,7 +13,7 @@ build=${1:?usage: overhead.sh BUILD_DIR [ROUNDS] [CONCURRENCY]}
 rounds=${2:-5}
 conc=${3:-1}
 gpucd=$build/daemon/gpucd
-ctl=$build/client/gpucdctl
+ctl=$build/client/gpucdctl/gpucdctl
 dir=$(mktemp -d /tmp/gpucd-overhead-XXXXXX)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$gpucd" --backend cpu --listen "ipc://$dir/on.sock" --stats-listen "http://127.0.0.1:$port" \

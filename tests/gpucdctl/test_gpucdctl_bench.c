@@ -1,5 +1,5 @@
 /*
- * test_stats_bench.c - `gpucdctl bench` against a CPU-backend daemon: a short
+ * test_gpucdctl_bench.c - `gpucdctl bench` against a CPU-backend daemon: a short
  * concurrency sweep of pings over ipc://, a conv2 preset over tcp:// and the
  * NMMO3 training step with saved activations over ipc://; the
  * requests bench says it made are exactly what the daemon counted, with no
