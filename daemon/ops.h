@@ -15,18 +15,17 @@
 #include <stdint.h>
 
 #include "gk.h"
+#include "op_map.h"
 
 typedef enum gcd_op_kind {
-    GCD_OP_CONV2D_FORWARD,
-    GCD_OP_CONV2D_BACKWARD,
-    GCD_OP_MULTIHOT_ENCODE,
-    GCD_OP_EMBEDDING_FORWARD,
-    GCD_OP_EMBEDDING_BACKWARD,
-    GCD_OP_LINEAR_CROSS_ENTROPY,
-    GCD_OP_NMMO3_FORWARD,
-    GCD_OP_NMMO3_BACKWARD,
+#define GCD_OP_KIND_ENUM(kind, name, wire, share) GCD_OP_##kind,
+    GCD_OP_MAP(GCD_OP_KIND_ENUM)
+#undef GCD_OP_KIND_ENUM
     GCD_OP_COUNT,
 } gcd_op_kind;
+
+/* kind's name in GCD_OP_MAP; "invalid" for a value that is no gcd_op_kind. */
+const char *gcd_op_name(gcd_op_kind kind);
 
 enum { GCD_OP_MAX_ARGS = 17 };
 
@@ -80,7 +79,6 @@ enum { NMMO3_OBS, NMMO3_W0, NMMO3_NWEIGHTS = 7,
 
 /* What an operation takes: its slots' names, which are outputs, which are required. */
 typedef struct gcd_op_desc {
-    const char *name;
     int nargs;
     const char *const *arg_names;
     uint32_t outputs;  /* bit i: slot i is an output */

@@ -122,9 +122,8 @@ static const char *const backward_args[] = {"indices", "dout", "dtable"};
 static const gcd_op_entry entries[] = {
     {
         .kind = GCD_OP_EMBEDDING_FORWARD,
-        .desc = {"embedding_forward", EMB_FWD_NARGS, forward_args, GCD_SLOT(EMB_FWD_OUT),
+        .desc = {EMB_FWD_NARGS, forward_args, GCD_SLOT(EMB_FWD_OUT),
                  GCD_SLOT(EMB_FWD_IDX) | GCD_SLOT(EMB_FWD_TABLE) | GCD_SLOT(EMB_FWD_OUT)},
-        .wire = GPUCD__V1__REQUEST__OP_EMBEDDING_FORWARD,
         .decode = forward_decode,
         .check = forward_check,
         .cpu_run = forward_cpu,
@@ -132,9 +131,8 @@ static const gcd_op_entry entries[] = {
     },
     {
         .kind = GCD_OP_EMBEDDING_BACKWARD,
-        .desc = {"embedding_backward", EMB_BWD_NARGS, backward_args, GCD_SLOT(EMB_BWD_DTABLE),
+        .desc = {EMB_BWD_NARGS, backward_args, GCD_SLOT(EMB_BWD_DTABLE),
                  GCD_SLOT(EMB_BWD_IDX) | GCD_SLOT(EMB_BWD_DOUT) | GCD_SLOT(EMB_BWD_DTABLE)},
-        .wire = GPUCD__V1__REQUEST__OP_EMBEDDING_BACKWARD,
         .decode = backward_decode,
         .check = backward_check,
         .cpu_run = backward_cpu,

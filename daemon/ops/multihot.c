@@ -111,9 +111,8 @@ static const char *const encode_args[] = {"obs", "out"};
 static const gcd_op_entry entries[] = {
     {
         .kind = GCD_OP_MULTIHOT_ENCODE,
-        .desc = {"multihot_encode", MULTIHOT_NARGS, encode_args, GCD_SLOT(MULTIHOT_OUT),
+        .desc = {MULTIHOT_NARGS, encode_args, GCD_SLOT(MULTIHOT_OUT),
                  GCD_SLOT(MULTIHOT_OBS) | GCD_SLOT(MULTIHOT_OUT)},
-        .wire = GPUCD__V1__REQUEST__OP_MULTIHOT_ENCODE,
         .decode = encode_decode,
         .check = encode_check,
         .cpu_run = encode_cpu,

@@ -285,11 +285,10 @@ static const char *const backward_args_names[] = {
 static const gcd_op_entry entries[] = {
     {
         .kind = GCD_OP_NMMO3_FORWARD,
-        .desc = {"nmmo3_encode", NMMO3_FWD_NARGS, forward_args_names,
+        .desc = {NMMO3_FWD_NARGS, forward_args_names,
                  GCD_SLOT(NMMO3_FWD_FEATURES) | GCD_SLOT(NMMO3_FWD_HIDDEN) |
                      GCD_SLOT(NMMO3_FWD_SAVED),
                  GCD_SLOT(NMMO3_OBS) | WEIGHTS_REQUIRED},
-        .wire = GPUCD__V1__REQUEST__OP_NMMO3_ENCODE,
         .decode = encode_decode,
         .check = forward_check,
         .implied = GCD_SLOT(NMMO3_FWD_SAVED),
@@ -299,10 +298,9 @@ static const gcd_op_entry entries[] = {
     },
     {
         .kind = GCD_OP_NMMO3_BACKWARD,
-        .desc = {"nmmo3_encode backward", NMMO3_BWD_NARGS, backward_args_names,
+        .desc = {NMMO3_BWD_NARGS, backward_args_names,
                  (GCD_SLOT(NMMO3_NWEIGHTS) - 1) << NMMO3_BWD_G0,
                  GCD_SLOT(NMMO3_OBS) | WEIGHTS_REQUIRED | GCD_SLOT(NMMO3_BWD_DOUT)},
-        .wire = GPUCD__V1__REQUEST__OP_NMMO3_ENCODE,
         .decode = encode_decode,
         .check = backward_check,
         .cpu_run = backward_cpu,
