@@ -61,6 +61,15 @@ static const char *entry_missing(const gcd_op_entry *e)
         return "output_shape with the outputs it sizes (implied)";
     if (e->cpu_run == NULL)
         return "cpu_run";
+    const gcd_op_batching *b = &e->batch;
+    if (((b->rows | b->shared | b->alone) & ~slots) != 0 || (b->rows & b->shared) != 0 ||
+        ((b->shared | b->alone) != 0 && b->rows == 0))
+        return "batching masks within its slots, rows apart from shared";
+    if (b->rows != 0) {
+        const uint32_t first = b->rows & -b->rows;
+        if ((d->outputs & first) != 0 || (d->required & first) == 0)
+            return "a required input first among its batching rows (it counts them)";
+    }
     return NULL;
 }
 

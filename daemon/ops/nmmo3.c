@@ -295,6 +295,11 @@ static const gcd_op_entry entries[] = {
         .output_shape = forward_saved_shape,
         .cpu_run = forward_cpu,
         .cuda = GCD_CUDA_OP(forward_cuda),
+        /* Saved activations are a training step's: one request's rows in one resident tensor. */
+        .batch = {.rows = GCD_SLOT(NMMO3_OBS) | GCD_SLOT(NMMO3_FWD_FEATURES) |
+                          GCD_SLOT(NMMO3_FWD_HIDDEN),
+                  .shared = (GCD_SLOT(NMMO3_NWEIGHTS) - 1) << NMMO3_W0,
+                  .alone = GCD_SLOT(NMMO3_FWD_SAVED)},
     },
     {
         .kind = GCD_OP_NMMO3_BACKWARD,

@@ -32,6 +32,20 @@ typedef struct gcd_cuda_op gcd_cuda_op;
 /* Bit i of a slot mask (gcd_op_desc's outputs and required). */
 #define GCD_SLOT(i) (1u << (i))
 
+/*
+ * Whether and how requests of one operation merge into one run (batcher.c),
+ * as slot masks; all 0: never.  A request joins a batch when its rows slots
+ * are host memory, its shared slots resident and its alone slots absent; the
+ * requests of a batch share the shared slots' tensors, and their rows slots
+ * agree in presence, dtype and every dimension but the first.
+ */
+typedef struct gcd_op_batching {
+    /* batch-major slots, each request's rows in its own memory; the lowest, an input, counts them */
+    uint32_t rows;
+    uint32_t shared; /* the same resident tensor in every request of a batch (weights) */
+    uint32_t alone;  /* present: the request runs alone (a training step's saved activations) */
+} gcd_op_batching;
+
 typedef struct gcd_op_entry {
     gcd_op_kind kind; /* its name and wire case are in GCD_OP_MAP */
     gcd_op_desc desc; /* slot names, outputs, required slots */
@@ -55,6 +69,7 @@ typedef struct gcd_op_entry {
     /* The CPU backend's run, every tensor whole in host memory. */
     int (*cpu_run)(const gcd_op *op, gk_err *err);
     const gcd_cuda_op *cuda;
+    gcd_op_batching batch;
 } gcd_op_entry;
 
 typedef struct gcd_op_family {
@@ -89,8 +104,9 @@ const gcd_op_entry *gcd_op_entry_of_wire(Gpucd__V1__Request__OpCase op);
 
 /*
  * Whether families give every gcd_op_kind exactly one complete entry: slot
- * names and counts, masks within the slots, an input in slot 0, one decode
- * shared by the entries of a wire case, check and the CPU run.  With cuda_check (the
+ * names and counts, masks within the slots (batching's too: rows that begin
+ * with a required input and share no slot with shared), an input in slot 0,
+ * one decode shared by the entries of a wire case, check and the CPU run.  With cuda_check (the
  * CUDA backend's), every entry needs an adapter that it accepts: 0, or
  * nonzero with *missing naming the piece it lacks.  0, or GK_EINVAL with
  * err naming the operation and the missing piece.

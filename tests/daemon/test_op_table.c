@@ -130,6 +130,25 @@ static void test_bad_slots_are_refused(void **state)
     assert_refused(&t, NULL, "multihot_encode", "an input in slot 0");
 }
 
+static void test_bad_batching_is_refused(void **state)
+{
+    table_copy t;
+    table_copy_init(&t);
+    gcd_op_entry *e = table_copy_entry(&t, GCD_OP_NMMO3_FORWARD);
+    e->batch.shared |= GCD_SLOT(NMMO3_OBS); /* a slot both shared and batch-major */
+    assert_refused(&t, NULL, "nmmo3_encode", "batching masks");
+    table_copy_init(&t);
+    table_copy_entry(&t, GCD_OP_CONV2D_FORWARD)->batch.alone = GCD_SLOT(CONV_FWD_B); /* no rows */
+    assert_refused(&t, NULL, "conv2d_forward", "batching masks");
+    table_copy_init(&t);
+    e = table_copy_entry(&t, GCD_OP_NMMO3_FORWARD);
+    e->batch.rows &= ~GCD_SLOT(NMMO3_OBS); /* rows counted from an output */
+    assert_refused(&t, NULL, "nmmo3_encode", "a required input first among its batching rows");
+    table_copy_init(&t);
+    table_copy_entry(&t, GCD_OP_CONV2D_FORWARD)->batch.rows = GCD_SLOT(CONV_FWD_B); /* optional */
+    assert_refused(&t, NULL, "conv2d_forward", "a required input first");
+}
+
 static void test_operation_left_out_is_refused(void **state)
 {
     table_copy t;
@@ -200,6 +219,7 @@ int main(void)
         cmocka_unit_test(test_missing_cpu_run_is_refused),
         cmocka_unit_test(test_missing_check_or_decode_is_refused),
         cmocka_unit_test(test_bad_slots_are_refused),
+        cmocka_unit_test(test_bad_batching_is_refused),
         cmocka_unit_test(test_operation_left_out_is_refused),
         cmocka_unit_test(test_operation_twice_is_refused),
         cmocka_unit_test(test_one_wire_case_two_decoders_is_refused),
