@@ -29,6 +29,7 @@
     XX(MULTIHOT_ENCODE, "multihot_encode", MULTIHOT_ENCODE, FIRST)                                \
     XX(EMBEDDING_FORWARD, "embedding_forward", EMBEDDING_FORWARD, FIRST)                          \
     XX(EMBEDDING_BACKWARD, "embedding_backward", EMBEDDING_BACKWARD, FIRST)                       \
+    XX(EMBEDDING_BAG, "embedding_bag", EMBEDDING_BAG, FIRST)                                      \
     XX(LINEAR_CROSS_ENTROPY, "linear_cross_entropy", LINEAR_CROSS_ENTROPY, FIRST)                 \
     XX(NMMO3_FORWARD, "nmmo3_encode", NMMO3_ENCODE, FIRST)                                        \
     XX(NMMO3_BACKWARD, "nmmo3_encode backward", NMMO3_ENCODE, NEXT)
