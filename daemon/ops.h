@@ -1,8 +1,8 @@
 /*
  * ops.h - a compute request as the daemon runs it, independent of the wire.
  *
- * Each operation has fixed argument slots (the enums below; their names are in
- * its entry of the operations table, ops/table.h);
+ * Each operation has fixed argument slots (an enum in its family's file,
+ * daemon/ops/, their names in its entry of the operations table, ops/table.h);
  * a slot is an input or an output, present or absent.  By the time a backend
  * sees an op, every present slot's shape has been checked by the kernels'
  * gk_*_check and its bytes are reachable at arg.t.data: host memory (a mapped
@@ -60,23 +60,6 @@ typedef struct gcd_op {
 
 /* Slot i's tensor, as the kernels' checks and runs take it. */
 static inline const gk_tensor *gcd_op_arg(const gcd_op *op, int i) { return &op->args[i].t; }
-
-/* The slot indices of each operation, in the order of the wire messages' fields. */
-enum { CONV_FWD_X, CONV_FWD_W, CONV_FWD_B, CONV_FWD_Y, CONV_FWD_NARGS };
-enum { CONV_BWD_X, CONV_BWD_W, CONV_BWD_Y, CONV_BWD_DY, CONV_BWD_DX, CONV_BWD_DW, CONV_BWD_DB,
-       CONV_BWD_NARGS };
-enum { MULTIHOT_OBS, MULTIHOT_OUT, MULTIHOT_NARGS };
-enum { EMB_FWD_IDX, EMB_FWD_TABLE, EMB_FWD_OUT, EMB_FWD_NARGS };
-enum { EMB_BWD_IDX, EMB_BWD_DOUT, EMB_BWD_DTABLE, EMB_BWD_NARGS };
-enum { EMB_BAG_IDX, EMB_BAG_TABLE, EMB_BAG_OUT, EMB_BAG_NARGS };
-enum { LCE_E, LCE_C, LCE_BIAS, LCE_TARGETS, LCE_LOSS, LCE_LSE, LCE_DE, LCE_DC, LCE_DBIAS,
-       LCE_NARGS };
-/* NMMO3: the obs, then the 7 weights (gk_nmmo3_weights order), then the op's own. */
-enum { NMMO3_OBS, NMMO3_W0, NMMO3_NWEIGHTS = 7,
-       NMMO3_FWD_FEATURES = NMMO3_W0 + NMMO3_NWEIGHTS, NMMO3_FWD_HIDDEN, NMMO3_FWD_SAVED,
-       NMMO3_FWD_NARGS,
-       NMMO3_BWD_DOUT = NMMO3_W0 + NMMO3_NWEIGHTS, NMMO3_BWD_G0,
-       NMMO3_BWD_SAVED = NMMO3_BWD_G0 + NMMO3_NWEIGHTS, NMMO3_BWD_NARGS };
 
 /* What an operation takes: its slots' names, which are outputs, which are required. */
 typedef struct gcd_op_desc {

@@ -8,6 +8,11 @@
 #include "cuda_run.h"
 #endif
 
+/* The slots, in the order of the wire messages' fields. */
+enum { CONV_FWD_X, CONV_FWD_W, CONV_FWD_B, CONV_FWD_Y, CONV_FWD_NARGS };
+enum { CONV_BWD_X, CONV_BWD_W, CONV_BWD_Y, CONV_BWD_DY, CONV_BWD_DX, CONV_BWD_DW, CONV_BWD_DB,
+       CONV_BWD_NARGS };
+
 /* ---- wire ------------------------------------------------------------------------------- */
 
 static gcd_status conv_params(const Gpucd__V1__Conv2dParams *p, gk_conv2d *c, char *why,

@@ -8,6 +8,11 @@
 #include "cuda_run.h"
 #endif
 
+/* The slots, in the order of the wire messages' fields. */
+enum { EMB_FWD_IDX, EMB_FWD_TABLE, EMB_FWD_OUT, EMB_FWD_NARGS };
+enum { EMB_BWD_IDX, EMB_BWD_DOUT, EMB_BWD_DTABLE, EMB_BWD_NARGS };
+enum { EMB_BAG_IDX, EMB_BAG_TABLE, EMB_BAG_OUT, EMB_BAG_NARGS };
+
 /* ---- wire ------------------------------------------------------------------------------- */
 
 static gcd_status forward_decode(const Gpucd__V1__Request *req, gcd_op *op,

@@ -9,6 +9,10 @@
 #include "gk_cuda_lce.h"
 #endif
 
+/* The slots, in the order of the wire message's fields. */
+enum { LCE_E, LCE_C, LCE_BIAS, LCE_TARGETS, LCE_LOSS, LCE_LSE, LCE_DE, LCE_DC, LCE_DBIAS,
+       LCE_NARGS };
+
 /* ---- wire ------------------------------------------------------------------------------- */
 
 static gcd_status lce_params(const Gpucd__V1__LinearCrossEntropyParams *p,

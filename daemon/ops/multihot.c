@@ -8,6 +8,9 @@
 #include "cuda_run.h"
 #endif
 
+/* The slots, in the order of the wire message's fields. */
+enum { MULTIHOT_OBS, MULTIHOT_OUT, MULTIHOT_NARGS };
+
 /* ---- wire ------------------------------------------------------------------------------- */
 
 /* No layout: NMMO3's. */

@@ -11,6 +11,13 @@
 #include "cuda_run.h"
 #endif
 
+/* The slots: the obs, then the 7 weights (gk_nmmo3_weights order), then the op's own. */
+enum { NMMO3_OBS, NMMO3_W0, NMMO3_NWEIGHTS = 7,
+       NMMO3_FWD_FEATURES = NMMO3_W0 + NMMO3_NWEIGHTS, NMMO3_FWD_HIDDEN, NMMO3_FWD_SAVED,
+       NMMO3_FWD_NARGS,
+       NMMO3_BWD_DOUT = NMMO3_W0 + NMMO3_NWEIGHTS, NMMO3_BWD_G0,
+       NMMO3_BWD_SAVED = NMMO3_BWD_G0 + NMMO3_NWEIGHTS, NMMO3_BWD_NARGS };
+
 /* ---- wire ------------------------------------------------------------------------------- */
 
 static void weights_refs(const Gpucd__V1__Nmmo3Weights *w, const Gpucd__V1__TensorRef *refs[],
