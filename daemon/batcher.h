@@ -7,9 +7,10 @@
  * --batch-window-us of the first run as one launch of up to --max-batch rows:
  * the first to arrive leads, waits out the window (or until the batch is
  * full), runs the backend once over every request's rows (each left in its
- * own memory) and hands each request exactly its own rows of the outputs.  The others wait for that.
- * When the merged run fails (one worker's observation out of range, say), each
- * request is run on its own, so one bad request fails alone with its own message.
+ * own memory) and hands each request exactly its own rows of the outputs.
+ * The others wait for that.  When the merged run fails (one worker's
+ * observation out of range, say), each request is run on its own, so one bad
+ * request fails alone with its own message.
  */
 #ifndef GCD_BATCHER_H
 #define GCD_BATCHER_H
