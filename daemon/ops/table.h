@@ -40,8 +40,7 @@ typedef struct gcd_cuda_op gcd_cuda_op;
  * agree in presence, dtype and every dimension but the first.
  */
 typedef struct gcd_op_batching {
-    /* batch-major slots, each request's rows in its own memory; the lowest, an input, counts them */
-    uint32_t rows;
+    uint32_t rows;   /* batch-major, each request's own memory; the lowest (an input) counts rows */
     uint32_t shared; /* the same resident tensor in every request of a batch (weights) */
     uint32_t alone;  /* present: the request runs alone (a training step's saved activations) */
 } gcd_op_batching;
@@ -106,10 +105,10 @@ const gcd_op_entry *gcd_op_entry_of_wire(Gpucd__V1__Request__OpCase op);
  * Whether families give every gcd_op_kind exactly one complete entry: slot
  * names and counts, masks within the slots (batching's too: rows that begin
  * with a required input and share no slot with shared), an input in slot 0,
- * one decode shared by the entries of a wire case, check and the CPU run.  With cuda_check (the
- * CUDA backend's), every entry needs an adapter that it accepts: 0, or
- * nonzero with *missing naming the piece it lacks.  0, or GK_EINVAL with
- * err naming the operation and the missing piece.
+ * one decode shared by the entries of a wire case, check and the CPU run.
+ * With cuda_check (the CUDA backend's), every entry needs an adapter that it
+ * accepts: 0, or nonzero with *missing naming the piece it lacks.  0, or
+ * GK_EINVAL with err naming the operation and the missing piece.
  */
 int gcd_op_table_check(const gcd_op_family *const *families, int nfamilies,
                        int (*cuda_check)(const gcd_cuda_op *op, const char **missing),

@@ -265,7 +265,8 @@ static int bag_bench(const gk_cuda_exec *ex)
                 snprintf(what, sizeof what, "embedding_bag (i32 ids, %s)", shapes[s].name);
                 extra_row(what, dn, B, us,
                           (double)(B * K) * 4 + (double)valid * (double)D * es + (double)obytes);
-                snprintf(what, sizeof what, "  embedding_forward + sum over K (%s)", shapes[s].name);
+                snprintf(what, sizeof what, "  embedding_forward + sum over K (%s)",
+                         shapes[s].name);
                 extra_row(what, dn, B, alt_us,
                           (double)(B * K) * 4 + (double)(B * K * D) * es * 3 + (double)obytes);
                 if (!(us > 0.0) || !isfinite(us) || !(alt_us > 0.0) || !isfinite(alt_us)) {

@@ -837,7 +837,7 @@ static void test_daemon_obs(void **state)
     rc = gpucd_embedding_backward(c, &ti, &tdo, &tdt, NULL);
     assert_int_equal(rc, GPUCD_EOUT_OF_RANGE);
 
-    /* embedding bag: the players' bytes as bags of P ids into a resident table, bitwise the CPU's. */
+    /* embedding bag: the players' bytes as bags of P ids, a resident table; bitwise the CPU's. */
     {
         int32_t bag[B * P];
         for (int i = 0; i < B * P; i++)

@@ -329,7 +329,7 @@ static void test_out_of_range_observation(void **state)
     expect_ping();
 }
 
-/* embedding_bag: ids i32 (4, 6) at 0 of the region, table f32 (10, 8) at 4096, out (4, 8) at 8192. */
+/* embedding_bag in the region: ids i32 (4, 6) at 0, table f32 (10, 8) at 4096, out (4, 8) at 8192. */
 typedef struct bag_req {
     Gpucd__V1__Request req;
     Gpucd__V1__EmbeddingBag op;

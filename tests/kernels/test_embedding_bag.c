@@ -77,7 +77,8 @@ static void check_case(int64_t b, int64_t k, int64_t v, int64_t d, gk_dtype dt)
                 (long long)v, (long long)d, gk_dtype_name(dt), e);
     for (int64_t row = 0; row < b; row++)
         for (int64_t c = 0; c < d; c++) {
-            const float want = bag_f32_sum(&r, row, c), got = (float)ktensor_get(&r.out, row * d + c);
+            const float want = bag_f32_sum(&r, row, c);
+            const float got = (float)ktensor_get(&r.out, row * d + c);
             ktest_check(memcmp(&want, &got, sizeof want) == 0,
                         "%s out[%lld][%lld] = %a, the f32 sum in id order is %a",
                         gk_dtype_name(dt), (long long)row, (long long)c, got, want);
