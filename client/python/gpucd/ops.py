@@ -261,8 +261,7 @@ class Operations:
         a = _Args(self, "embedding_bag", table)
         tidx, _, sidx = a.tensor(idx, "idx (B, K)", 2, (dtypes.I32,))
         ttab, _, stab = a.tensor(table, "table (V, D)", 2, (F32, BF16))
-        tout, value = a.output(out, "out (B, D)", F32, (sidx[0], stab[1]), codes=(F32,),
-                               required=True)
+        tout, value = a.output(out, "out (B, D)", F32, (sidx[0], stab[1]), required=True)
         self._check(lib.gpucd_embedding_bag(self._handle(), tidx, ttab, tout, _timings(timings)))
         return value
 
