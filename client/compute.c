@@ -194,6 +194,24 @@ int gpucd_embedding_backward(gpucd_client *client, const gpucd_tensor *idx,
     return gpucdc_compute_call(&req, t);
 }
 
+int gpucd_embedding_bag(gpucd_client *client, const gpucd_tensor *idx, const gpucd_tensor *table,
+                        gpucd_tensor *out, gpucd_timings *t)
+{
+    if (client == NULL)
+        return gpucdc_fail(GPUCD_EINVAL, "embedding_bag: client is NULL");
+    gpucdc_request req;
+    gpucdc_request_init(&req, client, "embedding_bag");
+    Gpucd__V1__EmbeddingBag m = GPUCD__V1__EMBEDDING_BAG__INIT;
+    int rv;
+    if ((rv = gpucdc_request_input(&req, "indices", idx, true, &m.indices)) < 0 ||
+        (rv = gpucdc_request_input(&req, "table", table, true, &m.table)) < 0 ||
+        (rv = gpucdc_request_output(&req, "out", out, true, &m.out)) < 0)
+        return rv;
+    req.msg.op_case = GPUCD__V1__REQUEST__OP_EMBEDDING_BAG;
+    req.msg.embedding_bag = &m;
+    return gpucdc_compute_call(&req, t);
+}
+
 static int lce_params_encode(const char *op, const gpucd_lce_params *p,
                              Gpucd__V1__LinearCrossEntropyParams *out)
 {

@@ -371,6 +371,15 @@ GPUCD_EXPORT int gpucd_embedding_forward(gpucd_client *client, const gpucd_tenso
 GPUCD_EXPORT int gpucd_embedding_backward(gpucd_client *client, const gpucd_tensor *idx,
                                           const gpucd_tensor *dout, gpucd_tensor *dtable,
                                           gpucd_timings *t);
+/*
+ * Bags of rows summed, forward only: idx i32 (B, K), K ids a row, -1 for
+ * padding (adds nothing); table (V, D) f32|bf16; out (B, D) f32, row b the sum
+ * of table[idx[b, k]] over k.  An id that is neither -1 nor in [0, V) fails
+ * the call with GPUCD_EOUT_OF_RANGE naming the first one.
+ */
+GPUCD_EXPORT int gpucd_embedding_bag(gpucd_client *client, const gpucd_tensor *idx,
+                                     const gpucd_tensor *table, gpucd_tensor *out,
+                                     gpucd_timings *t);
 
 typedef enum gpucd_reduction {
     GPUCD_REDUCE_MEAN = 0,

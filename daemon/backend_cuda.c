@@ -26,9 +26,10 @@
  * ops/table.h); this file is the executor they share.
  *
  * Fault injection, for the test of that path: with GPUCD_CUDA_FAULT_INJECT=1
- * in the environment at start, the first conv2d forward reads its x from an
- * unmapped device address, which makes the context fail for good
- * (cudaErrorIllegalAddress) exactly as a kernel bug would.
+ * in the environment at start, the first compute request run in one piece
+ * (not pipelined) reads its first tensor from an unmapped device address,
+ * which makes the context fail for good (cudaErrorIllegalAddress) exactly as
+ * a kernel bug would.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -122,7 +123,7 @@ struct gcd_backend {
     atomic_uint_fast64_t allocations;
     gcd_phase_sums phases; /* summed by the runs' threads */
     atomic_int lost;     /* 0 healthy; 1 being marked; 2 lost, lost_why final */
-    atomic_int fault_armed; /* GPUCD_CUDA_FAULT_INJECT: the next forward faults */
+    atomic_int fault_armed; /* GPUCD_CUDA_FAULT_INJECT: the next request run faults */
     char lost_why[256];
 };
 
@@ -457,7 +458,7 @@ static int cuda_open(const gcd_config *cfg, gcd_backend **out, gk_err *err)
     const char *inject = getenv("GPUCD_CUDA_FAULT_INJECT");
     if (inject != NULL && strcmp(inject, "1") == 0) {
         atomic_store(&b->fault_armed, 1);
-        gcd_log_warn("cuda: GPUCD_CUDA_FAULT_INJECT=1: the first conv2d forward will read an "
+        gcd_log_warn("cuda: GPUCD_CUDA_FAULT_INJECT=1: the first compute request will read an "
                      "invalid device address and lose the device");
     }
     gcd_log_info("cuda: %s, %d SMs, %d execution slots of %zu MiB workspace and %zu MiB pinned "
@@ -958,8 +959,10 @@ static int slot_run(gcd_backend *b, exec_slot *s, gcd_op *op, gcd_run_timing *ti
         }
     }
     RUN_CHECK(cudaEventRecord(s->ev[EV_COPIED_IN], s->stream), "cudaEventRecord");
-    if (op->kind == GCD_OP_CONV2D_FORWARD && atomic_exchange(&b->fault_armed, 0))
-        pl[CONV_FWD_X].dev.data = (void *)(uintptr_t)SLOT_ALIGN; /* never mapped */
+    /* Slot 0 is an input of every operation (gcd_op_table_check): the kernel reads it. */
+    if (atomic_load_explicit(&b->fault_armed, memory_order_relaxed) &&
+        atomic_exchange(&b->fault_armed, 0))
+        pl[0].dev.data = (void *)(uintptr_t)SLOT_ALIGN; /* never mapped */
     if ((rc = run_kernel(b, s, op, pl, scratch_off, err)) != 0)
         return kernel_fail(b, s, rc, err);
     RUN_CHECK(records_fetch(s, op, scratch_off, s->records), "copying the error records");

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "ops/table.h"
 
 /* One request waiting in a batch; lives on its worker's stack. */
 typedef struct batch_entry {
@@ -60,35 +61,57 @@ void gcd_batcher_fini(gcd_batcher *b)
     free(b);
 }
 
-int gcd_batcher_accepts(const gcd_op *op)
+/* The batching of op's kind; all 0 for a kind that never merges. */
+static gcd_op_batching batching_of(const gcd_op *op)
 {
-    /* Saved activations are a training step's: one request's rows in one resident tensor. */
-    if (op->kind != GCD_OP_NMMO3_FORWARD || op->args[NMMO3_OBS].resident ||
-        op->args[NMMO3_FWD_SAVED].t.data != NULL)
-        return 0;
-    for (int i = NMMO3_W0; i < NMMO3_W0 + NMMO3_NWEIGHTS; i++)
-        if (op->args[i].t.data != NULL && !op->args[i].resident)
-            return 0;
-    for (int i = NMMO3_FWD_FEATURES; i <= NMMO3_FWD_HIDDEN; i++)
-        if (op->args[i].t.data != NULL && op->args[i].resident)
-            return 0;
-    return 1;
+    const gcd_op_entry *e = gcd_op_entry_of(op->kind);
+    return e != NULL ? e->batch : (gcd_op_batching){0};
 }
 
-/* Same weights (the same resident tensors) and the same outputs asked for, in the same dtypes. */
-static int same_key(const gcd_op *a, const gcd_op *b)
+int gcd_batcher_accepts(const gcd_op *op)
 {
-    for (int i = NMMO3_W0; i < NMMO3_W0 + NMMO3_NWEIGHTS; i++)
-        if (a->args[i].t.data != b->args[i].t.data)
-            return 0;
-    for (int i = NMMO3_FWD_FEATURES; i <= NMMO3_FWD_HIDDEN; i++) {
-        const gk_tensor *x = &a->args[i].t, *y = &b->args[i].t;
-        if ((x->data == NULL) != (y->data == NULL) || x->dtype != y->dtype ||
-            (x->data != NULL && x->shape[1] != y->shape[1]))
+    const gcd_op_batching bt = batching_of(op);
+    if (bt.rows == 0)
+        return 0;
+    for (int i = 0; i < op->nargs; i++) {
+        const gcd_arg *a = &op->args[i];
+        if (a->t.data == NULL)
+            continue;
+        const uint32_t bit = GCD_SLOT(i);
+        if (((bt.rows & bit) && a->resident) || ((bt.shared & bit) && !a->resident) ||
+            (bt.alone & bit))
             return 0;
     }
     return 1;
 }
+
+/* The batch's key: the same shared tensors, and rows slots alike but for their rows. */
+static int same_key(const gcd_op *a, const gcd_op *b)
+{
+    if (a->kind != b->kind)
+        return 0;
+    const gcd_op_batching bt = batching_of(a);
+    for (int i = 0; i < a->nargs; i++) {
+        const gk_tensor *x = &a->args[i].t, *y = &b->args[i].t;
+        if ((bt.shared & GCD_SLOT(i)) && x->data != y->data)
+            return 0;
+        if (!(bt.rows & GCD_SLOT(i)))
+            continue;
+        if ((x->data == NULL) != (y->data == NULL))
+            return 0;
+        if (x->data == NULL)
+            continue;
+        if (x->dtype != y->dtype || x->ndim != y->ndim)
+            return 0;
+        for (int d = 1; d < x->ndim; d++)
+            if (x->shape[d] != y->shape[d])
+                return 0;
+    }
+    return 1;
+}
+
+/* The slot whose first dimension counts a request's rows: the lowest rows slot. */
+static int rows_slot(const gcd_op *op) { return __builtin_ctz(batching_of(op).rows); }
 
 static void deadline_after(struct timespec *ts, uint64_t us)
 {
@@ -131,10 +154,13 @@ static void batch_execute(gcd_batcher *b, batch *bt, uint64_t start_us)
         run_alone(b, bt->head);
         return;
     }
-    enum { IO = 3 };
-    static const int io[IO] = {NMMO3_OBS, NMMO3_FWD_FEATURES, NMMO3_FWD_HIDDEN};
+    int io[GCD_OP_MAX_ARGS], nio = 0;
+    const uint32_t rows_mask = batching_of(bt->first).rows;
+    for (int i = 0; i < bt->first->nargs; i++)
+        if (rows_mask & GCD_SLOT(i))
+            io[nio++] = i;
     const int n = bt->entries;
-    void **data = malloc(sizeof *data * (size_t)(IO * n));
+    void **data = malloc(sizeof *data * (size_t)(nio * n));
     int64_t *rows = malloc(sizeof *rows * (size_t)n);
     if (data == NULL || rows == NULL) {
         run_each(b, bt);
@@ -143,12 +169,12 @@ static void batch_execute(gcd_batcher *b, batch *bt, uint64_t start_us)
     int k = 0;
     for (batch_entry *e = bt->head; e != NULL; e = e->next, k++) {
         rows[k] = e->rows;
-        for (int j = 0; j < IO; j++)
+        for (int j = 0; j < nio; j++)
             data[j * n + k] = e->op->args[io[j]].t.data;
     }
-    gcd_parts parts[IO];
+    gcd_parts parts[GCD_OP_MAX_ARGS];
     gcd_op merged = *bt->first;
-    for (int j = 0; j < IO; j++) {
+    for (int j = 0; j < nio; j++) {
         gcd_arg *a = &merged.args[io[j]];
         if (a->t.data == NULL)
             continue;
@@ -186,7 +212,7 @@ static void batch_unlist(gcd_batcher *b, batch *bt)
 int gcd_batcher_run(gcd_batcher *b, gcd_op *op, gcd_run_timing *timing, uint64_t *wait_us,
                     gk_err *err)
 {
-    batch_entry me = {.op = op, .rows = op->args[NMMO3_OBS].t.shape[0],
+    batch_entry me = {.op = op, .rows = op->args[rows_slot(op)].t.shape[0],
                       .submitted_us = gcd_now_us()};
     pthread_mutex_lock(&b->lock);
     batch *bt = b->open;

@@ -48,11 +48,7 @@ gcd_status gcd_decode_compute(const Gpucd__V1__Request *req, gcd_op *op,
     memset(op, 0, sizeof *op);
     for (int i = 0; i < GCD_OP_MAX_ARGS; i++)
         refs[i] = NULL;
-    const gcd_op_entry *e = NULL;
-    for (int f = 0; f < gcd_op_nfamilies && e == NULL; f++)
-        for (int i = 0; i < gcd_op_families[f]->nops && e == NULL; i++)
-            if (gcd_op_families[f]->ops[i].wire == req->op_case)
-                e = &gcd_op_families[f]->ops[i];
+    const gcd_op_entry *e = gcd_op_entry_of_wire(req->op_case);
     if (e == NULL) {
         snprintf(why, whylen, "not a compute operation");
         return GCD_UNKNOWN_OPERATION;
@@ -65,7 +61,8 @@ gcd_status gcd_decode_compute(const Gpucd__V1__Request *req, gcd_op *op,
     for (int i = 0; i < d->nargs; i++) {
         op->args[i].output = (d->outputs >> i) & 1u;
         if (((d->required >> i) & 1u) && refs[i] == NULL) {
-            snprintf(why, whylen, "%s: tensor %s is required", d->name, d->arg_names[i]);
+            snprintf(why, whylen, "%s: tensor %s is required", gcd_op_name(op->kind),
+                     d->arg_names[i]);
             return GCD_INVALID_ARGUMENT;
         }
     }

@@ -1,10 +1,24 @@
-/* ops.c - an operation's description, checks and implied shapes, from the operations table. */
+/*
+ * ops.c - an operation's name (GCD_OP_MAP), and its description, checks and
+ * implied shapes from the operations table.
+ */
 #include "ops.h"
 
 #include "ops/table.h"
 
+static const char *const names[GCD_OP_COUNT] = {
+#define GCD_OP_NAME_ROW(kind, name, wire, share) [GCD_OP_##kind] = name,
+    GCD_OP_MAP(GCD_OP_NAME_ROW)
+#undef GCD_OP_NAME_ROW
+};
+
+const char *gcd_op_name(gcd_op_kind kind)
+{
+    return (unsigned)kind < GCD_OP_COUNT ? names[kind] : "invalid";
+}
+
 /* Every kind has an entry once the table is checked; the fallback keeps a bad kind harmless. */
-static const gcd_op_desc unknown = {"invalid", 0, NULL, 0, 0};
+static const gcd_op_desc unknown = {0, NULL, 0, 0};
 
 const gcd_op_desc *gcd_op_desc_of(gcd_op_kind kind)
 {

@@ -1,8 +1,8 @@
 /*
  * ops.h - a compute request as the daemon runs it, independent of the wire.
  *
- * Each operation has fixed argument slots (the enums below; their names are in
- * its entry of the operations table, ops/table.h);
+ * Each operation has fixed argument slots (an enum in its family's file,
+ * daemon/ops/, their names in its entry of the operations table, ops/table.h);
  * a slot is an input or an output, present or absent.  By the time a backend
  * sees an op, every present slot's shape has been checked by the kernels'
  * gk_*_check and its bytes are reachable at arg.t.data: host memory (a mapped
@@ -15,18 +15,17 @@
 #include <stdint.h>
 
 #include "gk.h"
+#include "op_map.h"
 
 typedef enum gcd_op_kind {
-    GCD_OP_CONV2D_FORWARD,
-    GCD_OP_CONV2D_BACKWARD,
-    GCD_OP_MULTIHOT_ENCODE,
-    GCD_OP_EMBEDDING_FORWARD,
-    GCD_OP_EMBEDDING_BACKWARD,
-    GCD_OP_LINEAR_CROSS_ENTROPY,
-    GCD_OP_NMMO3_FORWARD,
-    GCD_OP_NMMO3_BACKWARD,
+#define GCD_OP_KIND_ENUM(kind, name, wire, share) GCD_OP_##kind,
+    GCD_OP_MAP(GCD_OP_KIND_ENUM)
+#undef GCD_OP_KIND_ENUM
     GCD_OP_COUNT,
 } gcd_op_kind;
+
+/* kind's name in GCD_OP_MAP; "invalid" for a value that is no gcd_op_kind. */
+const char *gcd_op_name(gcd_op_kind kind);
 
 enum { GCD_OP_MAX_ARGS = 17 };
 
@@ -62,25 +61,8 @@ typedef struct gcd_op {
 /* Slot i's tensor, as the kernels' checks and runs take it. */
 static inline const gk_tensor *gcd_op_arg(const gcd_op *op, int i) { return &op->args[i].t; }
 
-/* The slot indices of each operation, in the order of the wire messages' fields. */
-enum { CONV_FWD_X, CONV_FWD_W, CONV_FWD_B, CONV_FWD_Y, CONV_FWD_NARGS };
-enum { CONV_BWD_X, CONV_BWD_W, CONV_BWD_Y, CONV_BWD_DY, CONV_BWD_DX, CONV_BWD_DW, CONV_BWD_DB,
-       CONV_BWD_NARGS };
-enum { MULTIHOT_OBS, MULTIHOT_OUT, MULTIHOT_NARGS };
-enum { EMB_FWD_IDX, EMB_FWD_TABLE, EMB_FWD_OUT, EMB_FWD_NARGS };
-enum { EMB_BWD_IDX, EMB_BWD_DOUT, EMB_BWD_DTABLE, EMB_BWD_NARGS };
-enum { LCE_E, LCE_C, LCE_BIAS, LCE_TARGETS, LCE_LOSS, LCE_LSE, LCE_DE, LCE_DC, LCE_DBIAS,
-       LCE_NARGS };
-/* NMMO3: the obs, then the 7 weights (gk_nmmo3_weights order), then the op's own. */
-enum { NMMO3_OBS, NMMO3_W0, NMMO3_NWEIGHTS = 7,
-       NMMO3_FWD_FEATURES = NMMO3_W0 + NMMO3_NWEIGHTS, NMMO3_FWD_HIDDEN, NMMO3_FWD_SAVED,
-       NMMO3_FWD_NARGS,
-       NMMO3_BWD_DOUT = NMMO3_W0 + NMMO3_NWEIGHTS, NMMO3_BWD_G0,
-       NMMO3_BWD_SAVED = NMMO3_BWD_G0 + NMMO3_NWEIGHTS, NMMO3_BWD_NARGS };
-
 /* What an operation takes: its slots' names, which are outputs, which are required. */
 typedef struct gcd_op_desc {
-    const char *name;
     int nargs;
     const char *const *arg_names;
     uint32_t outputs;  /* bit i: slot i is an output */

@@ -102,17 +102,24 @@ static gcd_status payload_align(gcd_daemon *d, reply_state *rs, size_t len, uint
     return GCD_OK;
 }
 
+/* No default: a wire case of the schema with no request kind does not build. */
 static gcd_req_kind kind_of(const Gpucd__V1__Request *req)
 {
     switch (req->op_case) {
-#define KIND_OF_CASE(id, name, compute)                                                           \
+#define KIND_OF_CONTROL(id, name)                                                                 \
     case GPUCD__V1__REQUEST__OP_##id:                                                              \
         return GCD_REQ_##id;
-        GCD_REQ_KINDS(KIND_OF_CASE)
-#undef KIND_OF_CASE
-    default: /* an operation of a newer schema, or none */
-        return GCD_REQ_INVALID;
+#define KIND_OF_COMPUTE(kind, name, wire, share)                                                  \
+    GCD_OP_IF_FIRST(share, case GPUCD__V1__REQUEST__OP_##wire : return GCD_REQ_##wire;)
+        GCD_REQ_CONTROL_KINDS(KIND_OF_CONTROL)
+        GCD_OP_MAP(KIND_OF_COMPUTE)
+#undef KIND_OF_CONTROL
+#undef KIND_OF_COMPUTE
+    case GPUCD__V1__REQUEST__OP__NOT_SET:         /* no operation, or one of a newer schema */
+    case _GPUCD__V1__REQUEST__OP__CASE_IS_INT_SIZE: /* protobuf-c's, to make the enum an int */
+        break;
     }
+    return GCD_REQ_INVALID;
 }
 
 /* ---- control operations ------------------------------------------------------ */
@@ -392,7 +399,7 @@ static gcd_status compute_run(gcd_daemon *d, gcd_op *op, const gcd_ref *const re
                               const Gpucd__V1__Request *req, reply_state *rs,
                               const gcd_bound *bound)
 {
-    const gcd_op_desc *desc = gcd_op_desc_of(op->kind);
+    const char *name = gcd_op_name(op->kind);
     gk_err err = {{0}};
     gcd_run_timing t = {0};
     int rc;
@@ -415,9 +422,9 @@ static gcd_status compute_run(gcd_daemon *d, gcd_op *op, const gcd_ref *const re
     rs->timings.compute_us = t.compute_us;
     rs->timings.copy_out_us = t.copy_out_us;
     if (rc != 0)
-        return fail(rs, gcd_status_from_gk(rc), "%s: %s", desc->name, err.msg);
+        return fail(rs, gcd_status_from_gk(rc), "%s: %s", name, err.msg);
     if (req->bench_iterations != 0) {
-        gcd_status st = bench_repeat(d, op, req, rs, desc->name);
+        gcd_status st = bench_repeat(d, op, req, rs, name);
         if (st != GCD_OK)
             return st;
     }
@@ -446,7 +453,7 @@ static gcd_status do_compute(const gcd_bind_ctx *ctx, const Gpucd__V1__Request *
     gk_err err = {{0}};
     int rc = gcd_op_check(&op, &err);
     if (rc != 0)
-        return fail(rs, gcd_status_from_gk(rc), "%s: %s", desc->name, err.msg);
+        return fail(rs, gcd_status_from_gk(rc), "%s: %s", gcd_op_name(op.kind), err.msg);
     st = gcd_bound_payload_charge(ctx, bound, rs->why, sizeof rs->why);
     if (st != GCD_OK)
         return st;

@@ -9,9 +9,13 @@ static const struct {
     const char *name;
     int computes;
 } req_kinds[GCD_REQ_KIND_COUNT] = {
-#define GCD_REQ_KIND_ROW(id, name, compute) {name, compute},
-    GCD_REQ_KINDS(GCD_REQ_KIND_ROW)
-#undef GCD_REQ_KIND_ROW
+#define GCD_REQ_CONTROL_ROW(id, name) [GCD_REQ_##id] = {name, 0},
+#define GCD_REQ_COMPUTE_ROW(kind, name, wire, share)                                              \
+    GCD_OP_IF_FIRST(share, [GCD_REQ_##wire] = {name, 1}, )
+    GCD_REQ_CONTROL_KINDS(GCD_REQ_CONTROL_ROW)
+    GCD_OP_MAP(GCD_REQ_COMPUTE_ROW)
+#undef GCD_REQ_CONTROL_ROW
+#undef GCD_REQ_COMPUTE_ROW
     [GCD_REQ_INVALID] = {"invalid", 0},
 };
 

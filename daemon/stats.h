@@ -9,43 +9,41 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "op_map.h"
 #include "status.h"
 
 /*
- * Request kinds as counted: one per wire operation (NAME is its case in gpucd.proto's Request),
- * then GCD_REQ_INVALID for malformed and unknown ones.  X(NAME, name, compute): compute kinds
- * run a kernel and get latency histograms in /metrics; the others (control: connection, region
- * and resident tensor bookkeeping, stats) are only counted.
+ * Request kinds as counted: the control operations (connection, region and resident tensor
+ * bookkeeping, stats), X(NAME, name) with NAME their case in gpucd.proto's Request, which are
+ * only counted; then the compute ones, one per wire case of GCD_OP_MAP (GCD_REQ_<WIRE>), which
+ * run a kernel and get latency histograms in /metrics; then GCD_REQ_INVALID for malformed and
+ * unknown requests.
  */
-#define GCD_REQ_KINDS(X)                                                                           \
-    X(HELLO, "hello", 0)                                                                           \
-    X(PING, "ping", 0)                                                                             \
-    X(REGION_REGISTER, "region_register", 0)                                                       \
-    X(REGION_UNREGISTER, "region_unregister", 0)                                                   \
-    X(REGION_LIST, "region_list", 0)                                                               \
-    X(TENSOR_PUT, "tensor_put", 0)                                                                 \
-    X(TENSOR_GET, "tensor_get", 0)                                                                 \
-    X(TENSOR_FREE, "tensor_free", 0)                                                               \
-    X(STATS, "stats", 0)                                                                           \
-    X(SUBMIT_QUEUE_OPEN, "submit_queue_open", 0)                                                   \
-    X(CONV2D_FORWARD, "conv2d_forward", 1)                                                         \
-    X(CONV2D_BACKWARD, "conv2d_backward", 1)                                                       \
-    X(MULTIHOT_ENCODE, "multihot_encode", 1)                                                       \
-    X(EMBEDDING_FORWARD, "embedding_forward", 1)                                                   \
-    X(EMBEDDING_BACKWARD, "embedding_backward", 1)                                                 \
-    X(LINEAR_CROSS_ENTROPY, "linear_cross_entropy", 1)                                             \
-    X(NMMO3_ENCODE, "nmmo3_encode", 1)
+#define GCD_REQ_CONTROL_KINDS(X)                                                                   \
+    X(HELLO, "hello")                                                                              \
+    X(PING, "ping")                                                                                \
+    X(REGION_REGISTER, "region_register")                                                          \
+    X(REGION_UNREGISTER, "region_unregister")                                                      \
+    X(REGION_LIST, "region_list")                                                                  \
+    X(TENSOR_PUT, "tensor_put")                                                                    \
+    X(TENSOR_GET, "tensor_get")                                                                    \
+    X(TENSOR_FREE, "tensor_free")                                                                  \
+    X(STATS, "stats")                                                                              \
+    X(SUBMIT_QUEUE_OPEN, "submit_queue_open")
 
 typedef enum gcd_req_kind {
-#define GCD_REQ_KIND_ENUM(id, name, compute) GCD_REQ_##id,
-    GCD_REQ_KINDS(GCD_REQ_KIND_ENUM)
-#undef GCD_REQ_KIND_ENUM
+#define GCD_REQ_CONTROL_ENUM(id, name) GCD_REQ_##id,
+#define GCD_REQ_COMPUTE_ENUM(kind, name, wire, share) GCD_OP_IF_FIRST(share, GCD_REQ_##wire, )
+    GCD_REQ_CONTROL_KINDS(GCD_REQ_CONTROL_ENUM)
+    GCD_OP_MAP(GCD_REQ_COMPUTE_ENUM)
+#undef GCD_REQ_CONTROL_ENUM
+#undef GCD_REQ_COMPUTE_ENUM
     GCD_REQ_INVALID, /* undecodable, wrong version or unknown operation */
     GCD_REQ_KIND_COUNT,
 } gcd_req_kind;
 
 const char *gcd_req_kind_name(gcd_req_kind k);
-/* 1 when requests of kind k run a kernel (see GCD_REQ_KINDS). */
+/* 1 when requests of kind k run a kernel (the kinds of GCD_OP_MAP). */
 int gcd_req_kind_computes(gcd_req_kind k);
 
 /* The phases of a request whose latency is kept as a histogram. */

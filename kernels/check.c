@@ -349,6 +349,33 @@ int gk_embedding_backward_check(const gk_tensor *idx, const gk_tensor *dout,
     return tensors_check_disjoint(v, 3, 1, err);
 }
 
+int gk_embedding_bag_check(const gk_tensor *idx, const gk_tensor *table, const gk_tensor *out,
+                           gk_err *err)
+{
+    int rc;
+    if ((rc = tensor_require(idx, "idx", err)) || (rc = tensor_check_rank(idx, "idx", 2, err)) ||
+        (rc = tensor_check_dtype(idx, "idx", GK_I32, "bag ids, -1 for padding", err)) ||
+        (rc = tensor_require(table, "table", err)) ||
+        (rc = tensor_check_rank(table, "table", 2, err)) ||
+        (rc = tensor_check_float(table, "table", err)) || (rc = tensor_require(out, "out", err)))
+        return rc;
+    const int64_t want[2] = {idx->shape[0], table->shape[1]};
+    if ((rc = tensor_check_shape(out, "out", 2, want, GK_F32, "(B, D), summed in f32", err)))
+        return rc;
+    const named_tensor v[] = {{out, "out"}, {idx, "idx"}, {table, "table"}};
+    return tensors_check_disjoint(v, 3, 1, err);
+}
+
+int gk_embedding_bag_index_fail(const gk_tensor *idx, int64_t pos, int64_t value, int64_t vocab,
+                                gk_err *err)
+{
+    const int64_t k = idx->shape[1]; /* positive: idx passed gk_embedding_bag_check */
+    return gk_fail(err, GK_ERANGE,
+                   "idx at position %" PRId64 " (bag %" PRId64 ", %" PRId64 "): value %" PRId64
+                   " outside the table's [0, %" PRId64 ") and not -1 (padding)",
+                   pos, pos / k, pos % k, value, vocab);
+}
+
 /* ---- NMMO3 encoder ---------------------------------------------------------- */
 
 /* One weight set: the five encoder weights, all present, and the projection pair. */

@@ -130,6 +130,21 @@ int gk_embedding_forward_check(const gk_tensor *idx, const gk_tensor *table, con
 /* dout (S..., D) f32|bf16; dtable (V, D) f32, overwritten: the fp32 sum of the rows. */
 int gk_embedding_backward_check(const gk_tensor *idx, const gk_tensor *dout,
                                 const gk_tensor *dtable, gk_err *err);
+/*
+ * Bags of rows summed (embedding_bag): idx i32 (B, K), K ids a row of which -1
+ * is padding; table (V, D) f32|bf16; out (B, D) f32, row b the sum in f32 of
+ * table[idx[b, k]] over k in order, padding left out.  Forward only.
+ */
+int gk_embedding_bag_check(const gk_tensor *idx, const gk_tensor *table, const gk_tensor *out,
+                           gk_err *err);
+/*
+ * The error of a bag id out of range: GK_ERANGE naming position pos of idx
+ * (checked by gk_embedding_bag_check), its coordinates and value against the
+ * table's vocab rows.  The CPU and
+ * CUDA kernels name the first offender with it, in the same words.
+ */
+int gk_embedding_bag_index_fail(const gk_tensor *idx, int64_t pos, int64_t value, int64_t vocab,
+                                gk_err *err);
 
 /* ---- fused linear cross entropy ------------------------------------------- */
 
@@ -241,6 +256,8 @@ int gk_cpu_embedding_forward(const gk_tensor *idx, const gk_tensor *table, const
                              gk_err *err);
 int gk_cpu_embedding_backward(const gk_tensor *idx, const gk_tensor *dout,
                               const gk_tensor *dtable, gk_err *err);
+int gk_cpu_embedding_bag(const gk_tensor *idx, const gk_tensor *table, const gk_tensor *out,
+                         gk_err *err);
 int gk_cpu_lce(const gk_lce *p, const gk_tensor *E, const gk_tensor *C, const gk_tensor *bias,
                const gk_tensor *targets, const gk_tensor *loss, const gk_tensor *lse,
                const gk_tensor *dE, const gk_tensor *dC, const gk_tensor *dbias, gk_err *err);

@@ -27,10 +27,13 @@ static inline size_t wire_payload_offset(size_t header_len)
     return (WIRE_PREFIX + header_len + WIRE_ALIGN - 1) / WIRE_ALIGN * WIRE_ALIGN;
 }
 
-/* A compute operation: the schema numbers control operations 10-19, compute ones from 20. */
+/*
+ * A compute operation: the schema numbers control operations 10-19, compute
+ * ones from 20 (conv2d_forward) on; protobuf-c sets no case it does not know.
+ */
 static inline int wire_op_is_compute(Gpucd__V1__Request__OpCase op)
 {
-    return op >= GPUCD__V1__REQUEST__OP_CONV2D_FORWARD && op <= GPUCD__V1__REQUEST__OP_NMMO3_ENCODE;
+    return op >= GPUCD__V1__REQUEST__OP_CONV2D_FORWARD;
 }
 
 static inline uint64_t wire_align_up(uint64_t n)

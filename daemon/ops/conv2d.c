@@ -8,6 +8,11 @@
 #include "cuda_run.h"
 #endif
 
+/* The slots, in the order of the wire messages' fields. */
+enum { CONV_FWD_X, CONV_FWD_W, CONV_FWD_B, CONV_FWD_Y, CONV_FWD_NARGS };
+enum { CONV_BWD_X, CONV_BWD_W, CONV_BWD_Y, CONV_BWD_DY, CONV_BWD_DX, CONV_BWD_DW, CONV_BWD_DB,
+       CONV_BWD_NARGS };
+
 /* ---- wire ------------------------------------------------------------------------------- */
 
 static gcd_status conv_params(const Gpucd__V1__Conv2dParams *p, gk_conv2d *c, char *why,
@@ -144,9 +149,8 @@ static const char *const backward_args[] = {"x", "w", "y", "dy", "dx", "dw", "db
 static const gcd_op_entry entries[] = {
     {
         .kind = GCD_OP_CONV2D_FORWARD,
-        .desc = {"conv2d_forward", CONV_FWD_NARGS, forward_args, GCD_SLOT(CONV_FWD_Y),
+        .desc = {CONV_FWD_NARGS, forward_args, GCD_SLOT(CONV_FWD_Y),
                  GCD_SLOT(CONV_FWD_X) | GCD_SLOT(CONV_FWD_W) | GCD_SLOT(CONV_FWD_Y)},
-        .wire = GPUCD__V1__REQUEST__OP_CONV2D_FORWARD,
         .decode = forward_decode,
         .check = forward_check,
         .cpu_run = forward_cpu,
@@ -154,11 +158,10 @@ static const gcd_op_entry entries[] = {
     },
     {
         .kind = GCD_OP_CONV2D_BACKWARD,
-        .desc = {"conv2d_backward", CONV_BWD_NARGS, backward_args,
+        .desc = {CONV_BWD_NARGS, backward_args,
                  GCD_SLOT(CONV_BWD_DX) | GCD_SLOT(CONV_BWD_DW) | GCD_SLOT(CONV_BWD_DB),
                  GCD_SLOT(CONV_BWD_X) | GCD_SLOT(CONV_BWD_W) | GCD_SLOT(CONV_BWD_DY) |
                      GCD_SLOT(CONV_BWD_DW)},
-        .wire = GPUCD__V1__REQUEST__OP_CONV2D_BACKWARD,
         .decode = backward_decode,
         .check = backward_check,
         .cpu_run = backward_cpu,

@@ -9,6 +9,10 @@
 #include "gk_cuda_lce.h"
 #endif
 
+/* The slots, in the order of the wire message's fields. */
+enum { LCE_E, LCE_C, LCE_BIAS, LCE_TARGETS, LCE_LOSS, LCE_LSE, LCE_DE, LCE_DC, LCE_DBIAS,
+       LCE_NARGS };
+
 /* ---- wire ------------------------------------------------------------------------------- */
 
 static gcd_status lce_params(const Gpucd__V1__LinearCrossEntropyParams *p,
@@ -124,11 +128,10 @@ static const char *const lce_args[] = {"e", "c", "bias", "targets", "loss", "lse
 static const gcd_op_entry entries[] = {
     {
         .kind = GCD_OP_LINEAR_CROSS_ENTROPY,
-        .desc = {"linear_cross_entropy", LCE_NARGS, lce_args,
+        .desc = {LCE_NARGS, lce_args,
                  GCD_SLOT(LCE_LOSS) | GCD_SLOT(LCE_LSE) | GCD_SLOT(LCE_DE) | GCD_SLOT(LCE_DC) |
                      GCD_SLOT(LCE_DBIAS),
                  GCD_SLOT(LCE_E) | GCD_SLOT(LCE_C) | GCD_SLOT(LCE_TARGETS) | GCD_SLOT(LCE_LOSS)},
-        .wire = GPUCD__V1__REQUEST__OP_LINEAR_CROSS_ENTROPY,
         .decode = lce_decode,
         .check = lce_check,
         .cpu_run = lce_cpu,

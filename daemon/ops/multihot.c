@@ -8,6 +8,9 @@
 #include "cuda_run.h"
 #endif
 
+/* The slots, in the order of the wire message's fields. */
+enum { MULTIHOT_OBS, MULTIHOT_OUT, MULTIHOT_NARGS };
+
 /* ---- wire ------------------------------------------------------------------------------- */
 
 /* No layout: NMMO3's. */
@@ -111,9 +114,8 @@ static const char *const encode_args[] = {"obs", "out"};
 static const gcd_op_entry entries[] = {
     {
         .kind = GCD_OP_MULTIHOT_ENCODE,
-        .desc = {"multihot_encode", MULTIHOT_NARGS, encode_args, GCD_SLOT(MULTIHOT_OUT),
+        .desc = {MULTIHOT_NARGS, encode_args, GCD_SLOT(MULTIHOT_OUT),
                  GCD_SLOT(MULTIHOT_OBS) | GCD_SLOT(MULTIHOT_OUT)},
-        .wire = GPUCD__V1__REQUEST__OP_MULTIHOT_ENCODE,
         .decode = encode_decode,
         .check = encode_check,
         .cpu_run = encode_cpu,

@@ -11,6 +11,13 @@
 #include "cuda_run.h"
 #endif
 
+/* The slots: the obs, then the 7 weights (gk_nmmo3_weights order), then the op's own. */
+enum { NMMO3_OBS, NMMO3_W0, NMMO3_NWEIGHTS = 7,
+       NMMO3_FWD_FEATURES = NMMO3_W0 + NMMO3_NWEIGHTS, NMMO3_FWD_HIDDEN, NMMO3_FWD_SAVED,
+       NMMO3_FWD_NARGS,
+       NMMO3_BWD_DOUT = NMMO3_W0 + NMMO3_NWEIGHTS, NMMO3_BWD_G0,
+       NMMO3_BWD_SAVED = NMMO3_BWD_G0 + NMMO3_NWEIGHTS, NMMO3_BWD_NARGS };
+
 /* ---- wire ------------------------------------------------------------------------------- */
 
 static void weights_refs(const Gpucd__V1__Nmmo3Weights *w, const Gpucd__V1__TensorRef *refs[],
@@ -285,24 +292,27 @@ static const char *const backward_args_names[] = {
 static const gcd_op_entry entries[] = {
     {
         .kind = GCD_OP_NMMO3_FORWARD,
-        .desc = {"nmmo3_encode", NMMO3_FWD_NARGS, forward_args_names,
+        .desc = {NMMO3_FWD_NARGS, forward_args_names,
                  GCD_SLOT(NMMO3_FWD_FEATURES) | GCD_SLOT(NMMO3_FWD_HIDDEN) |
                      GCD_SLOT(NMMO3_FWD_SAVED),
                  GCD_SLOT(NMMO3_OBS) | WEIGHTS_REQUIRED},
-        .wire = GPUCD__V1__REQUEST__OP_NMMO3_ENCODE,
         .decode = encode_decode,
         .check = forward_check,
         .implied = GCD_SLOT(NMMO3_FWD_SAVED),
         .output_shape = forward_saved_shape,
         .cpu_run = forward_cpu,
         .cuda = GCD_CUDA_OP(forward_cuda),
+        /* Saved activations are a training step's: one request's rows in one resident tensor. */
+        .batch = {.rows = GCD_SLOT(NMMO3_OBS) | GCD_SLOT(NMMO3_FWD_FEATURES) |
+                          GCD_SLOT(NMMO3_FWD_HIDDEN),
+                  .shared = (GCD_SLOT(NMMO3_NWEIGHTS) - 1) << NMMO3_W0,
+                  .alone = GCD_SLOT(NMMO3_FWD_SAVED)},
     },
     {
         .kind = GCD_OP_NMMO3_BACKWARD,
-        .desc = {"nmmo3_encode backward", NMMO3_BWD_NARGS, backward_args_names,
+        .desc = {NMMO3_BWD_NARGS, backward_args_names,
                  (GCD_SLOT(NMMO3_NWEIGHTS) - 1) << NMMO3_BWD_G0,
                  GCD_SLOT(NMMO3_OBS) | WEIGHTS_REQUIRED | GCD_SLOT(NMMO3_BWD_DOUT)},
-        .wire = GPUCD__V1__REQUEST__OP_NMMO3_ENCODE,
         .decode = encode_decode,
         .check = backward_check,
         .cpu_run = backward_cpu,

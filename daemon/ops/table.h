@@ -32,15 +32,26 @@ typedef struct gcd_cuda_op gcd_cuda_op;
 /* Bit i of a slot mask (gcd_op_desc's outputs and required). */
 #define GCD_SLOT(i) (1u << (i))
 
+/*
+ * Whether and how requests of one operation merge into one run (batcher.c),
+ * as slot masks; all 0: never.  A request joins a batch when its rows slots
+ * are host memory, its shared slots resident and its alone slots absent; the
+ * requests of a batch share the shared slots' tensors, and their rows slots
+ * agree in presence, dtype and every dimension but the first.
+ */
+typedef struct gcd_op_batching {
+    uint32_t rows;   /* batch-major, each request's own memory; the lowest (an input) counts rows */
+    uint32_t shared; /* the same resident tensor in every request of a batch (weights) */
+    uint32_t alone;  /* present: the request runs alone (a training step's saved activations) */
+} gcd_op_batching;
+
 typedef struct gcd_op_entry {
-    gcd_op_kind kind;
+    gcd_op_kind kind; /* its name and wire case are in GCD_OP_MAP */
     gcd_op_desc desc; /* slot names, outputs, required slots */
-    /* The wire message that carries it; one message may carry several (nmmo3_encode). */
-    Gpucd__V1__Request__OpCase wire;
     /*
      * Sets op's kind and parameters and refs[slot] for each tensor the
      * message names (refs arrive NULL, op zeroed); GCD_OK or an error status
-     * with why set.  Entries of one message share it: it picks the kind.
+     * with why set.  The entries of one wire case share it: it picks the kind.
      */
     gcd_status (*decode)(const Gpucd__V1__Request *req, gcd_op *op,
                          const Gpucd__V1__TensorRef *refs[GCD_OP_MAX_ARGS], char *why,
@@ -57,6 +68,7 @@ typedef struct gcd_op_entry {
     /* The CPU backend's run, every tensor whole in host memory. */
     int (*cpu_run)(const gcd_op *op, gk_err *err);
     const gcd_cuda_op *cuda;
+    gcd_op_batching batch;
 } gcd_op_entry;
 
 typedef struct gcd_op_family {
@@ -79,13 +91,24 @@ extern const int gcd_op_nfamilies;
 /* The entry of kind, or NULL when no family has one. */
 const gcd_op_entry *gcd_op_entry_of(gcd_op_kind kind);
 
+/* The wire case that carries kind (GCD_OP_MAP); NOT_SET for a value that is no gcd_op_kind. */
+Gpucd__V1__Request__OpCase gcd_op_wire(gcd_op_kind kind);
+
 /*
- * Whether families give every gcd_op_kind exactly one complete entry: a
- * name, slot names and counts, masks within the slots, a wire case whose
- * entries share one decode, check and the CPU run.  With cuda_check (the
- * CUDA backend's), every entry needs an adapter that it accepts: 0, or
- * nonzero with *missing naming the piece it lacks.  0, or GK_EINVAL with
- * err naming the operation and the missing piece.
+ * The entry that decodes messages of wire case op (that of its first
+ * operation in GCD_OP_MAP), or NULL when no operation has that case: a
+ * control operation's.
+ */
+const gcd_op_entry *gcd_op_entry_of_wire(Gpucd__V1__Request__OpCase op);
+
+/*
+ * Whether families give every gcd_op_kind exactly one complete entry: slot
+ * names and counts, masks within the slots (batching's too: rows that begin
+ * with a required input and share no slot with shared), an input in slot 0,
+ * one decode shared by the entries of a wire case, check and the CPU run.
+ * With cuda_check (the CUDA backend's), every entry needs an adapter that it
+ * accepts: 0, or nonzero with *missing naming the piece it lacks.  0, or
+ * GK_EINVAL with err naming the operation and the missing piece.
  */
 int gcd_op_table_check(const gcd_op_family *const *families, int nfamilies,
                        int (*cuda_check)(const gcd_cuda_op *op, const char **missing),

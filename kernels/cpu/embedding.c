@@ -98,3 +98,53 @@ int gk_cpu_embedding_backward(const gk_tensor *idx, const gk_tensor *dout,
     free(ix);
     return GK_OK;
 }
+
+/*
+ * The bags' ids, copied once (as embedding_indices does) and checked to be
+ * -1 or in [0, vocab) before anything is written; then each output row is the
+ * f32 sum of its rows in id order, so that the CUDA kernel, adding in the
+ * same order, gives the same bits.
+ */
+int gk_cpu_embedding_bag(const gk_tensor *idx, const gk_tensor *table, const gk_tensor *out,
+                         gk_err *err)
+{
+    int rc = gk_embedding_bag_check(idx, table, out, err);
+    if (rc != GK_OK)
+        return rc;
+    const int64_t b = idx->shape[0], k = idx->shape[1], n = b * k, d = table->shape[1];
+    const int64_t vocab = table->shape[0];
+    int32_t *ix = malloc((size_t)n * sizeof *ix);
+    if (ix == NULL)
+        return gk_fail(err, GK_ENOMEM, "embedding_bag: no memory for a copy of the %" PRId64
+                       " ids", n);
+    memcpy(ix, idx->data, (size_t)n * sizeof *ix);
+    for (int64_t i = 0; i < n; i++) {
+        if (ix[i] >= -1 && ix[i] < vocab)
+            continue;
+        rc = gk_embedding_bag_index_fail(idx, i, ix[i], vocab, err);
+        free(ix);
+        return rc;
+    }
+    float *o = out->data;
+#pragma omp parallel for schedule(static) if (b * k * d > 65536)
+    for (int64_t r = 0; r < b; r++) {
+        float *dst = o + r * d;
+        for (int64_t c = 0; c < d; c++)
+            dst[c] = 0.0f;
+        enum { COLS = 64 };
+        float row[COLS];
+        for (int64_t j = 0; j < k; j++) {
+            const int32_t v = ix[r * k + j];
+            if (v < 0)
+                continue;
+            for (int64_t c0 = 0; c0 < d; c0 += COLS) {
+                const int64_t nc = d - c0 < COLS ? d - c0 : COLS;
+                gk_cpu_load_f32(table->data, table->dtype, (int64_t)v * d + c0, nc, row);
+                for (int64_t c = 0; c < nc; c++)
+                    dst[c0 + c] += row[c];
+            }
+        }
+    }
+    free(ix);
+    return GK_OK;
+}

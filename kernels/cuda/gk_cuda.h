@@ -80,7 +80,7 @@ int gk_cuda_conv2d_backward(const gk_conv2d *p, const gk_tensor *x, const gk_ten
                             const gk_tensor *dw, const gk_tensor *db, const gk_cuda_exec *ex,
                             gk_err *err);
 
-/* ---- the observation path: multihot, embedding (multihot.cu, embedding.cu) ---- */
+/* ---- the observation path: multihot, embedding (multihot.cu, embedding*.cu) ---- */
 
 /*
  * Data values are validated on the device.  An out-of-range observation value
@@ -132,6 +132,16 @@ int gk_cuda_embedding_backward(const gk_tensor *idx, const gk_tensor *dout,
 /* After either embedding call: vocab is the table's row count. */
 int gk_cuda_embedding_status(const gk_tensor *idx, int64_t vocab, const gk_cuda_exec *ex,
                              gk_err *err);
+
+/*
+ * As gk_cpu_embedding_bag, with the same bits (embedding_bag.cu); needs
+ * GK_CUDA_OBS_RECORD_BYTES of workspace.  Its status names the first id that
+ * is neither -1 nor a row of the vocab-row table, in the CPU kernel's words.
+ */
+int gk_cuda_embedding_bag(const gk_tensor *idx, const gk_tensor *table, const gk_tensor *out,
+                          const gk_cuda_exec *ex, gk_err *err);
+int gk_cuda_embedding_bag_status(const gk_tensor *idx, int64_t vocab, const gk_cuda_exec *ex,
+                                 gk_err *err);
 
 #ifdef __cplusplus
 }

@@ -70,8 +70,30 @@ static void test_daemon_table_is_whole(void **state)
         assert_non_null(e);
         assert_int_equal(e->kind, k);
         assert_ptr_equal(gcd_op_desc_of((gcd_op_kind)k), &e->desc);
+        for (int j = 0; j < k; j++)
+            assert_string_not_equal(gcd_op_name((gcd_op_kind)j), gcd_op_name((gcd_op_kind)k));
     }
     assert_null(gcd_op_entry_of(GCD_OP_COUNT));
+    assert_string_equal(gcd_op_name(GCD_OP_COUNT), "invalid");
+}
+
+/* A wire case decodes through its first operation's entry, which picks the kind. */
+static void test_wire_cases_find_their_first_entry(void **state)
+{
+    assert_ptr_equal(gcd_op_entry_of_wire(GPUCD__V1__REQUEST__OP_NMMO3_ENCODE),
+                     gcd_op_entry_of(GCD_OP_NMMO3_FORWARD));
+    assert_int_equal(gcd_op_wire(GCD_OP_NMMO3_BACKWARD), GPUCD__V1__REQUEST__OP_NMMO3_ENCODE);
+    assert_ptr_equal(gcd_op_entry_of_wire(GPUCD__V1__REQUEST__OP_CONV2D_BACKWARD),
+                     gcd_op_entry_of(GCD_OP_CONV2D_BACKWARD));
+    for (int k = 0; k < GCD_OP_COUNT; k++) {
+        const gcd_op_entry *e = gcd_op_entry_of_wire(gcd_op_wire((gcd_op_kind)k));
+        assert_non_null(e);
+        assert_int_equal(gcd_op_wire(e->kind), gcd_op_wire((gcd_op_kind)k));
+        assert_true((int)e->kind <= k);
+    }
+    assert_null(gcd_op_entry_of_wire(GPUCD__V1__REQUEST__OP_HELLO));
+    assert_null(gcd_op_entry_of_wire(GPUCD__V1__REQUEST__OP__NOT_SET));
+    assert_int_equal(gcd_op_wire(GCD_OP_COUNT), GPUCD__V1__REQUEST__OP__NOT_SET);
 }
 
 static void test_missing_cpu_run_is_refused(void **state)
@@ -91,9 +113,6 @@ static void test_missing_check_or_decode_is_refused(void **state)
     table_copy_init(&t);
     table_copy_entry(&t, GCD_OP_LINEAR_CROSS_ENTROPY)->decode = NULL;
     assert_refused(&t, NULL, "linear_cross_entropy", "decode");
-    table_copy_init(&t);
-    table_copy_entry(&t, GCD_OP_MULTIHOT_ENCODE)->wire = GPUCD__V1__REQUEST__OP__NOT_SET;
-    assert_refused(&t, NULL, "multihot_encode", "wire case");
 }
 
 static void test_bad_slots_are_refused(void **state)
@@ -106,6 +125,28 @@ static void test_bad_slots_are_refused(void **state)
     table_copy_init(&t);
     table_copy_entry(&t, GCD_OP_NMMO3_FORWARD)->output_shape = NULL; /* implied kept */
     assert_refused(&t, NULL, "nmmo3_encode", "output_shape");
+    table_copy_init(&t);
+    table_copy_entry(&t, GCD_OP_MULTIHOT_ENCODE)->desc.outputs |= GCD_SLOT(0);
+    assert_refused(&t, NULL, "multihot_encode", "an input in slot 0");
+}
+
+static void test_bad_batching_is_refused(void **state)
+{
+    table_copy t;
+    table_copy_init(&t);
+    gcd_op_entry *e = table_copy_entry(&t, GCD_OP_NMMO3_FORWARD);
+    e->batch.shared |= e->batch.rows & -e->batch.rows; /* a slot both shared and batch-major */
+    assert_refused(&t, NULL, "nmmo3_encode", "batching masks");
+    table_copy_init(&t);
+    table_copy_entry(&t, GCD_OP_CONV2D_FORWARD)->batch.alone = GCD_SLOT(2); /* b, without rows */
+    assert_refused(&t, NULL, "conv2d_forward", "batching masks");
+    table_copy_init(&t);
+    e = table_copy_entry(&t, GCD_OP_NMMO3_FORWARD);
+    e->batch.rows &= e->batch.rows - 1; /* without obs: rows counted from an output */
+    assert_refused(&t, NULL, "nmmo3_encode", "a required input first among its batching rows");
+    table_copy_init(&t);
+    table_copy_entry(&t, GCD_OP_CONV2D_FORWARD)->batch.rows = GCD_SLOT(2); /* b, optional */
+    assert_refused(&t, NULL, "conv2d_forward", "a required input first");
 }
 
 static void test_operation_left_out_is_refused(void **state)
@@ -174,9 +215,11 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_daemon_table_is_whole),
+        cmocka_unit_test(test_wire_cases_find_their_first_entry),
         cmocka_unit_test(test_missing_cpu_run_is_refused),
         cmocka_unit_test(test_missing_check_or_decode_is_refused),
         cmocka_unit_test(test_bad_slots_are_refused),
+        cmocka_unit_test(test_bad_batching_is_refused),
         cmocka_unit_test(test_operation_left_out_is_refused),
         cmocka_unit_test(test_operation_twice_is_refused),
         cmocka_unit_test(test_one_wire_case_two_decoders_is_refused),

@@ -112,6 +112,23 @@ int main(int argc, char **argv)
     emb.embedding_forward = &ef;
     rc |= seed_write(dir, "embedding_forward", &emb, epay, sizeof epay);
 
+    /* embedding_bag: i32 ids (2, 3) with padding, table (8, 4), out inline. */
+    Gpucd__V1__Request bag = GPUCD__V1__REQUEST__INIT;
+    Gpucd__V1__EmbeddingBag eb = GPUCD__V1__EMBEDDING_BAG__INIT;
+    Gpucd__V1__TensorRef bidx, btab, bout;
+    Gpucd__V1__InlineSlice bis, bts, bos;
+    int64_t bish[] = {2, 3}, bosh[] = {2, 4};
+    unsigned char bpay[192] = {0};
+    const int32_t bids[6] = {1, -1, 3, 7, 0, -1};
+    memcpy(bpay, bids, sizeof bids);
+    memcpy(bpay + 64, payload, 128);
+    eb.indices = inline_ref(&bidx, &bis, GPUCD__V1__DTYPE__I32, bish, 2, 0);
+    eb.table = inline_ref(&btab, &bts, GPUCD__V1__DTYPE__F32, tsh, 2, 64);
+    eb.out = inline_ref(&bout, &bos, GPUCD__V1__DTYPE__F32, bosh, 2, 0);
+    bag.op_case = GPUCD__V1__REQUEST__OP_EMBEDDING_BAG;
+    bag.embedding_bag = &eb;
+    rc |= seed_write(dir, "embedding_bag", &bag, bpay, sizeof bpay);
+
     /* linear_cross_entropy: E (2,4), C (5,4), targets i32 (2), loss scalar. */
     Gpucd__V1__Request lce = GPUCD__V1__REQUEST__INIT;
     Gpucd__V1__LinearCrossEntropy lf = GPUCD__V1__LINEAR_CROSS_ENTROPY__INIT;

@@ -329,6 +329,84 @@ static void test_out_of_range_observation(void **state)
     expect_ping();
 }
 
+/* embedding_bag in the region: ids i32 (4, 6) at 0, table f32 (10, 8) at 4096, out (4, 8) at 8192. */
+typedef struct bag_req {
+    Gpucd__V1__Request req;
+    Gpucd__V1__EmbeddingBag op;
+    th_ref idx, table, out;
+} bag_req;
+
+static void bag_req_init(bag_req *b)
+{
+    gpucd__v1__request__init(&b->req);
+    gpucd__v1__embedding_bag__init(&b->op);
+    int32_t *ids = (int32_t *)region_base_;
+    for (int i = 0; i < 24; i++)
+        ids[i] = i % 4 == 3 ? -1 : i % 10;
+    th_fill_f32((float *)(region_base_ + 4096), 80);
+    b->op.indices = th_ref_region(&b->idx, GPUCD__V1__DTYPE__I32, region_id_, 0, 2, TH_SHAPE(4, 6));
+    b->op.table = th_ref_region(&b->table, GPUCD__V1__DTYPE__F32, region_id_, 4096, 2,
+                                TH_SHAPE(10, 8));
+    b->op.out = th_ref_region(&b->out, GPUCD__V1__DTYPE__F32, region_id_, 8192, 2, TH_SHAPE(4, 8));
+    b->req.op_case = GPUCD__V1__REQUEST__OP_EMBEDDING_BAG;
+    b->req.embedding_bag = &b->op;
+}
+
+/* Ids that are neither -1 nor a table row, and every malformed tensor, are refused by name. */
+static void test_hostile_embedding_bag(void **state)
+{
+    bag_req b;
+    bag_req_init(&b);
+    Gpucd__V1__Reply *rep = th_raw_call(&raw_, &b.req, NULL, 0);
+    assert_non_null(rep);
+    if (rep->status != 0)
+        fail_msg("the valid embedding_bag template failed: %s", rep->message);
+    gpucd__v1__reply__free_unpacked(rep, NULL);
+    const struct {
+        int pos;
+        int32_t value;
+        const char *needle;
+    } bad[] = {{7, -2, "position 7 (bag 1, 1): value -2"},
+               {23, 10, "position 23 (bag 3, 5): value 10"},
+               {0, INT32_MIN, "position 0 (bag 0, 0): value -2147483648"},
+               {12, INT32_MAX, "position 12 (bag 2, 0): value 2147483647"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        bag_req_init(&b);
+        ((int32_t *)region_base_)[bad[i].pos] = bad[i].value;
+        expect(th_raw_call(&raw_, &b.req, NULL, 0), GPUCD__V1__STATUS__OUT_OF_RANGE,
+               bad[i].needle);
+    }
+    bag_req_init(&b);
+    b.idx.t.dtype = GPUCD__V1__DTYPE__I64; /* ids are i32 */
+    expect(th_raw_call(&raw_, &b.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "idx: dtype i64, expected i32");
+    bag_req_init(&b);
+    b.idx.t.n_shape = 1; /* bags are the rows of a 2-d tensor */
+    expect(th_raw_call(&raw_, &b.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "idx: expected 2 dimensions");
+    bag_req_init(&b);
+    b.out.t.dtype = GPUCD__V1__DTYPE__BF16; /* sums are f32 */
+    expect(th_raw_call(&raw_, &b.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "out: dtype bf16, expected f32");
+    bag_req_init(&b);
+    b.out.shape[1] = 7; /* not the table's D */
+    expect(th_raw_call(&raw_, &b.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "out: dimension 1 is 7, expected 8");
+    bag_req_init(&b);
+    b.out.shape[0] = 5; /* not idx's B */
+    expect(th_raw_call(&raw_, &b.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "out: dimension 0 is 5, expected 4");
+    bag_req_init(&b);
+    b.out.region.offset = 4096 + 64; /* out over the table */
+    expect(th_raw_call(&raw_, &b.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "output out overlaps input table");
+    bag_req_init(&b);
+    b.op.table = NULL;
+    expect(th_raw_call(&raw_, &b.req, NULL, 0), GPUCD__V1__STATUS__INVALID_ARGUMENT,
+           "embedding_bag: tensor table is required");
+    expect_ping();
+}
+
 /* RegionRegister by name, as clients registered regions before they were memfds. */
 static Gpucd__V1__Reply *register_name(const char *name)
 {
@@ -622,6 +700,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_wrong_dtype_or_shape),
         cmocka_unit_test(test_overlapping_outputs),
         cmocka_unit_test(test_out_of_range_observation),
+        cmocka_unit_test(test_hostile_embedding_bag),
         cmocka_unit_test(test_hostile_regions),
         cmocka_unit_test(test_hostile_doorbell),
         cmocka_unit_test(test_hostile_resident),

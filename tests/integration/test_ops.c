@@ -219,6 +219,78 @@ static void test_multihot_and_embedding(void **state)
     gpucd_close(c);
 }
 
+/*
+ * embedding bag: bags of 9 i32 ids (a third padding) inline; over ipc:// a bf16
+ * table and the output in a region, over tcp:// an f32 table resident and the
+ * output inline.  Then an id past the table fails OUT_OF_RANGE naming it.
+ */
+static void test_embedding_bag(void **state)
+{
+    const char *url = *state;
+    const int local = strncmp(url, "ipc://", 6) == 0;
+    gpucd_client *c = th_connect(url);
+    enum { B = 37, K = 9, V = 200, D = 24 };
+    const gpucd_dtype dt = local ? GPUCD_BF16 : GPUCD_F32;
+    const size_t es = local ? 2 : 4, tbytes = (size_t)V * D * es, obytes = (size_t)B * D * 4;
+    int32_t *idx = th_xmalloc((size_t)B * K * 4);
+    for (int i = 0; i < B * K; i++)
+        idx[i] = th_rand_u64() % 3 == 0 ? -1 : (int32_t)(th_rand_u64() % V);
+    gpucd_region *r = NULL;
+    void *table, *out;
+    if (local) {
+        assert_int_equal(gpucd_region_create(c, tbytes + obytes, &r), 0);
+        table = gpucd_region_data(r);
+        out = (char *)table + tbytes;
+    } else {
+        table = th_xmalloc(tbytes);
+        out = th_xmalloc(obytes);
+    }
+    if (local)
+        th_fill_bf16(table, (size_t)V * D);
+    else
+        th_fill_f32(table, (size_t)V * D);
+    poison(out, obytes);
+    uint64_t tid = 0;
+    gpucd_tensor tt;
+    gpucd_tensor to;
+    if (local) {
+        tt = gpucd_tensor_region(r, 0, dt, 2, TH_SHAPE(V, D));
+        to = gpucd_tensor_region(r, tbytes, GPUCD_F32, 2, TH_SHAPE(B, D));
+    } else {
+        gpucd_tensor th = gpucd_tensor_host(table, dt, 2, TH_SHAPE(V, D));
+        assert_int_equal(gpucd_tensor_put(c, &th, &tid), 0);
+        tt = gpucd_tensor_resident(tid, dt, 2, TH_SHAPE(V, D));
+        to = gpucd_tensor_host(out, GPUCD_F32, 2, TH_SHAPE(B, D));
+    }
+    gpucd_tensor ti = gpucd_tensor_host(idx, GPUCD_I32, 2, TH_SHAPE(B, K));
+    assert_int_equal(gpucd_embedding_bag(c, &ti, &tt, &to, NULL), 0);
+
+    float *want = th_xmalloc(obytes);
+    gk_tensor gi = gk_tensor_make(idx, GK_I32, 2, TH_SHAPE(B, K));
+    gk_tensor gt = gk_tensor_make(table, (gk_dtype)dt, 2, TH_SHAPE(V, D));
+    gk_tensor go = gk_tensor_make(want, GK_F32, 2, TH_SHAPE(B, D));
+    gk_err err;
+    assert_int_equal(gk_cpu_embedding_bag(&gi, &gt, &go, &err), 0);
+    assert_same_bytes(out, want, obytes, "embedding_bag out");
+
+    idx[4 * K + 5] = V;
+    int rc = gpucd_embedding_bag(c, &ti, &tt, &to, NULL);
+    assert_int_equal(rc, GPUCD_EOUT_OF_RANGE);
+    char msg[96];
+    snprintf(msg, sizeof msg, "position %d (bag 4, 5): value %d", 4 * K + 5, V);
+    if (strstr(gpucd_errmsg(c), msg) == NULL || strstr(gpucd_errmsg(c), "embedding_bag") == NULL)
+        fail_msg("'%s' does not name embedding_bag and '%s'", gpucd_errmsg(c), msg);
+
+    if (local) {
+        assert_int_equal(gpucd_region_destroy(r), 0);
+    } else {
+        assert_int_equal(gpucd_tensor_free(c, tid), 0);
+        free(table), free(out);
+    }
+    free(idx), free(want);
+    gpucd_close(c);
+}
+
 /* linear cross entropy with every output, C resident, the rest inline. */
 static void test_linear_cross_entropy(void **state)
 {
@@ -485,10 +557,13 @@ static void test_control(void **state)
                                                                    : "cpu");
     assert_true(info.ready);
     assert_true(info.operation_count >= 16);
-    int has_nmmo3 = 0;
-    for (int i = 0; i < info.operation_count; i++)
+    int has_nmmo3 = 0, has_bag = 0;
+    for (int i = 0; i < info.operation_count; i++) {
         has_nmmo3 |= strcmp(info.operations[i], "nmmo3_encode") == 0;
+        has_bag |= strcmp(info.operations[i], "embedding_bag") == 0;
+    }
     assert_true(has_nmmo3);
+    assert_true(has_bag);
     gpucd_timings t;
     assert_int_equal(gpucd_ping(c, &t), 0);
     /* The socket is private to the daemon's user. */
@@ -528,6 +603,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_conv2d_backward_inline_tcp_bf16),
         cmocka_unit_test_prestate(test_multihot_and_embedding, th_group_daemon.ipc_url),
         cmocka_unit_test_prestate(test_multihot_and_embedding, th_group_daemon.tcp_url),
+        cmocka_unit_test_prestate(test_embedding_bag, th_group_daemon.ipc_url),
+        cmocka_unit_test_prestate(test_embedding_bag, th_group_daemon.tcp_url),
         cmocka_unit_test_prestate(test_linear_cross_entropy, th_group_daemon.ipc_url),
         cmocka_unit_test_prestate(test_linear_cross_entropy, th_group_daemon.tcp_url),
         cmocka_unit_test_prestate(test_nmmo3_encode, th_group_daemon.ipc_url),

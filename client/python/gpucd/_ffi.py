@@ -132,6 +132,8 @@ ffi.cdef(
     int gpucd_embedding_backward(gpucd_client *client, const gpucd_tensor *idx,
                                  const gpucd_tensor *dout, gpucd_tensor *dtable,
                                  gpucd_timings *t);
+    int gpucd_embedding_bag(gpucd_client *client, const gpucd_tensor *idx,
+                            const gpucd_tensor *table, gpucd_tensor *out, gpucd_timings *t);
 
     typedef enum gpucd_reduction {
         GPUCD_REDUCE_MEAN = 0, GPUCD_REDUCE_SUM = 1, GPUCD_REDUCE_NONE = 2

@@ -255,6 +255,16 @@ class Operations:
                                                  _timings(timings)))
         return value
 
+    def embedding_bag(self, idx, table, *, out=True, timings=None):
+        """out (B, D) f32 = the sum over k of table (V, D)[idx[b, k]]; idx i32 (B, K), -1 is
+        padding (adds nothing); table f32|bf16.  Forward only."""
+        a = _Args(self, "embedding_bag", table)
+        tidx, _, sidx = a.tensor(idx, "idx (B, K)", 2, (dtypes.I32,))
+        ttab, _, stab = a.tensor(table, "table (V, D)", 2, (F32, BF16))
+        tout, value = a.output(out, "out (B, D)", F32, (sidx[0], stab[1]), required=True)
+        self._check(lib.gpucd_embedding_bag(self._handle(), tidx, ttab, tout, _timings(timings)))
+        return value
+
     # ---- linear cross entropy ------------------------------------------------------------------
 
     def linear_cross_entropy(self, E, C, targets, bias=None, *, ignore_index=-100, softcap=0.0,

@@ -70,6 +70,14 @@ def embedding_backward(idx, dout, vocab):
     return dt
 
 
+def embedding_bag(idx, table):
+    """out[b] = the float64 sum of table[idx[b, k]] over k, ids of -1 left out."""
+    idx = np.asarray(idx, np.int64)
+    t = np.asarray(table, np.float64)
+    rows = np.where(idx[..., None] >= 0, t[np.maximum(idx, 0)], 0.0)
+    return rows.sum(axis=1)
+
+
 def lce(E, C, targets, bias=None, ignore_index=-100, softcap=0.0, reduction="mean",
         shift=False, grad_scale=1.0):
     """(loss, lse, dE, dC, dbias) of the fused linear cross entropy, in float64."""

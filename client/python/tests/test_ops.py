@@ -122,6 +122,28 @@ def test_embedding(client, rng, idx_dtype, tol):
     assert_close(into, ref.embedding_backward(idx, dout, v), tol, "dtable given")
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_embedding_bag(client, rng, dtype, tol):
+    b, k, v, d = (int(x) for x in rng.integers(1, 40, 4))
+    idx = rng.integers(-1, v, (b, k)).astype(np.int32)
+    idx[0, 0] = v - 1  # one row at least, so that the sums are not all zero
+    table = _rand(rng, v, d)
+    if dtype == "bf16":
+        table = gpucd.to_bf16(table)
+    want = ref.embedding_bag(idx, gpucd.from_bf16(table) if dtype == "bf16" else table)
+    out = client.embedding_bag(idx, table)
+    assert out.dtype == np.float32 and out.shape == (b, d)
+    assert_close(out, want, tol, "out")
+    into = np.full((b, d), np.nan, np.float32)
+    assert client.embedding_bag(idx, table, out=into) is into
+    np.testing.assert_array_equal(into, out)
+    idx[b - 1, k - 1] = -2
+    with pytest.raises(gpucd.OutOfRange, match=f"position {b * k - 1} .*value -2"):
+        client.embedding_bag(idx, table)
+    with pytest.raises(gpucd.Error, match="idx"):
+        client.embedding_bag(idx.astype(np.int64), table)
+
+
 LCE_CASES = [
     dict(),
     dict(reduction="sum"),

@@ -3,6 +3,15 @@
  * embedding_forward, embedding_backward) against the measured device copy
  * bandwidth (the target: at least 80% of it at B = 32768, docs/measurements.md).
  *
+ * embedding_bag against the obvious alternative, embedding_forward into a
+ * (B, K, D) buffer (padding ids pointed at an extra zero row) and a sum over
+ * K (one thread an output element, in id order: the same bits, which are
+ * compared), for bags of the NMMO3 players' 47 ids into the 128 x 32 table and
+ * of 20 ids into a 262144 x 128 table (beyond the L2 cache), f32 and bf16,
+ * B = 1024 and 32768.  Bytes: the ids, the rows gathered (padding left out)
+ * and the output.  A time that is not positive, outputs that differ or a
+ * range verdict that is not clean fail the run.
+ *
  * Bandwidth of a kernel = (bytes it must read + bytes it must write) / time,
  * the same count as for the copy (a D2D cudaMemcpy of 1 GiB: 2 GiB moved).
  * Time: mean over timed calls between two events on one stream, after
@@ -141,6 +150,152 @@ static int emb_bwd_run(void *ctx, const gk_cuda_exec *ex, gk_err *err)
 }
 
 static void extra_row(const char *what, const char *dt, int64_t batch, double us, double bytes);
+
+/* ---- embedding_bag and the alternative ------------------------------------------------- */
+
+__device__ __forceinline__ float bag_f32(float x) { return x; }
+__device__ __forceinline__ float bag_f32(uint16_t x) { return __uint_as_float((unsigned)x << 16); }
+
+/* The alternative's second kernel: out[b][d] = the f32 sum over k of rows[b][k][d], in order. */
+template <typename T>
+__global__ void bag_sum_kernel(const T *__restrict__ rows, float *__restrict__ out, unsigned B,
+                               unsigned K, unsigned D)
+{
+    const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)B * D)
+        return;
+    const size_t b = i / D, d = i % D;
+    float s = 0.0f;
+    for (unsigned k = 0; k < K; k++)
+        s += bag_f32(rows[((size_t)b * K + k) * D + d]);
+    out[i] = s;
+}
+
+typedef struct bag_ctx {
+    gk_tensor idx, table;       /* the bag's own: ids with -1, the table's V rows */
+    gk_tensor idx_alt, table_alt, rows; /* the alternative's: -1 as V, V + 1 rows, (B, K, D) */
+    gk_tensor out, out_alt;
+} bag_ctx;
+
+static int bag_run(void *ctx, const gk_cuda_exec *ex, gk_err *err)
+{
+    bag_ctx *c = (bag_ctx *)ctx;
+    return gk_cuda_embedding_bag(&c->idx, &c->table, &c->out, ex, err);
+}
+
+static int bag_alt_run(void *ctx, const gk_cuda_exec *ex, gk_err *err)
+{
+    bag_ctx *c = (bag_ctx *)ctx;
+    int rc = gk_cuda_embedding_forward(&c->idx_alt, &c->table_alt, &c->rows, ex, err);
+    if (rc != 0)
+        return rc;
+    const unsigned B = (unsigned)c->out.shape[0], D = (unsigned)c->out.shape[1];
+    const unsigned K = (unsigned)c->idx.shape[1], n = B * D;
+    if (c->rows.dtype == GK_BF16)
+        bag_sum_kernel<<<(n + 255) / 256, 256, 0, ex->stream>>>((const uint16_t *)c->rows.data,
+                                                               (float *)c->out_alt.data, B, K, D);
+    else
+        bag_sum_kernel<<<(n + 255) / 256, 256, 0, ex->stream>>>((const float *)c->rows.data,
+                                                               (float *)c->out_alt.data, B, K, D);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return gk_fail(err, GK_EDEVICE, "bag sum kernel: %s", cudaGetErrorString(e));
+    return 0;
+}
+
+/*
+ * The embedding_bag rows and their alternative's; the number of failures
+ * (nothing measured, outputs that differ, a range verdict not clean).
+ */
+static int bag_bench(const gk_cuda_exec *ex)
+{
+    static const struct {
+        int64_t K, V, D;
+        const char *name;
+    } shapes[] = {{47, 128, 32, "K=47, 128x32"}, {20, 262144, 128, "K=20, 262144x128"}};
+    const int64_t batches[2] = {1024, 32768};
+    const gk_dtype dts[2] = {GK_F32, GK_BF16};
+    int failures = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t K = shapes[s].K, V = shapes[s].V, D = shapes[s].D;
+        for (int bi = g_big_only; bi < 2; bi++) {
+            const int64_t B = batches[bi];
+            int32_t *ids = (int32_t *)malloc((size_t)(B * K) * 4);
+            int32_t *alt = (int32_t *)malloc((size_t)(B * K) * 4);
+            int64_t valid = 0;
+            for (int64_t i = 0; i < B * K; i++) {
+                ids[i] = bench_rnd(4) == 0 ? -1 : (int32_t)bench_rnd((uint64_t)V);
+                alt[i] = ids[i] < 0 ? (int32_t)V : ids[i];
+                valid += ids[i] >= 0;
+            }
+            void *dids = bench_upload(ids, (size_t)(B * K) * 4);
+            void *dalt = bench_upload(alt, (size_t)(B * K) * 4);
+            free(ids);
+            free(alt);
+            for (int d = 0; d < 2; d++) {
+                const gk_dtype dt = dts[d];
+                const size_t es = gk_dtype_size(dt), obytes = (size_t)(B * D) * 4;
+                const int64_t is[2] = {B, K}, ts[2] = {V, D}, tas[2] = {V + 1, D};
+                const int64_t rs[3] = {B, K, D}, os[2] = {B, D};
+                bag_ctx c;
+                void *table = bench_dev_floats((size_t)((V + 1) * D), dt, 1.0f);
+                CK(cudaMemset((uint8_t *)table + (size_t)(V * D) * es, 0, (size_t)D * es));
+                c.idx = gk_tensor_make(dids, GK_I32, 2, is);
+                c.table = gk_tensor_make(table, dt, 2, ts);
+                c.idx_alt = gk_tensor_make(dalt, GK_I32, 2, is);
+                c.table_alt = gk_tensor_make(table, dt, 2, tas);
+                c.rows = gk_tensor_make(dev_alloc((size_t)(B * K * D) * es), dt, 3, rs);
+                c.out = gk_tensor_make(dev_alloc(obytes), GK_F32, 2, os);
+                c.out_alt = gk_tensor_make(dev_alloc(obytes), GK_F32, 2, os);
+                const double us = time_op(bag_run, &c, ex);
+                CK(cudaStreamSynchronize(g_stream));
+                gk_err err;
+                if (gk_cuda_embedding_bag_status(&c.idx, V, ex, &err) != 0) {
+                    printf("embedding_bag status: %s\n", err.msg);
+                    failures++;
+                }
+                const double alt_us = time_op(bag_alt_run, &c, ex);
+                CK(cudaStreamSynchronize(g_stream));
+                if (gk_cuda_embedding_status(&c.idx_alt, V + 1, ex, &err) != 0) {
+                    printf("embedding_forward status: %s\n", err.msg);
+                    failures++;
+                }
+                const char *dn = gk_dtype_name(dt);
+                char what[96];
+                snprintf(what, sizeof what, "embedding_bag (i32 ids, %s)", shapes[s].name);
+                extra_row(what, dn, B, us,
+                          (double)(B * K) * 4 + (double)valid * (double)D * es + (double)obytes);
+                snprintf(what, sizeof what, "  embedding_forward + sum over K (%s)",
+                         shapes[s].name);
+                extra_row(what, dn, B, alt_us,
+                          (double)(B * K) * 4 + (double)(B * K * D) * es * 3 + (double)obytes);
+                if (!(us > 0.0) || !isfinite(us) || !(alt_us > 0.0) || !isfinite(alt_us)) {
+                    printf("embedding_bag %s %s B %lld: measured nothing (%g us, alternative "
+                           "%g us)\n", shapes[s].name, dn, (long long)B, us, alt_us);
+                    failures++;
+                } else if (B == 32768) {
+                    printf("embedding_bag %s %s B %lld: %.2fx the alternative's speed\n",
+                           shapes[s].name, dn, (long long)B, alt_us / us);
+                }
+                std::vector<uint8_t> a(obytes), b(obytes);
+                CK(cudaMemcpy(a.data(), c.out.data, obytes, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(b.data(), c.out_alt.data, obytes, cudaMemcpyDeviceToHost));
+                if (memcmp(a.data(), b.data(), obytes) != 0) {
+                    printf("embedding_bag %s %s B %lld: differs from the alternative's sum\n",
+                           shapes[s].name, dn, (long long)B);
+                    failures++;
+                }
+                cudaFree(table);
+                cudaFree(c.rows.data);
+                cudaFree(c.out.data);
+                cudaFree(c.out_alt.data);
+            }
+            cudaFree(dids);
+            cudaFree(dalt);
+        }
+    }
+    return failures;
+}
 
 /* The CUDA-core quad kernel alone (no reduce) in other shapes: u8 indices, f32 or bf16 dout. */
 typedef struct quad_ctx {
@@ -716,10 +871,11 @@ int main(int argc, char **argv)
         cudaFree(obs);
         cudaFree(idx);
     }
+    const int bag_failures = g_big_bf16 || g_profile ? 0 : bag_bench(&ex);
     if (!g_obs_only)
         status_bad += nmmo3_bench(&ex, sms);
     printf("\nsummary: %d of the B=32768 rows below 80%% of the copy bandwidth; %d range "
-           "verdicts not clean\n",
-           g_below, status_bad);
-    return status_bad ? 1 : 0;
+           "verdicts not clean; %d embedding_bag failures\n",
+           g_below, status_bad, bag_failures);
+    return status_bad || bag_failures ? 1 : 0;
 }

@@ -1,7 +1,7 @@
 /*
  * test_gpu_obs.c - the CUDA observation-path kernels (multihot_encode,
- * embedding_forward, embedding_backward) against the CPU kernels, then the
- * same ops through a daemon on the CUDA backend.
+ * embedding_forward, embedding_backward, embedding_bag) against the CPU
+ * kernels, then the same ops through a daemon on the CUDA backend.
  *
  * Kernels, on fresh random inputs (the seed is printed; GPUCD_TEST_SEED
  * replays it): multihot for the NMMO3 preset, a custom layout with unused
@@ -17,7 +17,10 @@
  * a float64 reference (||gpu - ref|| / ||ref||) and 1e-5 of the CPU, the
  * workspace filled with random bytes before each call; for D = 32, dout off
  * its 16-byte alignment (4 bytes: the general kernel; bf16 also 8 bytes: the
- * quad kernel's 8-byte loads) must give the same bytes.
+ * quad kernel's 8-byte loads) must give the same bytes.  Embedding bag for
+ * f32/bf16 tables, widths from 1 to 1000 elements (one lane a row to 32 and
+ * more chunks a lane), 16-byte chunks and single elements (an unaligned
+ * output), bags of 1 to 70 ids with padding: bitwise the CPU's.
  * Outputs are poisoned (NaN bytes) first and followed by a guard region
  * that must stay untouched; every run is repeated and must give the same
  * bytes.  Out-of-range observation values and indices fail with GK_ERANGE
@@ -447,6 +450,92 @@ static void test_embedding_forward(void **state)
     emb_forward_case(GK_I32, GK_F32, 2, TH_SHAPE(64, 33), 3000, 32, 0);
 }
 
+/* ---- embedding bag ------------------------------------------------------------------ */
+
+/* B bags of K ids into a (V, D) table, about one in four -1 (padding): bitwise the CPU's. */
+static void bag_case(gk_dtype tdt, int64_t B, int64_t K, int64_t V, int64_t D, int misalign)
+{
+    const size_t es = gk_dtype_size(tdt), ibytes = (size_t)(B * K) * 4;
+    const size_t tbytes = (size_t)(V * D) * es, obytes = (size_t)(B * D) * 4;
+    int32_t *idx = th_xmalloc(ibytes);
+    for (int64_t i = 0; i < B * K; i++)
+        idx[i] = rnd(4) == 0 ? -1 : (int32_t)rnd((uint64_t)V);
+    void *table = th_xmalloc(tbytes);
+    random_floats(table, tdt, (size_t)(V * D));
+    float *ref = th_xmalloc(obytes), *got = th_xmalloc(obytes), *again = th_xmalloc(obytes);
+    gk_tensor hi = gk_tensor_make(idx, GK_I32, 2, TH_SHAPE(B, K));
+    gk_tensor ht = gk_tensor_make(table, tdt, 2, TH_SHAPE(V, D));
+    gk_tensor ho = gk_tensor_make(ref, GK_F32, 2, TH_SHAPE(B, D));
+    gk_err err;
+    if (gk_cpu_embedding_bag(&hi, &ht, &ho, &err))
+        fail_msg("CPU embedding bag: %s", err.msg);
+    dbuf di = dbuf_from(idx, ibytes), dt = dbuf_from(table, tbytes);
+    dbuf dout = dbuf_new(obytes, misalign ? 4 : 0);
+    gk_tensor ti = gk_tensor_make(di.data, GK_I32, 2, TH_SHAPE(B, K));
+    gk_tensor tt = gk_tensor_make(dt.data, tdt, 2, TH_SHAPE(V, D));
+    gk_tensor to = gk_tensor_make(dout.data, GK_F32, 2, TH_SHAPE(B, D));
+    char what[160];
+    snprintf(what, sizeof what, "embedding bag table %s (%lld x %lld), %lld bags of %lld%s",
+             gk_dtype_name(tdt), (long long)V, (long long)D, (long long)B, (long long)K,
+             misalign ? ", out unaligned" : "");
+    gk_cuda_exec ex = exec_make(g_sms, WORKSPACE);
+    for (int rep = 0; rep < 2; rep++) {
+        if (rep)
+            dbuf_poison(&dout);
+        workspace_garbage();
+        if (gk_cuda_embedding_bag(&ti, &tt, &to, &ex, &err))
+            fail_msg("%s: %s", what, err.msg);
+        sync_ok();
+        if (gk_cuda_embedding_bag_status(&ti, V, &ex, &err))
+            fail_msg("%s: status: %s", what, err.msg);
+        dbuf_get(&dout, rep ? again : got);
+    }
+    bytes_equal(got, ref, obytes, 4, what);
+    if (memcmp(got, again, obytes) != 0)
+        fail_msg("%s: two runs differ", what);
+    dbuf_check_guard(&dout, what);
+    printf("ok %s\n", what);
+
+    /* An id out of range, and a later one: the first is named as by the CPU. */
+    const int64_t p = (int64_t)rnd((uint64_t)(B * K));
+    idx[p] = rnd(2) ? -2 - (int32_t)rnd(1000) : (int32_t)(V + (int64_t)rnd(1000));
+    if (p + 1 < B * K)
+        idx[p + 1] = (int32_t)V;
+    gk_err cpu_err;
+    assert_int_equal(gk_cpu_embedding_bag(&hi, &ht, &ho, &cpu_err), GK_ERANGE);
+    TH_CUDA_OK(upload(di.data, idx, ibytes));
+    dbuf_poison(&dout);
+    if (gk_cuda_embedding_bag(&ti, &tt, &to, &ex, &err))
+        fail_msg("%s: %s", what, err.msg);
+    sync_ok();
+    int rc = gk_cuda_embedding_bag_status(&ti, V, &ex, &err);
+    printf("bad id, %s: %s\n", what, err.msg);
+    assert_int_equal(rc, GK_ERANGE);
+    assert_string_equal(err.msg, cpu_err.msg);
+    dbuf_check_guard(&dout, "embedding bag with a bad id");
+    dbuf_free(&di);
+    dbuf_free(&dt);
+    dbuf_free(&dout);
+    free(idx);
+    free(table);
+    free(ref);
+    free(got);
+    free(again);
+}
+
+static void test_embedding_bag(void **state)
+{
+    (void)state;
+    static const struct {
+        int64_t B, K, V, D;
+    } cases[] = {{1, 1, 1, 1},      {300, 8, 128, 32},  {257, 47, 1000, 64}, {64, 70, 50, 7},
+                 {33, 3, 10, 4},    {100, 20, 500, 130}, {16, 33, 64, 256},  {9, 5, 3000, 1000}};
+    for (size_t q = 0; q < sizeof cases / sizeof cases[0]; q++)
+        for (int t = 0; t < 2; t++)
+            for (int m = 0; m < 2; m++)
+                bag_case(float_dts[t], cases[q].B, cases[q].K, cases[q].V, cases[q].D, m);
+}
+
 static double grad_value(const void *p, gk_dtype dt, size_t i)
 {
     return dt == GK_BF16 ? gk_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
@@ -747,6 +836,36 @@ static void test_daemon_obs(void **state)
     assert_non_null(strstr(gpucd_errmsg(c), "position 101 (2, 7): value 200"));
     rc = gpucd_embedding_backward(c, &ti, &tdo, &tdt, NULL);
     assert_int_equal(rc, GPUCD_EOUT_OF_RANGE);
+
+    /* embedding bag: the players' bytes as bags of P ids, a resident table; bitwise the CPU's. */
+    {
+        int32_t bag[B * P];
+        for (int i = 0; i < B * P; i++)
+            bag[i] = i % 5 == 4 ? -1 : (int32_t)(idx[i] % V);
+        float *bref = th_xmalloc((size_t)B * D * 4), *bgot = th_xmalloc((size_t)B * D * 4);
+        gk_tensor hb = gk_tensor_make(bag, GK_I32, 2, TH_SHAPE(B, P));
+        if (gk_cpu_embedding_bag(&hb, &ht, &(gk_tensor){bref, GK_F32, 2, {B, D}}, &err))
+            fail_msg("CPU embedding bag: %s", err.msg);
+        uint64_t tid = 0;
+        CALL_OK(c, gpucd_tensor_put(c, &tt, &tid));
+        gpucd_tensor tb = gpucd_tensor_host(bag, GPUCD_I32, 2, TH_SHAPE(B, P));
+        gpucd_tensor tr = gpucd_tensor_resident(tid, GPUCD_F32, 2, TH_SHAPE(V, D));
+        gpucd_tensor tbo = gpucd_tensor_host(bgot, GPUCD_F32, 2, TH_SHAPE(B, D));
+        memset(bgot, 0xff, (size_t)B * D * 4);
+        CALL_OK(c, gpucd_embedding_bag(c, &tb, &tr, &tbo, NULL));
+        bytes_equal(bgot, bref, (size_t)B * D * 4, 4, "daemon embedding bag");
+        printf("ok daemon embedding bag, resident table\n");
+        bag[3 * P + 2] = V;
+        rc = gpucd_embedding_bag(c, &tb, &tr, &tbo, NULL);
+        printf("daemon, bad bag id: %s: %s\n", gpucd_strerror(rc), gpucd_errmsg(c));
+        assert_int_equal(rc, GPUCD_EOUT_OF_RANGE);
+        char want[96];
+        snprintf(want, sizeof want, "position %d (bag 3, 2): value %d", 3 * P + 2, V);
+        assert_non_null(strstr(gpucd_errmsg(c), want));
+        CALL_OK(c, gpucd_tensor_free(c, tid));
+        free(bref);
+        free(bgot);
+    }
     gpucd_close(c);
     assert_int_equal(th_daemon_stop(&d), 0);
     free(obs);
@@ -771,7 +890,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_multihot_nmmo3),   cmocka_unit_test(test_multihot_custom),
         cmocka_unit_test(test_embedding_forward), cmocka_unit_test(test_embedding_backward),
-        cmocka_unit_test(test_daemon_obs),
+        cmocka_unit_test(test_embedding_bag),     cmocka_unit_test(test_daemon_obs),
     };
     /* GPUCD_TEST_KERNELS_ONLY=1: without the daemon test (for compute-sanitizer, which would not follow it) */
     const char *only = getenv("GPUCD_TEST_KERNELS_ONLY");
