@@ -20,6 +20,7 @@
 #include "request.h"
 #include "submitq.h"
 #include "tls_config.h"
+#include "unsent.h"
 #include "workers.h"
 
 /* How far past --max-message-mb a message still gets an error reply. */
@@ -59,6 +60,7 @@ struct gcd_server {
     uv_timer_t drain_timer;
     uint64_t drain_start, drain_quiet_since; /* loop time, ms */
     uint64_t cut_at;      /* loop time the deadline cut requests off, 0 before */
+    bool drain_told_unsent; /* the log says the drain waits for replies to be read */
     int cut;              /* requests the drain answered UNAVAILABLE at its deadline */
     int unanswered;       /* requests still running when the socket closed */
     atomic_int cut_sending; /* the drain's replies not yet handed to their connection */
@@ -376,8 +378,13 @@ fail:
 
 /*
  * A reply's send completes when nng has queued it on the connection, not when
- * the bytes have left: the socket closes only after no request has been busy
- * for DRAIN_LINGER_MS (so the last replies flush).  At --drain-timeout-s every
+ * the bytes have left: the socket closes only after DRAIN_LINGER_MS in which
+ * no request was busy and no socket held bytes its peer had not read
+ * (gcd_unsent_bytes), at every poll.  A reply of megabytes to a slow reader is
+ * still being written; closed then, the client would lose it, and nng 1.5.2's
+ * close can wait for ever on a write it interrupts.  One look is not enough:
+ * as the reader takes the socket's bytes, its queue can be empty for a moment
+ * before nng writes the next ones.  At --drain-timeout-s every
  * request of the socket not yet answered is cut off: answered UNAVAILABLE by
  * the drain (its worker, still running it, then sends and writes nothing);
  * DRAIN_FLUSH_MS later the socket closes whatever still runs (requests from
@@ -417,7 +424,17 @@ static void drain_poll(uv_timer_t *timer)
 {
     gcd_server *srv = timer->data;
     uint64_t now = uv_now(srv->loop);
-    if (atomic_load(&srv->busy) != 0)
+    bool quiet = atomic_load(&srv->busy) == 0;
+    if (quiet && srv->cut_at == 0) {
+        const uint64_t unsent = gcd_unsent_bytes();
+        if (unsent > 0 && !srv->drain_told_unsent)
+            gcd_log_info("draining: %llu bytes of replies not yet read by their clients; "
+                         "waiting for them (at most until --drain-timeout-s)",
+                         (unsigned long long)unsent);
+        srv->drain_told_unsent |= unsent > 0;
+        quiet = unsent == 0;
+    }
+    if (!quiet)
         srv->drain_quiet_since = now;
     if (srv->cut_at == 0 && now - srv->drain_start >= srv->d->cfg.drain_timeout_s * 1000ull) {
         srv->cut = drain_cut_off(srv);
