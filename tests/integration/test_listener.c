@@ -88,14 +88,17 @@ static long long stats_field(gpucd_client *c, const char *name)
 }
 
 /* A new client at url answers a ping: fresh connections until one does, within the bound
- * (a client dialed while the listener was stopped may stay stuck; it is not reused). */
+ * (a client dialed while the listener was stopped may stay stuck; it is not reused).  Each
+ * try waits twice as long as the one before, up to 8 s: on a loaded machine a TLS handshake
+ * and a ping can take longer than the first try's second, and tries that all give up too soon
+ * would never see the listener serve. */
 static void new_client_served(gpucd_client *before, const char *url)
 {
     double t0 = now_s();
-    for (;;) {
+    for (int attempt = 0;; attempt++) {
         gpucd_options o;
         gpucd_options_init(&o);
-        o.timeout_ms = 1000;
+        o.timeout_ms = 1000 << (attempt < 3 ? attempt : 3);
         o.tls_ca = tls_crt;
         gpucd_client *c = NULL;
         int ok = gpucd_connect(url, &o, &c) == 0 && gpucd_ping(c, NULL) == 0;
