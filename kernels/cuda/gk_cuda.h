@@ -51,6 +51,9 @@ typedef struct gk_cuda_exec {
     gk_cuda_blas *blas;     /* bound to stream; NULL where no call needs it */
 } gk_cuda_exec;
 
+/* n rounded up to the workspace's alignment: each piece a call carves from it starts aligned. */
+static inline size_t gk_cuda_align256(size_t n) { return (n + 255) / 256 * 256; }
+
 /*
  * Loads every convolution kernel on the current device and caches their
  * occupancies, so that no request pays for module loading.  Call once per

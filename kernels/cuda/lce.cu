@@ -401,7 +401,6 @@ template <class T> __global__ void ones_kernel(T *x, int64_t n)
 
 /* ---- planning ------------------------------------------------------------------------ */
 
-size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t m) { return cdiv(a, m) * m; }
 
@@ -426,11 +425,11 @@ struct lce_plan {
 /* The widest chunk: all of V (rounded up to 8 entries: 32-byte rows of F) up to VC_MAX. */
 int64_t chunk_max(int64_t V) { return std::min<int64_t>(round_up(V, 8), (int64_t)VC_MAX); }
 
-size_t state_bytes_of(int64_t N) { return align256((size_t)N * 4) * 6 + 256; }
+size_t state_bytes_of(int64_t N) { return gk_cuda_align256((size_t)N * 4) * 6 + 256; }
 
 size_t cand_bytes_of(int64_t N)
 {
-    return align256((size_t)N * 4) + align256((size_t)N * LCE_CAND_SLOTS * sizeof(lce_cand));
+    return gk_cuda_align256((size_t)N * 4) + gk_cuda_align256((size_t)N * LCE_CAND_SLOTS * sizeof(lce_cand));
 }
 
 /*
@@ -440,16 +439,16 @@ size_t cand_bytes_of(int64_t N)
  */
 size_t sweep_bytes(const lce_plan &pl, int64_t R, int64_t Vc, int64_t P, bool with_dC)
 {
-    size_t b = pl.state_bytes + align256((size_t)R * (size_t)Vc * 4);
+    size_t b = pl.state_bytes + gk_cuda_align256((size_t)R * (size_t)Vc * 4);
     if (P > 0 && !pl.dE_f32)
-        b += align256((size_t)P * (size_t)pl.D * 4);
+        b += gk_cuda_align256((size_t)P * (size_t)pl.D * 4);
     const int64_t rows = P > 0 ? P : pl.N;
     if (with_dC && pl.want_dbias)
-        b += align256((size_t)R * pl.esize);
+        b += gk_cuda_align256((size_t)R * pl.esize);
     if (with_dC && pl.want_dC && !pl.dC_f32 && R < rows)
-        b += align256((size_t)Vc * (size_t)pl.D * 4);
+        b += gk_cuda_align256((size_t)Vc * (size_t)pl.D * 4);
     if (with_dC && pl.want_dbias && !pl.dbias_f32 && R < rows)
-        b += align256((size_t)Vc * 4);
+        b += gk_cuda_align256((size_t)Vc * 4);
     return b;
 }
 
@@ -509,10 +508,10 @@ bool plan_sweeps(lce_plan *pl, size_t budget, size_t *need);
 size_t rb_bytes(const lce_plan &pl, int64_t R)
 {
     const int64_t Vc = chunk_max(pl.V), nch = cdiv(pl.V, Vc);
-    size_t b = pl.state_bytes + align256((size_t)R * (size_t)pl.V * pl.esize) + align256((size_t)R * (size_t)Vc * 4) +
-               align256((size_t)R * (size_t)nch * 4);
+    size_t b = pl.state_bytes + gk_cuda_align256((size_t)R * (size_t)pl.V * pl.esize) + gk_cuda_align256((size_t)R * (size_t)Vc * 4) +
+               gk_cuda_align256((size_t)R * (size_t)nch * 4);
     if (pl.want_dbias)
-        b += align256((size_t)R * pl.esize) + (!pl.dbias_f32 && R < pl.N ? align256((size_t)pl.V * 4) : 0);
+        b += gk_cuda_align256((size_t)R * pl.esize) + (!pl.dbias_f32 && R < pl.N ? gk_cuda_align256((size_t)pl.V * 4) : 0);
     return b;
 }
 
@@ -799,16 +798,16 @@ int sweep(const lce_ctx<T> &c, const sweep_cfg &cfg, int64_t a0, int64_t a1, boo
     /* the workspace past the state, in sweep_bytes' order */
     unsigned char *p = c.ws;
     float *F = (float *)p;
-    p += align256((size_t)R * Vc * 4);
+    p += gk_cuda_align256((size_t)R * Vc * 4);
     float *deacc = nullptr, *dcacc = nullptr, *dbacc = nullptr;
     T *ones = nullptr;
     if (do_dE && !pl.dE_f32) {
         deacc = (float *)p;
-        p += align256((size_t)cfg.P * D * 4);
+        p += gk_cuda_align256((size_t)cfg.P * D * 4);
     }
     if (db_now) {
         ones = (T *)p;
-        p += align256((size_t)R * sizeof(T));
+        p += gk_cuda_align256((size_t)R * sizeof(T));
         ones_kernel<T><<<grid_of(R, c.ex->sm_count), 256, 0, stream>>>(ones, R);
         int rc = launch_check("ones", err);
         if (rc)
@@ -816,7 +815,7 @@ int sweep(const lce_ctx<T> &c, const sweep_cfg &cfg, int64_t a0, int64_t a1, boo
     }
     if (dC_now && !pl.dC_f32 && !one_block) {
         dcacc = (float *)p;
-        p += align256((size_t)Vc * D * 4);
+        p += gk_cuda_align256((size_t)Vc * D * 4);
     }
     if (db_now && !pl.dbias_f32 && !one_block)
         dbacc = (float *)p;
@@ -936,17 +935,17 @@ int rowblock(const lce_ctx<T> &c, const gk_tensor *lse, float *loss_none, const 
     const bool one_block = R >= N;
     unsigned char *p = c.ws;
     T *X = (T *)p;
-    p += align256((size_t)R * V * sizeof(T));
+    p += gk_cuda_align256((size_t)R * V * sizeof(T));
     float *F = (float *)p;
-    p += align256((size_t)R * Vc * 4);
+    p += gk_cuda_align256((size_t)R * Vc * 4);
     float *mc = (float *)p;
-    p += align256((size_t)R * nch * 4);
+    p += gk_cuda_align256((size_t)R * nch * 4);
     T *ones = nullptr;
     float *dbacc = nullptr;
     int rc;
     if (pl.want_dbias) {
         ones = (T *)p;
-        p += align256((size_t)R * sizeof(T));
+        p += gk_cuda_align256((size_t)R * sizeof(T));
         if (!pl.dbias_f32 && !one_block)
             dbacc = (float *)p;
         ones_kernel<T><<<grid_of(R, c.ex->sm_count), 256, 0, stream>>>(ones, R);
@@ -1075,7 +1074,7 @@ int sparse_backward(const lce_ctx<T> &c, const gk_lce *p, const gk_tensor *dE, c
 lce_state state_carve(void *ws, int64_t N, bool cand)
 {
     unsigned char *b = (unsigned char *)ws;
-    const size_t n4 = align256((size_t)N * 4);
+    const size_t n4 = gk_cuda_align256((size_t)N * 4);
     const size_t s = state_bytes_of(N);
     lce_state st;
     st.tgt = (int32_t *)b;

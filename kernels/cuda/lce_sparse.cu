@@ -25,6 +25,7 @@
 
 #include <algorithm>
 
+#include "gk_cuda.h"
 #include "lce_sparse.cuh"
 
 namespace {
@@ -174,14 +175,13 @@ __global__ void __launch_bounds__(CT) dC_kernel(lce_sparse_args a, const uint32_
     }
 }
 
-size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 /*
  * The sort's temporary storage with double buffers (cub's onesweep): bins and
  * one 256-digit lookback row per tile of at least 2048 items, bounded by
  * M / 2 bytes plus 1 MB; checked against cub's own figure before each use.
  */
-size_t sort_temp_bound(int64_t M) { return align256((size_t)M / 2 + ((size_t)1 << 20)); }
+size_t sort_temp_bound(int64_t M) { return gk_cuda_align256((size_t)M / 2 + ((size_t)1 << 20)); }
 
 int end_bit_of(int64_t V)
 {
@@ -205,7 +205,7 @@ template <class T> int run(const lce_sparse_args *a, bool *ran, gk_err *err)
     if (lce_sparse_scratch_bound(a->N, a->V) == 0)
         return GK_OK;
     const int end_bit = end_bit_of(a->V);
-    const size_t m4 = align256((size_t)M * 4), v4 = align256((size_t)a->V * 4);
+    const size_t m4 = gk_cuda_align256((size_t)M * 4), v4 = gk_cuda_align256((size_t)a->V * 4);
     unsigned char *p = (unsigned char *)a->scratch;
     uint32_t *key = (uint32_t *)p, *slot = (uint32_t *)(p + 2 * m4);
     cub::DoubleBuffer<uint32_t> keys(key, (uint32_t *)(p + m4)), slots(slot, (uint32_t *)(p + 3 * m4));
@@ -218,7 +218,7 @@ template <class T> int run(const lce_sparse_args *a, bool *ran, gk_err *err)
     if ((rc = cuda_check(cub::DeviceRadixSort::SortPairs(nullptr, temp, keys, slots, (int)M, 0, end_bit, st),
                          "sizing the sort", err)))
         return rc;
-    if (5 * m4 + 2 * v4 + align256(temp) > a->scratch_bytes)
+    if (5 * m4 + 2 * v4 + gk_cuda_align256(temp) > a->scratch_bytes)
         return GK_OK;
 
     terms_kernel<<<(unsigned)a->N, ST, 0, st>>>(*a, key, slot, gval);
@@ -253,7 +253,7 @@ size_t lce_sparse_scratch_bound(int64_t N, int64_t V)
     const int64_t M = N * ST;
     if (N > INT32_MAX / ST || V >= (int64_t)UINT32_MAX)
         return 0; /* the sort counts items in int, keys are 32-bit with V as the empty mark */
-    return 5 * align256((size_t)M * 4) + 2 * align256((size_t)V * 4) + sort_temp_bound(M);
+    return 5 * gk_cuda_align256((size_t)M * 4) + 2 * gk_cuda_align256((size_t)V * 4) + sort_temp_bound(M);
 }
 
 int lce_sparse_backward(const lce_sparse_args *a, bool *ran, gk_err *err)

@@ -43,7 +43,6 @@ struct nmmo3_layout {
     size_t feat_bytes;
 };
 
-size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 __device__ __forceinline__ void store_f(float *p, size_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store_f(__nv_bfloat16 *p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
@@ -344,23 +343,23 @@ int layout_make(const gk_nmmo3_weights *w, const gk_tensor *obs, const gk_tensor
     size_t at = GK_CUDA_OBS_RECORD_BYTES;
     l->conv1 = at;
     l->conv1_bytes = s1;
-    at += align256(s1);
+    at += gk_cuda_align256(s1);
     l->c1 = at;
-    at += align256((size_t)gk_tensor_numel(&c1) * es);
+    at += gk_cuda_align256((size_t)gk_tensor_numel(&c1) * es);
     l->c2 = at;
-    at += align256((size_t)B * CONV2_OUT * 4);
+    at += gk_cuda_align256((size_t)B * CONV2_OUT * 4);
     l->w2r = at;
-    at += align256((size_t)GK_NMMO3_CONV_CH * GK_NMMO3_CONV_CH * 9 * es);
+    at += gk_cuda_align256((size_t)GK_NMMO3_CONV_CH * GK_NMMO3_CONV_CH * 9 * es);
     l->feat_bytes = (size_t)B * FEAT_LD * es;
     l->feat = at;
     if ((!gk_tensor_present(features) || gk_tensor_present(hidden)) && !saving)
-        at += align256(l->feat_bytes); /* saving: they are made in the saved rows */
+        at += gk_cuda_align256(l->feat_bytes); /* saving: they are made in the saved rows */
     l->scratch = at;
     if (gk_tensor_present(hidden)) {
         /* cuBLAS path: the fp32 GEMM output (bf16 only: f32 writes hidden), the padded proj_w */
         const int64_t H = w->proj_w.shape[0];
-        l->proj_pw = dt == GK_BF16 ? align256((size_t)(B * H) * 4) : 0;
-        const size_t s4 = l->proj_pw + align256((size_t)H * FEAT_LD * es);
+        l->proj_pw = dt == GK_BF16 ? gk_cuda_align256((size_t)(B * H) * 4) : 0;
+        const size_t s4 = l->proj_pw + gk_cuda_align256((size_t)H * FEAT_LD * es);
         s3 = s3 > s4 ? s3 : s4;
     }
     at += s2 > s3 ? s2 : s3;

@@ -55,7 +55,6 @@ constexpr int SUM_ROWS = 256;                        /* rows a column-sum block 
 constexpr int FEAT_LD = 1824;                        /* FEAT rounded up to 16 bytes of bf16 */
 constexpr int64_t MIN_CHUNK = 64;
 
-size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 template <typename T> __device__ __forceinline__ float ld(const T *p, size_t i);
 template <> __device__ __forceinline__ float ld<float>(const float *p, size_t i) { return p[i]; }
@@ -414,42 +413,42 @@ int layout_make(const gk_nmmo3_weights *w, int64_t chunk, int saving, int sm_cou
     if (rc != GK_OK)
         return rc;
     const size_t recompute = saving ? 0 : 1; /* multiplies the recompute's buffers */
-    size_t at = align256(GK_CUDA_NMMO3_RECORDS * (size_t)GK_CUDA_OBS_RECORD_BYTES); /* batch_validate's */
+    size_t at = gk_cuda_align256(GK_CUDA_NMMO3_RECORDS * (size_t)GK_CUDA_OBS_RECORD_BYTES); /* batch_validate's */
     l->chunk = chunk;
     l->conv1_at = at;
     l->conv1 = conv1;
-    at += recompute * align256(conv1);
+    at += recompute * gk_cuda_align256(conv1);
     l->c2acc = at; /* conv2's fp32 output, for the features (projection only) */
-    at += projecting ? recompute * align256(n * EMB_AT * sizeof(float)) : 0;
+    at += projecting ? recompute * gk_cuda_align256(n * EMB_AT * sizeof(float)) : 0;
     /* The projection's: padded features, fp32 pre-activations, dpre, padded proj_w and its gradient. */
     l->feat_pad = at;
-    at += projecting ? recompute * align256(n * FEAT_LD * es) : 0;
+    at += projecting ? recompute * gk_cuda_align256(n * FEAT_LD * es) : 0;
     l->pre = at;
-    at += recompute * align256(n * (size_t)hid * sizeof(float));
+    at += recompute * gk_cuda_align256(n * (size_t)hid * sizeof(float));
     l->dpre = at;
-    at += align256(n * (size_t)hid * es);
+    at += gk_cuda_align256(n * (size_t)hid * es);
     l->wp_pad = at;
-    at += align256((size_t)hid * FEAT_LD * es);
+    at += gk_cuda_align256((size_t)hid * FEAT_LD * es);
     l->dwp_pad = at;
-    at += align256((size_t)hid * FEAT_LD * sizeof(float));
+    at += gk_cuda_align256((size_t)hid * FEAT_LD * sizeof(float));
     l->c1 = at;
-    at += recompute * align256(n * CH * C1_P * es);
+    at += recompute * gk_cuda_align256(n * CH * C1_P * es);
     l->dfeat = at;
-    at += projecting ? align256(n * DFEAT_N * es) : 0;
+    at += projecting ? gk_cuda_align256(n * DFEAT_N * es) : 0;
     l->dc1pre = at; /* conv1's output gradient before its ReLU */
-    at += align256(n * C1_N * es);
+    at += gk_cuda_align256(n * C1_N * es);
     l->wbig = at;
-    at += align256((size_t)EMB_AT * C1_N * es);
+    at += gk_cuda_align256((size_t)EMB_AT * C1_N * es);
     l->g2 = at;
-    at += align256((size_t)EMB_AT * C1_N * sizeof(float));
+    at += gk_cuda_align256((size_t)EMB_AT * C1_N * sizeof(float));
     l->wgrad1 = at;
-    at += align256(nmmo3_conv1_wgrad_workspace_bytes(chunk, sm_count));
+    at += gk_cuda_align256(nmmo3_conv1_wgrad_workspace_bytes(chunk, sm_count));
     l->embg = at;
-    at += align256(nmmo3_embed_grad_workspace_bytes(chunk, sm_count));
+    at += gk_cuda_align256(nmmo3_embed_grad_workspace_bytes(chunk, sm_count));
     l->part = at; /* column-sum partials: the chunk's rows over SUM_ROWS, x the widest */
     const size_t blocks = (n + SUM_ROWS - 1) / SUM_ROWS;
     const size_t cols = (size_t)(hid > EMB_AT ? hid : EMB_AT);
-    at += align256(sizeof(float) * (blocks > 0 ? blocks : 1) * cols);
+    at += gk_cuda_align256(sizeof(float) * (blocks > 0 ? blocks : 1) * cols);
     l->total = at;
     return GK_OK;
 }

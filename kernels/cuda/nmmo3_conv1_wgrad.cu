@@ -471,7 +471,6 @@ void split_make(int64_t agents, int sm_count, int64_t *per_block, int64_t *chunk
     *chunks = agents > 0 ? (agents + per - 1) / per : 0;
 }
 
-size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 template <int NSPLIT, typename T>
 int wgrad_launch(const uint64_t *masks, const void *dpre, const void *c1, size_t c1_ld, int64_t agents,
@@ -511,7 +510,7 @@ size_t nmmo3_conv1_wgrad_workspace_bytes(int64_t agents, int sm_count)
     const int64_t most = sm_count * BLOCKS_PER_SM / BLOCKS_PER_CHUNK > 0 ? sm_count * BLOCKS_PER_SM / BLOCKS_PER_CHUNK : 1;
     const int64_t steps = (agents + SPLIT_STEP - 1) / SPLIT_STEP;
     const int64_t chunks = steps < most ? steps : most;
-    return align256((size_t)agents * MAP_PIX * 8) + align256((size_t)(chunks > 0 ? chunks : 1) * PART * 4);
+    return gk_cuda_align256((size_t)agents * MAP_PIX * 8) + gk_cuda_align256((size_t)(chunks > 0 ? chunks : 1) * PART * 4);
 }
 
 int nmmo3_conv1_wgrad(gk_dtype dt, const uint8_t *obs, const void *dc1pre, const void *c1,
@@ -526,7 +525,7 @@ int nmmo3_conv1_wgrad(gk_dtype dt, const uint8_t *obs, const void *dc1pre, const
     int64_t per, chunks;
     split_make(agents, sm_count, &per, &chunks);
     uint64_t *masks = (uint64_t *)ws;
-    float *part = (float *)((uint8_t *)ws + align256((size_t)agents * MAP_PIX * 8));
+    float *part = (float *)((uint8_t *)ws + gk_cuda_align256((size_t)agents * MAP_PIX * 8));
     const int64_t n = agents * MAP_PIX;
     const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * 8;
     const int64_t blocks = (n + 255) / 256 < cap ? (n + 255) / 256 : cap;
