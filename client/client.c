@@ -79,6 +79,27 @@ int gpucdc_fail_untrusted(const gpucd_client *c, const char *op, uint64_t uid)
                        op, c->url, runs, (unsigned long long)c->trust_uid);
 }
 
+bool gpucdc_client_connected(gpucd_client *c)
+{
+    const unsigned lost = atomic_load_explicit(&c->disconnections, memory_order_seq_cst);
+    const unsigned made = atomic_load_explicit(&c->connections, memory_order_seq_cst);
+    return (int)(made - lost) > 0;
+}
+
+/*
+ * Slots are never freed before gpucd_close and are only ever added at the head of the list, so
+ * the list from the head read under the lock can be walked without it (a cancel may run the
+ * aio's callback, which takes the lock).  Cancelling an aio with nothing pending does nothing.
+ */
+void gpucdc_client_abort(gpucd_client *c)
+{
+    pthread_mutex_lock(&c->lock);
+    gpucdc_slot *s = c->all_slots;
+    pthread_mutex_unlock(&c->lock);
+    for (; s != NULL; s = s->next_all)
+        nng_aio_cancel(s->aio);
+}
+
 /*
  * nng thread, before a new connection is used: over ipc:// the daemon must run as the
  * trusted uid (the kernel's word on the socket's peer), else the connection is closed before

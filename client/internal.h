@@ -108,6 +108,12 @@ struct gpucd_client {
 /* Fails op with GPUCD_EUNTRUSTED: the daemon at the client's URL runs as uid, not trust_uid. */
 int gpucdc_fail_untrusted(const gpucd_client *c, const char *op, uint64_t uid);
 
+/* 1 while the client has a connection to its daemon (made and not lost since). */
+bool gpucdc_client_connected(gpucd_client *c);
+/* Ends every call of the client waiting on the socket with GPUCD_ECLOSED: the pool's, for a
+ * daemon known down, whose calls would otherwise wait for a new connection until their timeout. */
+void gpucdc_client_abort(gpucd_client *c);
+
 /* ---- regions (region.c) ---------------------------------------------------------- */
 
 struct gpucd_region {
@@ -281,5 +287,18 @@ int gpucdc_submit_exchange(gpucdc_slot *s, const char *op, nng_msg *msg, uint64_
 
 /* nng thread: the connection dropped; wakes every call waiting on a record of the area. */
 void gpucdc_submit_disconnected(gpucd_client *c);
+
+/* ---- the pool (pool.c) ---------------------------------------------------------------- */
+
+/* The client a gpucd_pool_run callback of this thread runs on, NULL outside one: what is asked
+ * of it must be something any daemon of the pool may run, again. */
+extern _Thread_local const gpucd_client *gpucdc_retrying;
+/* For a request on gpucdc_retrying: 0 when tensor t (argument name) is GPUCD_HOST, else
+ * GPUCD_EINVAL with a message. */
+int gpucdc_retry_check_tensor(const gpucdc_request *req, const char *name, const gpucd_tensor *t);
+/* Likewise for the operation: a compute operation, info, ping or stats. */
+int gpucdc_retry_check_op(const gpucdc_request *req);
+/* Likewise for what is not a request (op: a region). */
+int gpucdc_retry_refuse(const char *op);
 
 #endif /* GPUCDC_INTERNAL_H */
