@@ -263,6 +263,8 @@ typedef struct gpucd_info {
     uint64_t device_allocations; /* made since start; constant after warm-up */
     int operation_count;         /* entries of operations[]; the rest were dropped */
     char operations[GPUCD_INFO_MAX_OPS][GPUCD_INFO_NAME_LEN];
+    char multi_gpu[64];          /* operations spanning GPUs: "not built", or "nccl X.Y.Z, no
+                                    operations yet" ("" from an older daemon) */
 } gpucd_info;
 
 /* Hello: the daemon's identity, device and limits.  (Not named gpucd_info:

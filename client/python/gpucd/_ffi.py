@@ -78,6 +78,7 @@ ffi.cdef(
         uint64_t device_allocations;
         int operation_count;
         char operations[32][48];
+        char multi_gpu[64];
     } gpucd_info;
     int gpucd_info_get(gpucd_client *client, gpucd_info *out);
     int gpucd_ping(gpucd_client *client, gpucd_timings *t);

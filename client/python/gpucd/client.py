@@ -264,6 +264,7 @@ class Client(Operations):
             "ready": bool(i.ready),
             "device_allocations": i.device_allocations,
             "operations": [_string(i.operations[k]) for k in range(i.operation_count)],
+            "multi_gpu": _string(i.multi_gpu),
         }
 
     def ping(self, timings=None):

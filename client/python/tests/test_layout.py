@@ -19,6 +19,8 @@ def test_info_and_version(client):
     assert info["backend"] in ("cpu", "cuda") and info["ready"] is True
     assert info["max_dims"] == 8 and info["protocol_version"] == 1
     assert "nmmo3_encode" in " ".join(info["operations"])
+    assert info["multi_gpu"] == "not built" or (info["multi_gpu"].startswith("nccl ") and
+                                                info["multi_gpu"].endswith(", no operations yet"))
     assert gpucd.__version__.count(".") == 2
     t = gpucd.Timings()
     client.ping(timings=t)
