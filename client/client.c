@@ -87,20 +87,6 @@ bool gpucdc_client_connected(gpucd_client *c)
 }
 
 /*
- * Slots are never freed before gpucd_close and are only ever added at the head of the list, so
- * the list from the head read under the lock can be walked without it (a cancel may run the
- * aio's callback, which takes the lock).  Cancelling an aio with nothing pending does nothing.
- */
-void gpucdc_client_abort(gpucd_client *c)
-{
-    pthread_mutex_lock(&c->lock);
-    gpucdc_slot *s = c->all_slots;
-    pthread_mutex_unlock(&c->lock);
-    for (; s != NULL; s = s->next_all)
-        nng_aio_cancel(s->aio);
-}
-
-/*
  * nng thread, before a new connection is used: over ipc:// the daemon must run as the
  * trusted uid (the kernel's word on the socket's peer), else the connection is closed before
  * any request goes over it: someone else's socket at the daemon's address.
@@ -164,7 +150,8 @@ static void connection_event(nng_pipe p, nng_pipe_ev ev, void *arg)
         gpucdc_submit_disconnected(c);
 }
 
-int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out)
+/* gpucd_connect, or with wait false gpucdc_connect_lazy: the first dial in the background. */
+static int client_open(const char *url, const gpucd_options *opts, bool wait, gpucd_client **out)
 {
     if (out == NULL)
         return gpucdc_fail(GPUCD_EINVAL, "gpucd_connect: out is NULL");
@@ -260,12 +247,13 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
         gpucd_close(c);
         return rv;
     }
-    /* Synchronous: a missing daemon is reported now, not at the first call.  So is a daemon
-     * of another uid: the check above ran on the connection before the start returns. */
-    if ((rv = nng_dialer_start(c->dialer, 0)) != 0)
+    /* Synchronous (unless lazy): a missing daemon is reported now, not at the first call.  So
+     * is a daemon of another uid: the check above ran on the connection before the start
+     * returns. */
+    if ((rv = nng_dialer_start(c->dialer, wait ? 0 : NNG_FLAG_NONBLOCK)) != 0)
         goto fail;
     const uint64_t refused = atomic_load_explicit(&c->refused_uid, memory_order_acquire);
-    if (refused != GPUCDC_UID_TRUSTED) {
+    if (wait && refused != GPUCDC_UID_TRUSTED) {
         int code = gpucdc_fail_untrusted(c, "gpucd_connect", refused);
         gpucd_close(c);
         return code;
@@ -287,6 +275,16 @@ fail:;
     int code = gpucdc_fail_nng(rv, "gpucd_connect", what);
     gpucd_close(c);
     return code;
+}
+
+int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out)
+{
+    return client_open(url, opts, true, out);
+}
+
+int gpucdc_connect_lazy(const char *url, const gpucd_options *opts, gpucd_client **out)
+{
+    return client_open(url, opts, false, out);
 }
 
 /*

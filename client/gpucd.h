@@ -460,10 +460,11 @@ GPUCD_EXPORT int gpucd_nmmo3_encode_backward_saved(gpucd_client *client,
  * A gpucd_pool holds one gpucd_client per daemon URL (ipc://, tcp://, tls+tcp://, the
  * same options for each) and spreads calls over the daemons that are up, to the one with
  * the fewest calls in flight.  A daemon whose call fails for want of an answer (the codes
- * of gpucd_pool_daemon_down) is marked down and skipped; the pool's own thread probes it
- * again (a fresh connection and gpucd_info_get saying ready, once its client's connection
- * is back), first after probe_min_ms, the wait doubling to probe_max_ms, and ends with
- * GPUCD_ECLOSED the calls still waiting on it, so that gpucd_pool_run moves them.
+ * of gpucd_pool_daemon_down), or whose client has lost its connection, is marked down and
+ * skipped; the pool's own thread probes it again (its client connected again, and
+ * gpucd_info_get saying ready on a second client kept for probes), first at once, then after
+ * probe_min_ms, the wait doubling to probe_max_ms.  A call that chose a daemon just as its
+ * connection dropped waits for the connection to come back, or fails at its timeout.
  *
  * Two ways to call:
  *   gpucd_pool_run(pool, fn, arg)   runs fn(client, arg) on the least busy daemon, and

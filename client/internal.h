@@ -108,11 +108,13 @@ struct gpucd_client {
 /* Fails op with GPUCD_EUNTRUSTED: the daemon at the client's URL runs as uid, not trust_uid. */
 int gpucdc_fail_untrusted(const gpucd_client *c, const char *op, uint64_t uid);
 
+/* gpucd_connect without waiting for the first connection: nng dials in the background until
+ * one is made (calls meanwhile wait for it), so that a daemon not there yet costs no socket made
+ * and closed again and again (nng 1.5.2's close can hang under such churn).  Fails only for
+ * what no dial could cure: the URL, the options, memory, the TLS files. */
+int gpucdc_connect_lazy(const char *url, const gpucd_options *opts, gpucd_client **out);
 /* 1 while the client has a connection to its daemon (made and not lost since). */
 bool gpucdc_client_connected(gpucd_client *c);
-/* Ends every call of the client waiting on the socket with GPUCD_ECLOSED: the pool's, for a
- * daemon known down, whose calls would otherwise wait for a new connection until their timeout. */
-void gpucdc_client_abort(gpucd_client *c);
 
 /* ---- regions (region.c) ---------------------------------------------------------- */
 

@@ -16,18 +16,19 @@ _Thread_local const gpucd_client *gpucdc_retrying;
 
 typedef struct pool_daemon {
     char *url;
-    _Atomic(gpucd_client *) client; /* NULL until a connection was made; then set for good */
+    gpucd_client *client; /* the calls' */
+    gpucd_client *probe;  /* the probes', with their timeout; made at the first probe */
     atomic_int up;
     atomic_int last_error;
     atomic_uint_fast64_t calls, failures, retries, downs, in_flight;
     /* The probing thread's schedule, under the pool's lock. */
     uint64_t next_probe_us; /* gpucdc_now_us */
     uint64_t wait_us;       /* between this probe and the next */
-    uint64_t next_abort_us; /* when its calls still waiting are ended again */
 } pool_daemon;
 
 struct gpucd_pool {
     gpucd_options client_opts; /* its strings point into the copies below */
+    gpucd_options probe_opts;  /* the same, with the probe timeout */
     char *client_name, *tls_ca, *tls_cert, *tls_key;
     uint64_t probe_min_us, probe_max_us;
     int probe_timeout_ms;
@@ -37,6 +38,7 @@ struct gpucd_pool {
     pthread_mutex_t lock;
     pthread_cond_t wake; /* CLOCK_MONOTONIC: gpucdc_now_us's */
     bool closing;
+    bool marked; /* a daemon was marked down since the thread last looked */
     bool thread_started;
     pthread_t thread;
 };
@@ -100,7 +102,7 @@ int gpucdc_retry_refuse(const char *op)
 /* ---- health ------------------------------------------------------------------------------- */
 
 /* A call on d failed with code, a sign that d is down: skip it until the probing thread finds
- * it ready, and have that thread end its calls still waiting at once. */
+ * it ready (its first probe at once). */
 static void daemon_mark_down(gpucd_pool *p, pool_daemon *d, int code)
 {
     atomic_store(&d->last_error, code);
@@ -111,36 +113,28 @@ static void daemon_mark_down(gpucd_pool *p, pool_daemon *d, int code)
     pthread_mutex_lock(&p->lock);
     d->wait_us = p->probe_min_us;
     d->next_probe_us = gpucdc_now_us();
-    d->next_abort_us = d->next_probe_us;
+    p->marked = true; /* the thread may be probing, not waiting: it looks again before it waits */
     pthread_cond_signal(&p->wake);
     pthread_mutex_unlock(&p->lock);
 }
 
 /*
- * Whether d is ready for calls: a fresh connection's gpucd_info_get says ready, and d's own
- * client is connected (made here the first time).  A fresh connection, because d's client,
- * while its connection is down or dropping, holds a request until a new one comes or its
- * timeout ends.
+ * Whether d is ready for calls: both its clients are connected (nng redials them by itself: a
+ * probe makes no socket) and gpucd_info_get on the probes' client says ready, within the probe
+ * timeout.  Not on the calls' client: one whose connection is down or just dropping holds a
+ * request until a new connection comes or its (long) timeout ends.
  */
 static bool daemon_probe(gpucd_pool *p, pool_daemon *d)
 {
-    gpucd_options o = p->client_opts;
-    o.timeout_ms = p->probe_timeout_ms;
-    gpucd_client *probe;
-    if (gpucd_connect(d->url, &o, &probe) != 0)
+    /* Made in the background, and only for a daemon once down: a client closed while its first
+     * connection's handshake is under way can stop nng 1.5.2's listener of the daemon
+     * (docs/configuration.md#listeners), which then re-creates it, dropping tcp:// clients. */
+    if (d->probe == NULL && gpucdc_connect_lazy(d->url, &p->probe_opts, &d->probe) != 0)
+        return false;
+    if (!gpucdc_client_connected(d->client) || !gpucdc_client_connected(d->probe))
         return false;
     gpucd_info info;
-    const bool ready = gpucd_info_get(probe, &info) == 0 && info.ready;
-    gpucd_close(probe);
-    if (!ready)
-        return false;
-    gpucd_client *c = atomic_load(&d->client);
-    if (c != NULL)
-        return gpucdc_client_connected(c);
-    if (gpucd_connect(d->url, &p->client_opts, &c) != 0)
-        return false;
-    atomic_store(&d->client, c);
-    return true;
+    return gpucd_info_get(d->probe, &info) == 0 && info.ready;
 }
 
 static void cond_wait_until(gpucd_pool *p, uint64_t until_us)
@@ -154,31 +148,21 @@ static void cond_wait_until(gpucd_pool *p, uint64_t until_us)
 }
 
 /*
- * The probing thread: for each daemon that is down, ends its calls still waiting (again every
- * probe_min while some are: a call may have chosen it just before it went down), and probes it
- * on its schedule, the wait doubling up to probe_max.  Sleeps until the next of these, or until
- * a daemon is marked down.
+ * The probing thread: probes each daemon that is down on its schedule, the wait doubling up to
+ * probe_max.  Sleeps until the next probe, or until a daemon is marked down.
  */
 static void *pool_thread(void *arg)
 {
     gpucd_pool *p = arg;
     pthread_mutex_lock(&p->lock);
     while (!p->closing) {
+        p->marked = false;
         uint64_t next = UINT64_MAX;
         for (int i = 0; i < p->count && !p->closing; i++) {
             pool_daemon *d = &p->daemons[i];
             if (atomic_load(&d->up))
                 continue;
-            gpucd_client *c = atomic_load(&d->client);
-            uint64_t now = gpucdc_now_us();
-            if (c != NULL && atomic_load(&d->in_flight) > 0) {
-                if (d->next_abort_us <= now) {
-                    gpucdc_client_abort(c);
-                    d->next_abort_us = now + p->probe_min_us;
-                }
-                next = d->next_abort_us < next ? d->next_abort_us : next;
-            }
-            if (d->next_probe_us <= now) {
+            if (d->next_probe_us <= gpucdc_now_us()) {
                 pthread_mutex_unlock(&p->lock);
                 const bool ready = daemon_probe(p, d);
                 pthread_mutex_lock(&p->lock);
@@ -191,7 +175,7 @@ static void *pool_thread(void *arg)
             }
             next = d->next_probe_us < next ? d->next_probe_us : next;
         }
-        if (!p->closing)
+        if (!p->closing && !p->marked)
             cond_wait_until(p, next);
     }
     pthread_mutex_unlock(&p->lock);
@@ -221,7 +205,8 @@ void gpucd_pool_close(gpucd_pool *p)
         pthread_join(p->thread, NULL);
     }
     for (int i = 0; i < p->count; i++) {
-        gpucd_close(atomic_load(&p->daemons[i].client));
+        gpucd_close(p->daemons[i].client);
+        gpucd_close(p->daemons[i].probe);
         free(p->daemons[i].url);
     }
     free(p->daemons);
@@ -275,10 +260,11 @@ static gpucd_pool *pool_new(const char *const *urls, int count, const gpucd_pool
     p->client_opts.tls_ca = p->tls_ca;
     p->client_opts.tls_cert = p->tls_cert;
     p->client_opts.tls_key = p->tls_key;
+    p->probe_opts = p->client_opts;
+    p->probe_opts.timeout_ms = p->probe_timeout_ms;
     p->count = count;
     for (int i = 0; i < count; i++) {
         pool_daemon *d = &p->daemons[i];
-        atomic_init(&d->client, NULL);
         atomic_init(&d->up, 0);
         atomic_init(&d->last_error, 0);
         atomic_init(&d->calls, 0);
@@ -322,25 +308,26 @@ int gpucd_pool_open(const char *const *urls, int count, const gpucd_pool_options
     char why[512] = "";
     for (int i = 0; i < count; i++) {
         pool_daemon *d = &p->daemons[i];
-        gpucd_client *c;
-        rv = gpucd_connect(d->url, &p->client_opts, &c);
-        if (rv == GPUCD_EADDRESS || rv == GPUCD_EINVAL || rv == GPUCD_ENOMEM) {
+        /* A dial now says which daemons are there; one that is not gets a client that dials in
+         * the background, for the probes to find it connected. */
+        rv = gpucd_connect(d->url, &p->client_opts, &d->client);
+        if (rv == 0) {
+            atomic_store(&d->up, 1);
+            reached++;
+        } else if (rv != GPUCD_EADDRESS && rv != GPUCD_EINVAL && rv != GPUCD_ENOMEM) {
+            if (first == 0) {
+                first = rv;
+                snprintf(why, sizeof why, "%s", gpucd_errmsg(NULL));
+            }
+            atomic_store(&d->last_error, rv);
+            d->next_probe_us = gpucdc_now_us() + d->wait_us;
+            rv = gpucdc_connect_lazy(d->url, &p->client_opts, &d->client);
+        }
+        if (rv != 0) {
             snprintf(why, sizeof why, "%s", gpucd_errmsg(NULL));
             gpucd_pool_close(p);
             return gpucdc_fail(rv, "gpucd_pool_open: URL %d: %s", i, why);
         }
-        if (rv == 0) {
-            atomic_store(&d->client, c);
-            atomic_store(&d->up, 1);
-            reached++;
-            continue;
-        }
-        if (first == 0) {
-            first = rv;
-            snprintf(why, sizeof why, "%s", gpucd_errmsg(NULL));
-        }
-        atomic_store(&d->last_error, rv);
-        d->next_probe_us = gpucdc_now_us() + d->wait_us;
     }
     if (reached == 0) {
         gpucd_pool_close(p);
@@ -377,6 +364,12 @@ static pool_daemon *daemon_take(gpucd_pool *p, const pool_tried *tried)
         if (!atomic_load(&d->up) ||
             (tried != NULL && (tried->bits[i / 64] >> (i % 64) & 1u) != 0))
             continue;
+        if (!gpucdc_client_connected(d->client)) {
+            /* Its connection dropped while no call of the pool's was there to fail: a call now
+             * would wait for a new one. */
+            daemon_mark_down(p, d, GPUCD_ECLOSED);
+            continue;
+        }
         const uint64_t load = atomic_load(&d->in_flight);
         if (best == NULL || load < best_load) {
             best = d;
@@ -424,9 +417,8 @@ int gpucd_pool_run(gpucd_pool *p, gpucd_pool_fn fn, void *arg)
         const int i = (int)(d - p->daemons);
         tried.bits[i / 64] |= (uint64_t)1 << (i % 64);
         const gpucd_client *outer = gpucdc_retrying;
-        gpucd_client *c = atomic_load(&d->client);
-        gpucdc_retrying = c;
-        rv = fn(c, arg);
+        gpucdc_retrying = d->client;
+        rv = fn(d->client, arg);
         gpucdc_retrying = outer;
         runs++;
         last = d;
@@ -454,7 +446,7 @@ int gpucd_pool_acquire(gpucd_pool *p, gpucd_pool_lease *lease)
         lease->daemon = -1;
         return none_up(p, "gpucd_pool_acquire");
     }
-    lease->client = atomic_load(&d->client);
+    lease->client = d->client;
     lease->daemon = (int)(d - p->daemons);
     return 0;
 }

@@ -53,7 +53,10 @@ static int lookup_run(gpucd_client *c, void *arg)
     gpucd_tensor ti = gpucd_tensor_host(l->idx, GPUCD_I32, 1, TH_SHAPE(NI));
     gpucd_tensor tt = gpucd_tensor_host(l->table, GPUCD_F32, 2, TH_SHAPE(V, D));
     gpucd_tensor to = gpucd_tensor_host(l->got, GPUCD_F32, 2, TH_SHAPE(NI, D));
-    return gpucd_embedding_forward(c, &ti, &tt, &to, NULL);
+    const int rc = gpucd_embedding_forward(c, &ti, &tt, &to, NULL);
+    if (rc != 0) /* the pool may run it again elsewhere: say why this run failed */
+        printf("a run failed: %s: %s\n", gpucd_strerror(rc), gpucd_errmsg(c));
+    return rc;
 }
 
 /* 0 when l->got is the CPU kernel's answer for l's own data. */
@@ -214,7 +217,8 @@ static void test_kill_one_while_calling(void **state)
     wait_for(p, down_seen, 2, "daemon 2 marked down");
     wait_for(p, others_went_on, 2, "50 calls more on each other daemon");
 
-    th_daemon_start(&daemons[2], fixed.extra); /* at the same URL, as a supervisor would */
+    /* At the same URL, as a supervisor would; the pool's probes see it come up. */
+    th_daemon_spawn(&daemons[2], fixed.extra);
     calls_at_restart = pool_daemon_stats(p, 2).calls;
     wait_for(p, used_again, 2, "the restarted daemon 2 up and given 50 calls");
     atomic_store(&stop, 1);
