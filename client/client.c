@@ -67,6 +67,13 @@ void gpucd_close(gpucd_client *c)
     free(c);
 }
 
+bool gpucdc_client_connected(gpucd_client *c)
+{
+    const unsigned lost = atomic_load_explicit(&c->disconnections, memory_order_seq_cst);
+    const unsigned made = atomic_load_explicit(&c->connections, memory_order_seq_cst);
+    return (int)(made - lost) > 0;
+}
+
 /*
  * nng thread, before a new connection is used: over ipc:// the daemon must run as the
  * trusted uid (the kernel's word on the socket's peer), else the connection is closed before
@@ -131,7 +138,8 @@ static void connection_event(nng_pipe p, nng_pipe_ev ev, void *arg)
         gpucdc_submit_disconnected(c);
 }
 
-int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out)
+/* gpucd_connect, or with wait false gpucdc_connect_lazy: the first dial in the background. */
+static int client_open(const char *url, const gpucd_options *opts, bool wait, gpucd_client **out)
 {
     if (out == NULL)
         return gpucdc_fail(GPUCD_EINVAL, "gpucd_connect: out is NULL");
@@ -227,12 +235,13 @@ int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out
         gpucd_close(c);
         return rv;
     }
-    /* Synchronous: a missing daemon is reported now, not at the first call.  So is a daemon
-     * of another uid: the check above ran on the connection before the start returns. */
-    if ((rv = nng_dialer_start(c->dialer, 0)) != 0)
+    /* Synchronous (unless lazy): a missing daemon is reported now, not at the first call.  So
+     * is a daemon of another uid: the check above ran on the connection before the start
+     * returns. */
+    if ((rv = nng_dialer_start(c->dialer, wait ? 0 : NNG_FLAG_NONBLOCK)) != 0)
         goto fail;
     const uint64_t refused = atomic_load_explicit(&c->refused_uid, memory_order_acquire);
-    if (refused != GPUCDC_UID_TRUSTED) {
+    if (wait && refused != GPUCDC_UID_TRUSTED) {
         int code = gpucdc_fail_untrusted(c, "gpucd_connect", refused);
         gpucd_close(c);
         return code;
@@ -254,4 +263,14 @@ fail:;
     int code = gpucdc_fail_nng(rv, "gpucd_connect", what);
     gpucd_close(c);
     return code;
+}
+
+int gpucd_connect(const char *url, const gpucd_options *opts, gpucd_client **out)
+{
+    return client_open(url, opts, true, out);
+}
+
+int gpucdc_connect_lazy(const char *url, const gpucd_options *opts, gpucd_client **out)
+{
+    return client_open(url, opts, false, out);
 }

@@ -54,6 +54,7 @@ int gpucd_info_get(gpucd_client *client, gpucd_info *out)
     for (size_t i = 0; i < nops; i++)
         copy_string(out->operations[i], GPUCD_INFO_NAME_LEN, in->operations[i]);
     out->operation_count = (int)nops;
+    copy_string(out->multi_gpu, sizeof out->multi_gpu, in->multi_gpu);
     gpucdc_reply_free(&r);
     return 0;
 }

@@ -263,6 +263,8 @@ typedef struct gpucd_info {
     uint64_t device_allocations; /* made since start; constant after warm-up */
     int operation_count;         /* entries of operations[]; the rest were dropped */
     char operations[GPUCD_INFO_MAX_OPS][GPUCD_INFO_NAME_LEN];
+    char multi_gpu[64];          /* operations spanning GPUs: "not built", or "nccl X.Y.Z, no
+                                    operations yet" ("" from an older daemon) */
 } gpucd_info;
 
 /* Hello: the daemon's identity, device and limits.  (Not named gpucd_info:
@@ -461,6 +463,106 @@ GPUCD_EXPORT int gpucd_nmmo3_encode_backward_saved(gpucd_client *client,
                                                    const gpucd_tensor *dout,
                                                    const gpucd_nmmo3_weights *grads,
                                                    gpucd_timings *t);
+
+/* ---- a pool of daemons -------------------------------------------------------------
+ *
+ * A gpucd_pool holds one gpucd_client per daemon URL (ipc://, tcp://, tls+tcp://, the
+ * same options for each) and spreads calls over the daemons that are up, to the one with
+ * the fewest calls in flight.  A daemon whose call fails for want of an answer (the codes
+ * of gpucd_pool_daemon_down), or whose client has lost its connection, is marked down and
+ * skipped; the pool's own thread probes it again (its client connected again, and
+ * gpucd_info_get saying ready on a second client kept for probes), first at once, then after
+ * probe_min_ms, the wait doubling to probe_max_ms.  A call that chose a daemon just as its
+ * connection dropped waits for the connection to come back, or fails at its timeout.
+ *
+ * Two ways to call:
+ *   gpucd_pool_run(pool, fn, arg)   runs fn(client, arg) on the least busy daemon, and
+ *       again on another one (each daemon once) when the one it ran on was down.  Only a
+ *       stateless call is safe to run twice, on any daemon: every tensor fn names on that
+ *       client must be GPUCD_HOST, and fn may make compute calls, gpucd_info_get,
+ *       gpucd_ping and gpucd_stats_json alone.  Regions, resident tensors (new or
+ *       existing) and gpucd_tensor_put/get/free belong to one daemon: the library refuses
+ *       them inside fn (GPUCD_EINVAL, before any request).  A timed-out call is not run
+ *       again (its time is spent), nor is one the daemon answered with an error of the
+ *       request's own (an invalid argument is invalid everywhere).
+ *   gpucd_pool_acquire / gpucd_pool_release   the least busy daemon's client for calls
+ *       of any kind (regions, resident tensors), which the caller retries or not; the
+ *       outcome given back marks the daemon down when it is one of those codes.
+ */
+
+typedef struct gpucd_pool gpucd_pool;
+
+enum { GPUCD_POOL_MAX_DAEMONS = 1024 };
+
+typedef struct gpucd_pool_options {
+    gpucd_options client; /* each daemon's connection (gpucd_options_init's defaults) */
+    int probe_min_ms;     /* a down daemon's first probe after this; 0: 100 */
+    int probe_max_ms;     /* the wait between probes doubles up to this; 0: 5000 */
+    int probe_timeout_ms; /* a probe's connection and info call; 0: 2000 */
+} gpucd_pool_options;
+
+/* Fills the defaults above, and gpucd_options_init's for the client. */
+GPUCD_EXPORT void gpucd_pool_options_init(gpucd_pool_options *opts);
+
+/*
+ * Connects to the count daemons of urls (1..GPUCD_POOL_MAX_DAEMONS; NULL opts: the
+ * defaults) and starts the pool's probing thread.  A daemon that cannot be reached now is
+ * down until a probe finds it; gpucd_pool_open fails only when none could be reached (with
+ * the first daemon's error), a URL is malformed (GPUCD_EADDRESS) or an argument is invalid.
+ */
+GPUCD_EXPORT int gpucd_pool_open(const char *const *urls, int count,
+                                 const gpucd_pool_options *opts, gpucd_pool **out);
+/* Stops the thread and closes every connection.  No other thread may still be using the pool
+ * or a client it lent.  NULL is a no-op. */
+GPUCD_EXPORT void gpucd_pool_close(gpucd_pool *pool);
+
+/* 1 when code means the daemon gave no usable answer (GPUCD_ECONNREFUSED, GPUCD_ECLOSED,
+ * GPUCD_ETIMEDOUT, GPUCD_ETRANSPORT, GPUCD_EUNTRUSTED, GPUCD_EUNAVAILABLE: draining or not
+ * ready, GPUCD_EDEVICE: its device failed), so the pool marks it down; else 0. */
+GPUCD_EXPORT int gpucd_pool_daemon_down(int code);
+
+typedef int (*gpucd_pool_fn)(gpucd_client *client, void *arg);
+
+/*
+ * Runs fn(client, arg) on the daemon that is up with the fewest calls in flight; when fn
+ * returns a code of gpucd_pool_daemon_down but GPUCD_ETIMEDOUT, marks that daemon down and
+ * runs fn again on another one that is up and not tried yet.  Returns fn's result (0 once
+ * one run succeeds), or GPUCD_ECONNREFUSED when no daemon was up to try.  fn must leave its
+ * outputs as a fresh run would (it may run more than once); what it may call: above.
+ */
+GPUCD_EXPORT int gpucd_pool_run(gpucd_pool *pool, gpucd_pool_fn fn, void *arg);
+
+/* What gpucd_pool_acquire lends; caller-owned. */
+typedef struct gpucd_pool_lease {
+    gpucd_client *client; /* valid until gpucd_pool_close */
+    int daemon;           /* its index in the pool's URLs */
+} gpucd_pool_lease;
+
+/* The client of the daemon that is up with the fewest calls in flight, counted in flight until
+ * gpucd_pool_release.  GPUCD_ECONNREFUSED when none is up. */
+GPUCD_EXPORT int gpucd_pool_acquire(gpucd_pool *pool, gpucd_pool_lease *lease);
+/* Ends a lease with the outcome of the calls made on it (0, or the code of the failure that
+ * ended them): a code of gpucd_pool_daemon_down marks the daemon down. */
+GPUCD_EXPORT void gpucd_pool_release(gpucd_pool *pool, const gpucd_pool_lease *lease,
+                                     int outcome);
+
+/* One daemon as the pool sees it. */
+typedef struct gpucd_pool_daemon {
+    char url[256];       /* truncated to fit */
+    int up;              /* 1: calls go to it; 0: skipped until a probe finds it ready */
+    int last_error;      /* the code that marked it down last; 0: never down */
+    uint64_t calls;      /* runs of gpucd_pool_run and leases started on it */
+    uint64_t failures;   /* of those, the ones that ended with a code other than 0 */
+    uint64_t retries;    /* of those, the runs gpucd_pool_run moved to another daemon */
+    uint64_t downs;      /* times it was marked down */
+    uint64_t in_flight;  /* runs and leases on it now */
+    int connected;       /* 1 while the pool's client has a connection to it (nng redials) */
+} gpucd_pool_daemon;
+
+/* The number of daemons in the pool (the count given to gpucd_pool_open). */
+GPUCD_EXPORT int gpucd_pool_size(const gpucd_pool *pool);
+/* Daemon i's state and counts (i in 0..gpucd_pool_size-1); 0 or GPUCD_EINVAL. */
+GPUCD_EXPORT int gpucd_pool_stats(gpucd_pool *pool, int i, gpucd_pool_daemon *out);
 
 #ifdef __cplusplus
 }

@@ -121,6 +121,14 @@ struct gpucd_client {
 #define GPUCDC_UID_TRUSTED UINT64_MAX
 #define GPUCDC_UID_UNKNOWN (UINT64_MAX - 1)
 
+/* gpucd_connect without waiting for the first connection: nng dials in the background until
+ * one is made (calls meanwhile wait for it), so that a daemon not there yet costs no socket made
+ * and closed again and again (nng 1.5.2's close can hang under such churn).  Fails only for
+ * what no dial could cure: the URL, the options, memory, the TLS files. */
+int gpucdc_connect_lazy(const char *url, const gpucd_options *opts, gpucd_client **out);
+/* 1 while the client has a connection to its daemon (made and not lost since). */
+bool gpucdc_client_connected(gpucd_client *c);
+
 /* ---- regions (region.c) ---------------------------------------------------------- */
 
 struct gpucd_region {
@@ -348,5 +356,18 @@ void gpucdc_submit_disconnected(gpucd_client *c);
  * connection allow.
  */
 int gpucdc_compute_call(gpucdc_request *req, gpucd_timings *t);
+
+/* ---- the pool (pool.c) ---------------------------------------------------------------- */
+
+/* The client a gpucd_pool_run callback of this thread runs on, NULL outside one: what is asked
+ * of it must be something any daemon of the pool may run, again. */
+extern _Thread_local const gpucd_client *gpucdc_retrying;
+/* For a request on gpucdc_retrying: 0 when tensor t (argument name) is GPUCD_HOST, else
+ * GPUCD_EINVAL with a message. */
+int gpucdc_retry_check_tensor(const gpucdc_request *req, const char *name, const gpucd_tensor *t);
+/* Likewise for the operation: a compute operation, info, ping or stats. */
+int gpucdc_retry_check_op(const gpucdc_request *req);
+/* Likewise for what is not a request (op: a region). */
+int gpucdc_retry_refuse(const char *op);
 
 #endif /* GPUCDC_INTERNAL_H */

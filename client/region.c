@@ -103,6 +103,8 @@ int gpucd_region_create(gpucd_client *client, size_t size, gpucd_region **out)
         return gpucdc_fail(GPUCD_EINVAL, "region_create: %s is NULL",
                            client == NULL ? "client" : "out");
     *out = NULL;
+    if (gpucdc_retrying == client)
+        return gpucdc_retry_refuse("region_create");
     if (size == 0 || size > (size_t)INT64_MAX)
         return gpucdc_fail(GPUCD_EINVAL, "region_create: size %zu outside 1..2^63-1", size);
     return gpucdc_region_make(client, size, out);

@@ -18,6 +18,8 @@ static int request_ref(gpucdc_request *req, const char *name, const gpucd_tensor
     int rv = gpucdc_tensor_check(req->op, name, t, bytes);
     if (rv < 0)
         return rv;
+    if (gpucdc_retrying == req->client && (rv = gpucdc_retry_check_tensor(req, name, t)) < 0)
+        return rv;
     if (t->where == GPUCD_REGION && t->region->client != req->client)
         return gpucdc_fail(GPUCD_EINVAL, "%s: %s: its region belongs to another client",
                            req->op, name);
@@ -115,6 +117,9 @@ int gpucdc_request_output(gpucdc_request *req, const char *name, gpucd_tensor *t
 
 int gpucdc_request_pack(gpucdc_request *req, nng_msg **out)
 {
+    int rv;
+    if (gpucdc_retrying == req->client && (rv = gpucdc_retry_check_op(req)) < 0)
+        return rv;
     req->msg.version = GPUCD__V1__VERSION__VERSION_CURRENT;
     req->msg.id = atomic_fetch_add(&req->client->next_id, 1);
     size_t hlen = protobuf_c_message_get_packed_size(&req->msg.base);
@@ -127,7 +132,7 @@ int gpucdc_request_pack(gpucdc_request *req, nng_msg **out)
                            req->op);
     size_t total = head + (size_t)req->payload_bytes;
     nng_msg *msg;
-    int rv = nng_msg_alloc(&msg, total);
+    rv = nng_msg_alloc(&msg, total);
     if (rv != 0)
         return gpucdc_fail_nng(rv, req->op, "allocating the request");
     uint8_t *body = nng_msg_body(msg);

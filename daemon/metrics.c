@@ -12,6 +12,7 @@
 
 #include "clock.h"
 #include "device_usage.h"
+#include "multi_gpu.h"
 #include "process.h"
 #include "quota.h"
 #include "strbuf.h"
@@ -177,6 +178,8 @@ static void build_and_state(strbuf *b, gcd_daemon *d, int opened)
     family(b, "gpucd_build_info", "gauge", "Always 1; the labels say what is running.");
     strbuf_printf(b, "gpucd_build_info{version=\"%s\",backend=\"", GPUCD_VERSION_STRING);
     strbuf_label_escape(b, opened ? d->ops->name : "");
+    strbuf_printf(b, "\",multi_gpu=\"");
+    strbuf_label_escape(b, gcd_multi_gpu);
     strbuf_printf(b, "\"} 1\n");
     if (opened) {
         family(b, "gpucd_device_info", "gauge", "Always 1; the device the backend serves on.");

@@ -20,6 +20,7 @@
 #include "doorbell.h"
 #include "fdpass.h"
 #include "log.h"
+#include "multi_gpu.h"
 #include "quota.h"
 #include "submitq.h"
 #include "wire.h"
@@ -137,6 +138,7 @@ static gcd_status do_hello(gcd_daemon *d, reply_state *rs)
     info->device_memory_bytes = d->device.memory_bytes;
     info->ready = atomic_load(&d->ready);
     info->device_allocations = d->ops->allocations(d->backend);
+    info->multi_gpu = (char *)gcd_multi_gpu;
     rs->limits.max_message_bytes = d->cfg.max_message_mb << 20;
     rs->limits.max_inflight = d->cfg.max_inflight;
     rs->limits.workspace_bytes = d->device.workspace_bytes;

@@ -122,8 +122,14 @@ static void test_counters_move_by_the_requests_made(void **state)
 
     gpucd_info info;
     assert_int_equal(gpucd_info_get(c, &info), 0);
-    snprintf(s, sizeof s, "gpucd_build_info{version=\"%s\",backend=\"%s\"}", info.server_version,
-             info.backend);
+    /* What the build has of the operations that span GPUs: NCCL found at configure time or not. */
+#ifdef GPUCD_TEST_NCCL_VERSION
+    assert_string_equal(info.multi_gpu, "nccl " GPUCD_TEST_NCCL_VERSION ", no operations yet");
+#else
+    assert_string_equal(info.multi_gpu, "not built");
+#endif
+    snprintf(s, sizeof s, "gpucd_build_info{version=\"%s\",backend=\"%s\",multi_gpu=\"%s\"}",
+             info.server_version, info.backend, info.multi_gpu);
     assert_true(ts_metric(&b, s) == 1);
     assert_true(ts_metric(&b, "gpucd_device_memory_total_bytes") == (double)info.device_memory_bytes);
     assert_true(ts_metric(&b, "gpucd_workspace_bytes") == (double)info.workspace_bytes);

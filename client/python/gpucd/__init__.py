@@ -16,13 +16,14 @@ from .errors import BY_NAME as _ERRORS, NAMES as _ERROR_NAMES, Error
 from .layout import NMMO3, MultihotLayout
 from .ops import (NMMO3_FEATURES, NMMO3_OBS_BYTES, NMMO3_WEIGHTS, Conv2dGrads, LceResult,
                   Nmmo3Output, Nmmo3SaveOutput, Nmmo3Weights)
+from .pool import Pool
 from .tensors import Resident, ResidentRef
 
 globals().update(_ERRORS)  # one subclass of Error per code: gpucd.OutOfRange, ...
 Error.__module__ = "gpucd"
 __version__ = _cffi.string(_lib.gpucd_version_string()).decode()
 
-__all__ = ["Client", "Region", "Resident", "ResidentRef", "Timings", "Error", "MultihotLayout",
+__all__ = ["Client", "Pool", "Region", "Resident", "ResidentRef", "Timings", "Error", "MultihotLayout",
            "NMMO3", "Nmmo3Weights", "Nmmo3Output", "Nmmo3SaveOutput", "Conv2dGrads", "LceResult",
            "NMMO3_OBS_BYTES", "NMMO3_FEATURES", "NMMO3_WEIGHTS", "to_bf16", "from_bf16",
            *_ERROR_NAMES]

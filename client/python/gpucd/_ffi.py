@@ -78,6 +78,7 @@ ffi.cdef(
         uint64_t device_allocations;
         int operation_count;
         char operations[32][48];
+        char multi_gpu[64];
     } gpucd_info;
     int gpucd_info_get(gpucd_client *client, gpucd_info *out);
     int gpucd_ping(gpucd_client *client, gpucd_timings *t);
@@ -171,6 +172,29 @@ ffi.cdef(
                                           const gpucd_tensor *obs, const gpucd_tensor *saved,
                                           const gpucd_tensor *dout,
                                           const gpucd_nmmo3_weights *grads, gpucd_timings *t);
+
+    typedef struct gpucd_pool gpucd_pool;
+    typedef struct gpucd_pool_options {
+        gpucd_options client;
+        int probe_min_ms;
+        int probe_max_ms;
+        int probe_timeout_ms;
+    } gpucd_pool_options;
+    void gpucd_pool_options_init(gpucd_pool_options *opts);
+    int gpucd_pool_open(const char *const *urls, int count, const gpucd_pool_options *opts,
+                        gpucd_pool **out);
+    void gpucd_pool_close(gpucd_pool *pool);
+    typedef int (*gpucd_pool_fn)(gpucd_client *client, void *arg);
+    int gpucd_pool_run(gpucd_pool *pool, gpucd_pool_fn fn, void *arg);
+    typedef struct gpucd_pool_daemon {
+        char url[256];
+        int up;
+        int last_error;
+        uint64_t calls, failures, retries, downs, in_flight;
+        int connected;
+    } gpucd_pool_daemon;
+    int gpucd_pool_size(const gpucd_pool *pool);
+    int gpucd_pool_stats(gpucd_pool *pool, int i, gpucd_pool_daemon *out);
     """
 )
 

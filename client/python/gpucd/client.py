@@ -30,6 +30,32 @@ def _string(cdata):
     return ffi.string(cdata).decode(errors="replace")
 
 
+def options_fill(opts, timeout, spin_us, client_name, max_reply_bytes, tls_ca, tls_cert, tls_key,
+                 trust_uid):
+    """Sets a gpucd_options from Client's arguments; returns what must outlive opts' use."""
+    if timeout is None:
+        opts.timeout_ms = -1
+    else:
+        ms = int(round(timeout * 1000))
+        if ms <= 0:
+            raise invalid(f"timeout {timeout!r}: must be positive seconds, or None")
+        opts.timeout_ms = ms
+    if not 0 <= int(spin_us) <= 1_000_000:
+        raise invalid(f"spin_us {spin_us!r}: must be 0..1000000")
+    opts.spin_us = int(spin_us)
+    opts.max_reply_bytes = int(max_reply_bytes)
+    keep = []
+    for field, value in (("client_name", client_name), ("tls_ca", tls_ca),
+                         ("tls_cert", tls_cert), ("tls_key", tls_key)):
+        if value is not None:
+            keep.append(ffi.new("char[]", os.fsencode(value)))
+            setattr(opts, field, keep[-1])
+    if trust_uid is not None:
+        opts.trust_uid_set = 1
+        opts.trust_uid = int(trust_uid)
+    return keep
+
+
 class Timings:
     """The daemon's timings of one call, in microseconds: pass timings=Timings() to a call."""
 
@@ -178,26 +204,8 @@ class Client(Operations):
             url = os.environ.get("GPUCD_URL") or None
         opts = ffi.new("gpucd_options *")
         lib.gpucd_options_init(opts)
-        if timeout is None:
-            opts.timeout_ms = -1
-        else:
-            ms = int(round(timeout * 1000))
-            if ms <= 0:
-                raise invalid(f"timeout {timeout!r}: must be positive seconds, or None")
-            opts.timeout_ms = ms
-        if not 0 <= int(spin_us) <= 1_000_000:
-            raise invalid(f"spin_us {spin_us!r}: must be 0..1000000")
-        opts.spin_us = int(spin_us)
-        opts.max_reply_bytes = int(max_reply_bytes)
-        keep = []
-        for field, value in (("client_name", client_name), ("tls_ca", tls_ca),
-                             ("tls_cert", tls_cert), ("tls_key", tls_key)):
-            if value is not None:
-                keep.append(ffi.new("char[]", os.fsencode(value)))
-                setattr(opts, field, keep[-1])
-        if trust_uid is not None:
-            opts.trust_uid_set = 1
-            opts.trust_uid = int(trust_uid)
+        keep = options_fill(opts, timeout, spin_us, client_name, max_reply_bytes, tls_ca, tls_cert,
+                            tls_key, trust_uid)
         out = ffi.new("gpucd_client **")
         c_url = ffi.NULL if url is None else url.encode()
         rc = lib.gpucd_connect(c_url, opts, out)
@@ -256,6 +264,7 @@ class Client(Operations):
             "ready": bool(i.ready),
             "device_allocations": i.device_allocations,
             "operations": [_string(i.operations[k]) for k in range(i.operation_count)],
+            "multi_gpu": _string(i.multi_gpu),
         }
 
     def ping(self, timings=None):

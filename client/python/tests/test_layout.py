@@ -19,6 +19,8 @@ def test_info_and_version(client):
     assert info["backend"] in ("cpu", "cuda") and info["ready"] is True
     assert info["max_dims"] == 8 and info["protocol_version"] == 1
     assert "nmmo3_encode" in " ".join(info["operations"])
+    assert info["multi_gpu"] == "not built" or (info["multi_gpu"].startswith("nccl ") and
+                                                info["multi_gpu"].endswith(", no operations yet"))
     assert gpucd.__version__.count(".") == 2
     t = gpucd.Timings()
     client.ping(timings=t)
@@ -35,3 +37,15 @@ def test_to_bf16_rounds_to_nearest_even():
     bits = gpucd.to_bf16(x)
     np.testing.assert_array_equal(bits[:5], [0x3F80, 0x3F80, 0x3F82, 0xC020, 0x7F80])
     assert np.isnan(gpucd.from_bf16(bits)[5])
+
+
+def test_pool_structs_match_the_library(daemon):
+    o = ffi.new("gpucd_pool_options *")
+    lib.gpucd_pool_options_init(o)
+    assert (o.client.timeout_ms, o.client.spin_us, o.probe_min_ms, o.probe_max_ms,
+            o.probe_timeout_ms) == (30000, 0, 100, 5000, 2000)
+    with gpucd.Pool([daemon.url]) as pool:
+        pool.run(lambda c: c.ping())
+        assert pool.stats() == [{"url": daemon.url, "up": True, "last_error": 0, "calls": 1,
+                                 "failures": 0, "retries": 0, "downs": 0, "in_flight": 0,
+                                 "connected": True}]
