@@ -150,7 +150,8 @@ const char *th_text_lacks(const char *text, const char *const *needles)
     return NULL;
 }
 
-void th_daemon_spawn(th_daemon *d, const char *const *extra)
+/* Starts it; th_daemon_start then waits until it answers. */
+static void daemon_spawn(th_daemon *d, const char *const *extra)
 {
     memset(d, 0, sizeof *d);
     snprintf(d->dir, sizeof d->dir, "/tmp/gpucd-test-XXXXXX");
@@ -211,7 +212,7 @@ void th_daemon_spawn(th_daemon *d, const char *const *extra)
 
 void th_daemon_start(th_daemon *d, const char *const *extra)
 {
-    th_daemon_spawn(d, extra);
+    daemon_spawn(d, extra);
     const pid_t pid = d->pid;
     /* Ready when it answers a ping on both URLs; a daemon that died is a failure.  60 s of
      * wall time (valgrind starts slowly), however long each try takes. */

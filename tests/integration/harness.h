@@ -36,10 +36,6 @@ void th_seed(void);
 extern unsigned th_daemon_nofile;
 /* Starts a daemon with extra flags (NULL-terminated, may be NULL); waits until it answers. */
 void th_daemon_start(th_daemon *d, const char *const *extra);
-/* Starts it without waiting: for a test that sees it come up otherwise.  The waiting dials and
- * closes a connection every 10 ms, and nng 1.5.2's socket close can hang for good in a process
- * whose other connections are busy dropping and redialing (a gpucd_pool's, test_client_pool). */
-void th_daemon_spawn(th_daemon *d, const char *const *extra);
 /* SIGTERM; waits; returns the exit status (or -signal). */
 int th_daemon_stop(th_daemon *d);
 /* SIGKILL, as a crash would end it (no drain); waits; removes its files. */

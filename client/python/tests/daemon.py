@@ -40,19 +40,14 @@ class Daemon:
         self.log_path = os.path.join(self.dir, "gpucd.log")
         self.proc = None
 
-    def start(self, wait_s=60, wait=True):
-        """Starts the daemon and, with wait, pings it until it answers.  The pings dial and close
-        a connection every 10 ms: a test whose process has busy connections dropping and
-        redialing (a pool's) passes wait=False and sees the daemon come up otherwise, since
-        nng 1.5.2's socket close can then hang for good."""
+    def start(self, wait_s=60):
+        """Starts the daemon and pings it until it answers."""
         argv = [self.exe, "--listen", self.url, "--listen", self.tcp_url, "--stats-listen",
                 "none", "--log-level", "debug", "--backend", self.backend, *self.extra]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                      preexec_fn=_die_with_parent)
         log.close()
-        if not wait:
-            return self
         deadline = time.monotonic() + wait_s
         while True:
             if self.proc.poll() is not None:

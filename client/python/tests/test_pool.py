@@ -1,6 +1,6 @@
 """gpucd.Pool over three CPU-backend daemons: calls spread; one daemon killed with calls waiting on
-it while threads call, every call answered once with its own result by the others; the restarted
-daemon used again; regions and resident tensors refused inside a run."""
+it while threads call, every call answered once with its own result by the others; regions and
+resident tensors refused inside a run."""
 import os
 import signal
 import threading
@@ -112,16 +112,22 @@ def test_one_killed_while_threads_call(three):
     threads = [threading.Thread(target=caller, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
-    restarted = None
     try:
         _wait_for("20 calls on each daemon", lambda: all(s["calls"] >= 20 for s in pool.stats()))
         os.kill(three[2].proc.pid, signal.SIGSTOP)  # it reads nothing more: its calls wait
-        _wait_for("a call waiting on the stopped daemon 2", lambda: pool.stats()[2]["in_flight"])
-        gate_set(True)
-        _wait_for("every caller at the gate or waiting on daemon 2",
-                  lambda: sum(s["in_flight"] for s in pool.stats()[:2]) == 0
-                  and gate_waiters() + pool.stats()[2]["in_flight"] == len(threads))
-        waiting = pool.stats()[2]["in_flight"]
+        # A call counted there may still get the answer it had before the stop: until some call
+        # is left waiting once every other caller is at the gate, the gate opens again.
+        while True:
+            _wait_for("a call waiting on the stopped daemon 2",
+                      lambda: pool.stats()[2]["in_flight"])
+            gate_set(True)
+            _wait_for("every caller at the gate or waiting on daemon 2",
+                      lambda: sum(s["in_flight"] for s in pool.stats()[:2]) == 0
+                      and gate_waiters() + pool.stats()[2]["in_flight"] == len(threads))
+            waiting = pool.stats()[2]["in_flight"]
+            if waiting:
+                break
+            gate_set(False)
         before = [s["calls"] for s in pool.stats()]
         three[2].kill()
         _wait_for("daemon 2 down, its waiting calls moved",
@@ -130,18 +136,11 @@ def test_one_killed_while_threads_call(three):
         gate_set(False)
         _wait_for("20 more calls on the others",
                   lambda: all(s["calls"] >= b + 20 for s, b in zip(pool.stats()[:2], before)))
-        # The same ipc:// URL; the pool's probes see it come up.
-        restarted = Daemon(folder=three[2].dir).start(wait=False)
-        at = pool.stats()[2]["calls"]
-        _wait_for("the restarted daemon used again",
-                  lambda: pool.stats()[2]["up"] and pool.stats()[2]["calls"] >= at + 20)
     finally:
         stop.set()
         gate_set(False)
         for t in threads:
             t.join()
-        if restarted is not None:
-            restarted.kill()
     stats = pool.stats()
     pool.close()
     print(counts["calls"], "calls,", counts["runs"], "runs:", stats)
