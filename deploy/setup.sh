@@ -34,7 +34,7 @@ openssl                test  certificates for the TLS tests
 python3                test  the documentation link check, the stats scripts
 python3-pytest         test  the tests of the Python package
 python3-yaml           test  reads the Kubernetes manifest in its test (tests/deploy/k8s_manifest_test.py)
-python3-kubernetes     test  the Kubernetes API models, generated from its schema: the manifest's schema check (kubeconform is not in Debian)
+python3-kubernetes     test  the Kubernetes API models, generated from its schema: a schema check of the manifest (kubeconform is not in Debian)
 prometheus             test  promtool checks the metrics and alert rules (the package also enables a Prometheus server: systemctl disable --now prometheus where none should run)
 '
 
